@@ -1,0 +1,45 @@
+# Two commands do everything on a fresh clone:
+#   make demo   set up, build the digits demo dataset, train ResNet-50 v1.5 on it, report
+#   make test   set up, run the whole test suite
+# `make setup` alone creates .venv with requirements.txt, requirements-dev.txt and Horovod (built from source
+# with MXNet and Gloo support when missing). Pick another MXNet wheel with e.g.
+#   make setup MXNET=mxnet-cu112==1.9.1
+# (a CUDA build of MXNet; Horovod then also needs HOROVOD_GPU_OPERATIONS=NCCL in the environment).
+
+PYTHON ?= python3
+MXNET ?= mxnet==1.9.1
+VENV := .venv
+PY := $(VENV)/bin/python
+DEMO_DATA := data/demo
+DEMO_RUN := runs/demo
+
+.PHONY: setup test demo clean
+
+setup: $(VENV)/.requirements $(VENV)/.horovod
+
+$(VENV)/.requirements: requirements.txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	sed '/^mxnet==/d' requirements.txt > $(VENV)/requirements-resolved.txt
+	echo '$(MXNET)' >> $(VENV)/requirements-resolved.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements-resolved.txt \
+		-r requirements-dev.txt
+	touch $@
+
+# Horovod 0.28.1 compiles against the installed MXNet (about two minutes on 2 cores). It needs the system
+# cmake: the cmake 4 wheel from PyPI rejects Gloo's CMakeLists.
+$(VENV)/.horovod: $(VENV)/.requirements
+	$(PY) -c 'import horovod.mxnet' 2>/dev/null || \
+	HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
+	HOROVOD_WITHOUT_PYTORCH=1 PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-cache-dir horovod==0.28.1
+	$(PY) -c 'import horovod.mxnet'
+	touch $@
+
+test: setup
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest tests -q -p no:cacheprovider
+
+demo: setup
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHON=$(PY) ./scripts/demo.sh $(DEMO_DATA) $(DEMO_RUN)
+
+clean:
+	rm -rf $(DEMO_RUN) $(DEMO_DATA)

@@ -1,0 +1,189 @@
+"""Run logs: the DLLogger-compatible JSON-lines file, the human log and report.json.
+
+Three outputs, all written by rank 0 only:
+
+* `--dllogger-log` (default `dllogger_log.log` in the workspace): one record per line, `DLLL ` followed by a
+  JSON object, in the format of NVIDIA's DLLogger 0.1.0 JSON-stream backend, so existing parsers (and
+  `benchmark.py`) keep working. Records have `timestamp`, `datetime`, `elapsedtime`, `type` ("LOG" or
+  "METADATA") and either `step` + `data` or `metric` + `metadata`. Steps are "PARAMETER", [epoch, iteration],
+  [epoch] and [] (the summary). The same records are echoed on stdout as `DLL <datetime> - <step> name : value
+  unit ...`. Unlike the original the file is appended to, so a resumed run keeps the earlier records.
+* `--log` (default `log.log` in the workspace): the human-readable Python log, also shown on stderr.
+* `report.json` in the workspace: per-epoch metrics, the resolved configuration, library versions, hardware and
+  total duration; rewritten atomically after every epoch so a crash never leaves half a file.
+
+`atomic_path` is the one way every output of the recipe (checkpoints included) is written.
+
+Usage (see fit.py): `logger = DLLogger(path)`, `logger.log(step, {...})`, `write_report(path, {...})`.
+"""
+import contextlib
+import datetime
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+
+# Units of the metrics the recipe logs, declared once as METADATA records at the start of the file.
+METRIC_UNITS = {
+    'train.loss': None,
+    'train.lr': None,
+    'train.ips': 'images/s',
+    'val.loss': None,
+    'val.accuracy': None,
+    'val.top_k_accuracy_5': None,
+    'val.ips': 'images/s',
+    'val.latency_avg': 's',
+    'val.latency_50': 's',
+    'val.latency_90': 's',
+    'val.latency_95': 's',
+    'val.latency_99': 's',
+    'val.latency_100': 's',
+}
+
+
+def step_text(step):
+    """How a step reads on stdout: PARAMETER, Epoch: E Iteration: I, Epoch: E, or Summary:."""
+    if isinstance(step, str):
+        return step
+    if len(step) == 0:
+        return 'Summary:'
+    if len(step) == 1:
+        return f'Epoch: {step[0]}'
+    return f'Epoch: {step[0]} Iteration: {step[1]}'
+
+
+def format_value(value):
+    if isinstance(value, float):
+        return f'{value:.5g}'
+    return str(value)
+
+
+class DLLogger:
+    """Writes DLLogger JSON-lines records to a file (None: no file) and echoes them on stdout."""
+
+    def __init__(self, path=None, echo=True):
+        self.start = time.time()
+        self.echo = echo
+        self.file = None
+        if path is not None:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self.file = open(path, 'a', buffering=1)
+            for metric, unit in METRIC_UNITS.items():
+                self._write({'type': 'METADATA', 'metric': metric, 'metadata': {'unit': unit}})
+
+    def _write(self, record):
+        now = time.time()
+        stamped = {'timestamp': str(now),
+                   'datetime': datetime.datetime.fromtimestamp(now).strftime('%Y-%m-%d %H:%M:%S.%f'),
+                   'elapsedtime': str(now - self.start)}
+        stamped.update(record)
+        if self.file is not None:
+            self.file.write('DLLL ' + json.dumps(stamped) + '\n')
+
+    def log(self, step, data):
+        """One LOG record; `step` is "PARAMETER", a list of ints, or [] for the summary."""
+        step = step if isinstance(step, str) else list(step)
+        self._write({'type': 'LOG', 'step': step, 'data': data})
+        if self.echo:
+            fields = ' '.join(f'{name} : {format_value(value)}' + (f' {METRIC_UNITS[name]}'
+                                                                 if METRIC_UNITS.get(name) else '')
+                              for name, value in data.items())
+            now = datetime.datetime.now().strftime('%Y-%m-%dT%H:%M:%S.%f')
+            print(f'DLL {now} - {step_text(step)} {fields}', flush=True)
+
+    def close(self):
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def read_dllogger(path):
+    """The LOG records of a DLLogger file, as dicts (METADATA records and other lines are skipped)."""
+    records = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith('DLLL '):
+                record = json.loads(line[5:])
+                if record.get('type') == 'LOG':
+                    records.append(record)
+    return records
+
+
+def setup_logging(log_path=None, rank=0):
+    """Human log: INFO on stderr and in `log_path` for rank 0; other ranks only print warnings and errors."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    level = logging.INFO if rank == 0 else logging.WARNING
+    formatter = logging.Formatter('%(asctime)s:%(levelname)s: %(message)s' if rank == 0 else
+                                  f'%(asctime)s:%(levelname)s: [rank {rank}] %(message)s')
+    handlers = [logging.StreamHandler(sys.stderr)]
+    if log_path is not None and rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        handlers.append(logging.FileHandler(log_path, mode='a'))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yield a temporary path next to `path`; on success it is renamed over `path` (with the permissions a
+    plain open() would give), on failure removed. Readers and crashes see the old file or the new one,
+    never half of one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
+    os.close(fd)
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_json(path, obj):
+    with atomic_path(path) as tmp, open(tmp, 'w') as f:
+        f.write(json.dumps(obj, indent=2, allow_nan=False) + '\n')
+
+
+def library_versions():
+    """Versions of the libraries that decide speed and numerics (absent ones are left out)."""
+    versions = {'python': platform.python_version()}
+    for name, module in (('mxnet', 'mxnet'), ('numpy', 'numpy'), ('dali', 'nvidia.dali'),
+                         ('horovod', 'horovod')):
+        if module in sys.modules or name in ('mxnet', 'numpy'):
+            try:
+                versions[name] = __import__(module, fromlist=['__version__']).__version__
+            except ImportError:
+                pass
+    return versions
+
+
+def hardware():
+    """CPU model and count, memory and GPU names: what a throughput number needs next to it."""
+    import mxnet as mx
+    info = {'cpu': platform.processor() or platform.machine(), 'cpu_count': os.cpu_count(),
+            'gpus': mx.context.num_gpus()}
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    info['cpu'] = line.split(':', 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import psutil
+        info['memory_gb'] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    return info
