@@ -138,6 +138,12 @@ class World:
         self.rank, self.size, self.local_rank = 0, 1, 0
         if kv_store == 'horovod':
             try:
+                # DALI must be loaded before Horovod: the other order makes DALI pipelines crash (seen with
+                # DALI 1.34 and Horovod 0.28.1: segfault at the first pipeline run, conflicting native libs).
+                import nvidia.dali  # noqa: F401
+            except ImportError:
+                pass
+            try:
                 import horovod.mxnet as hvd
             except ImportError as e:
                 raise RecipeError(f'--kv-store horovod needs Horovod built with MXNet support ({e}); run '

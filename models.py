@@ -372,15 +372,20 @@ def xception(builder, num_classes=1000, in_channels=3):
 
 
 class Classifier(HybridBlock):
-    """features -> dense logits; with float16 weights the logits are cast back to float32 for the loss."""
+    """[input transpose] -> features -> dense logits; with float16 weights the logits are cast back to float32
+    for the loss. The input transpose is not one of the numbered feature layers, so parameter names do not
+    depend on --input-layout."""
 
-    def __init__(self, feature_layers, feature_width, num_classes, builder, float16):
+    def __init__(self, input_transpose, feature_layers, feature_width, num_classes, builder, float16):
         super().__init__()
+        self.input_transpose = input_transpose
         self.features = sequential(feature_layers)
         self.output = sequential(builder.dense(num_classes, feature_width))
         self.float16 = float16
 
     def hybrid_forward(self, F, x):
+        if self.input_transpose is not None:
+            x = self.input_transpose(x)
         logits = self.output(self.features(x))
         return F.cast(logits, dtype='float32') if self.float16 else logits
 
@@ -395,8 +400,10 @@ def get_model(arch='resnetv15', num_layers=50, num_classes=1000, num_groups=32, 
     if image_shape[0] not in (3, 4):
         raise RecipeError(f'--image-shape {image_shape}: 3 channels, or 4 (a zero 4th channel for NHWC '
                           'Tensor Core kernels)')
-    builder = Builder(input_layout, conv_layout, batchnorm_layout, pooling_layout, batchnorm_eps, batchnorm_mom,
+    # The stem is a convolution: start the features in its layout and transpose the input up front.
+    builder = Builder(conv_layout, conv_layout, batchnorm_layout, pooling_layout, batchnorm_eps, batchnorm_mom,
                       fuse_bn_relu, fuse_bn_add_relu, device)
+    input_transpose = Transpose(input_layout, conv_layout) if input_layout != conv_layout else None
     in_channels = image_shape[0]
     version = 1 if arch.endswith('v1') else 1.5
     if arch.startswith('resnext'):
@@ -405,7 +412,7 @@ def get_model(arch='resnetv15', num_layers=50, num_classes=1000, num_groups=32, 
         layers, width = resnet(builder, num_layers, version, num_classes, in_channels)
     else:
         layers, width = xception(builder, num_classes, in_channels)
-    net = Classifier(layers, width, num_classes, builder, dtype == 'float16')
+    net = Classifier(input_transpose, layers, width, num_classes, builder, dtype == 'float16')
     if dtype == 'float16':
         net.cast('float16')  # Gluon keeps batchnorm parameters in float32
     return net

@@ -1,7 +1,57 @@
-"""Shared test set-up: the repository root on sys.path, and MXNet kept to the machine's cores."""
+"""Shared test set-up: the repository on sys.path, MXNet kept to this machine's cores, and small real
+datasets built once per session with the recipe's own tools (the digits demo set, and a JPEG tree)."""
+import argparse
 import os
+import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault('OMP_NUM_THREADS', str(os.cpu_count() or 1))
+os.environ.setdefault('MXNET_UPDATE_ON_KVSTORE', '0')
+
+
+def run_script(*argv, check=True, **kwargs):
+    """Run a repository script with this interpreter; returns the CompletedProcess (text output)."""
+    return subprocess.run([sys.executable] + [str(a) for a in argv], cwd=ROOT, capture_output=True, text=True,
+                          check=check, **kwargs)
+
+
+@pytest.fixture(scope='session')
+def digits(tmp_path_factory):
+    """The demo dataset: digits as 32x32 JPEGs (images/) converted to RecordIO (rec/)."""
+    root = tmp_path_factory.mktemp('digits')
+    run_script('scripts/make_demo_dataset.py', root / 'images')
+    run_script('scripts/prepare_dataset.py', root / 'images', root / 'rec', '--names',
+               root / 'images' / 'names.txt', '--workers', '2')
+    return root
+
+
+def train_args(extra=()):
+    """Parsed train.py flags (not resolved), for calling loaders and models directly."""
+    import train
+    return train.build_parser().parse_args(list(extra))
+
+
+def digits_flags(digits, batch=16):
+    rec = digits / 'rec'
+    return ['--data-train', str(rec / 'train.rec'), '--data-train-idx', str(rec / 'train.idx'),
+            '--data-val', str(rec / 'val.rec'), '--data-val-idx', str(rec / 'val.idx'),
+            '--num-classes', '10', '--image-shape', '3,32,32', '--data-val-resize', '32',
+            '--batch-size', str(batch), '--data-mxnet-threads', '2', '--dali-threads', '2',
+            '--dali-validation-threads', '2', '--dali-prefetch-queue', '2']
+
+
+def resolved(flags):
+    """train.py flags parsed and resolved for this machine (CPU), as train.py does before fit."""
+    import mxnet as mx
+    args = train_args(flags)
+    args.contexts = [mx.cpu()]
+    args.device = 'cpu'
+    args.dtype = args.dtype or 'float32'
+    args.amp_dtype = None
+    if args.data_backend is None:
+        args.data_backend = 'dali-cpu'
+    return args

@@ -1,0 +1,197 @@
+#!/usr/bin/env python
+"""Convert an ImageNet-style folder tree into the RecordIO files the recipe trains on.
+
+    python scripts/prepare_dataset.py SRC OUT [--splits train,val] [--seed 100] [--workers N]
+                                              [--quality 95] [--names NAMES.txt]
+
+SRC/<split>/<class>/<image> becomes, for each split, OUT/<split>.lst, OUT/<split>.rec and OUT/<split>.idx,
+plus OUT/classes.json:
+
+    {"classes": [{"index": 0, "folder": "n01440764", "name": "tench, Tinca tinca"}, ...]}
+
+so that prediction can name the classes of any dataset. `--names` is a text file of `folder<TAB>name`
+lines (e.g. ImageNet's synset mapping); without it a class's name is its folder name.
+
+* Labels are the index of the class folder in sorted order, taken from the first split (normally train);
+  the other splits must use the same folders. An empty class folder keeps its index and is reported.
+* Every file is decoded once (Pillow) before anything is written: unreadable and non-image files are
+  reported (on stderr and in OUT/<split>_skipped.txt, with the reason) and never written.
+* JPEG bytes are stored unchanged (like im2rec.py --pass-through); other formats (PNG, BMP, GIF, ...) are
+  re-encoded to JPEG at --quality.
+* Byte-compatible with MXNet's tools/im2rec.py (inside the mxnet wheel): the same .lst format (index, float
+  label, relative path, tab-separated), record headers (flag 0, label, id = list index, 0), .idx lines
+  (key, byte offset), and the same order: files listed as os.walk with sorted names, numbered in that
+  order, then shuffled with Python's random.seed(--seed) like im2rec's fixed seed 100. On a tree of
+  readable JPEGs in non-empty class folders both tools write identical files. Differences, on purpose: an
+  empty class keeps its index (im2rec renumbers the classes after it); unreadable files are skipped
+  instead of written; non-JPEG images are re-encoded.
+* Parallel over --workers processes; outputs are written under temporary names and renamed at the end, so an
+  interrupted run never leaves a .rec beside a stale .idx.
+"""
+import argparse
+import io
+import json
+import multiprocessing
+import os
+import random
+import sys
+import time
+
+# Run from anywhere: the repository root holds logs.py (atomic writes).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import mxnet as mx  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import logs  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument('src', help='folder with one sub-folder per split, each with one folder per class')
+    parser.add_argument('out', help='output folder')
+    parser.add_argument('--splits', default='train,val', help='comma-separated split folders to convert')
+    parser.add_argument('--seed', type=int, default=100, help='shuffle seed (im2rec.py uses 100)')
+    parser.add_argument('--workers', type=int, default=os.cpu_count(), help='parallel processes')
+    parser.add_argument('--quality', type=int, default=95, help='JPEG quality for re-encoded images')
+    parser.add_argument('--names', help='text file of "folder<TAB>human-readable name" lines')
+    return parser.parse_args(argv)
+
+
+def list_classes(split_dir):
+    return sorted(d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d)))
+
+
+def list_files(split_dir, classes):
+    """(relative path, label) of every file under each class folder, in os.walk order with sorted names."""
+    items = []
+    for label, name in enumerate(classes):
+        for path, dirs, files in os.walk(os.path.join(split_dir, name), followlinks=True):
+            dirs.sort()
+            for fname in sorted(files):
+                items.append((os.path.relpath(os.path.join(path, fname), split_dir), label))
+    return items
+
+
+def check_image(path):
+    """(None, needs re-encoding) if Pillow decodes the file fully, else (reason, None)."""
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return None, image.format != 'JPEG'
+    except Exception as e:  # Pillow raises many types for bad files; each is a reason to skip
+        return f'{type(e).__name__}: {e}', None
+
+
+def image_bytes(job):
+    """The bytes to store: the file itself for a JPEG, a JPEG re-encoding otherwise."""
+    path, reencode, quality = job
+    if not reencode:
+        with open(path, 'rb') as f:
+            return f.read()
+    with Image.open(path) as image:
+        buffer = io.BytesIO()
+        image.convert('RGB').save(buffer, format='JPEG', quality=quality)
+        return buffer.getvalue()
+
+
+def progress(stage, done, total, started):
+    if done == total or done % 1000 == 0:
+        rate = done / max(time.time() - started, 1e-9)
+        end = '\n' if done == total else ''
+        print(f'\r  {stage}: {done}/{total} ({rate:.0f} files/s)', end=end, file=sys.stderr, flush=True)
+
+
+def convert_split(args, split, classes, pool):
+    split_dir = os.path.join(args.src, split)
+    items = list_files(split_dir, classes)
+    print(f'{split}: {len(items)} files in {len(classes)} classes', file=sys.stderr)
+    started = time.time()
+    checks = []
+    for done, result in enumerate(pool.imap(check_image, [os.path.join(split_dir, p) for p, _ in items],
+                                            chunksize=64), 1):
+        checks.append(result)
+        progress('decoded', done, len(items), started)
+    skipped = [(path, reason) for (path, _), (reason, _) in zip(items, checks) if reason]
+    good = [(path, label, reencode) for (path, label), (reason, reencode) in zip(items, checks) if not reason]
+    report_problems(args, split, classes, skipped, good)
+    # Number in listing order, then shuffle: the order im2rec.py produces.
+    numbered = [(index, path, label, reencode) for index, (path, label, reencode) in enumerate(good)]
+    random.seed(args.seed)
+    random.shuffle(numbered)
+    write_split(args, split, split_dir, numbered, pool)
+    return len(numbered), len(skipped)
+
+
+def report_problems(args, split, classes, skipped, good):
+    with logs.atomic_path(os.path.join(args.out, f'{split}_skipped.txt')) as tmp, open(tmp, 'w') as f:
+        for path, reason in skipped:
+            f.write(f'{path}\t{reason}\n')
+            print(f'  skipped {path}: {reason}', file=sys.stderr)
+    present = {label for _, label, _ in good}
+    for label, name in enumerate(classes):
+        if label not in present:
+            print(f'  warning: class {name} (label {label}) of {split} has no readable image', file=sys.stderr)
+
+
+def write_split(args, split, split_dir, numbered, pool):
+    out = {ext: os.path.join(args.out, f'{split}.{ext}') for ext in ('lst', 'rec', 'idx')}
+    with logs.atomic_path(out['lst']) as lst_tmp, logs.atomic_path(out['rec']) as rec_tmp, \
+            logs.atomic_path(out['idx']) as idx_tmp:
+        with open(lst_tmp, 'w') as f:
+            for index, path, label, _ in numbered:
+                f.write(f'{index}\t{float(label):f}\t{path}\n')
+        writer = mx.recordio.MXIndexedRecordIO(idx_tmp, rec_tmp, 'w')
+        jobs = [(os.path.join(split_dir, path), reencode, args.quality) for _, path, _, reencode in numbered]
+        started = time.time()
+        for done, ((index, _, label, _), payload) in enumerate(zip(numbered, pool.imap(image_bytes, jobs,
+                                                                                        chunksize=16)), 1):
+            header = mx.recordio.IRHeader(0, float(label), index, 0)
+            writer.write_idx(index, mx.recordio.pack(header, payload))
+            progress('written', done, len(numbered), started)
+        writer.close()
+
+
+def read_names(path):
+    names = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                folder, _, name = line.rstrip('\n').partition('\t')
+                names[folder] = name or folder
+    return names
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    splits = [s for s in args.splits.split(',') if s]
+    for split in splits:
+        if not os.path.isdir(os.path.join(args.src, split)):
+            print(f'error: {os.path.join(args.src, split)} is not a folder (expected SRC/<split>/<class>/<image>)',
+                  file=sys.stderr)
+            return 2
+    classes = list_classes(os.path.join(args.src, splits[0]))
+    if not classes:
+        print(f'error: {os.path.join(args.src, splits[0])} has no class folders', file=sys.stderr)
+        return 2
+    for split in splits[1:]:
+        unknown = sorted(set(list_classes(os.path.join(args.src, split))) - set(classes))
+        if unknown:
+            print(f'error: {split} has class folders that {splits[0]} lacks: {", ".join(unknown[:5])}',
+                  file=sys.stderr)
+            return 2
+    os.makedirs(args.out, exist_ok=True)
+    names = read_names(args.names) if args.names else {}
+    with multiprocessing.Pool(max(1, args.workers)) as pool:
+        for split in splits:
+            written, skipped = convert_split(args, split, classes, pool)
+            print(f'{split}: wrote {written} records, skipped {skipped} files', file=sys.stderr)
+    logs.write_json(os.path.join(args.out, 'classes.json'),
+                    {'classes': [{'index': i, 'folder': c, 'name': names.get(c, c)} for i, c in enumerate(classes)]})
+    print(f'Dataset written to {args.out}', file=sys.stderr)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
