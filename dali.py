@@ -138,10 +138,5 @@ class DaliLoader:
 
     def _decode_error(self, error):
         """DALI cannot skip an undecodable image: find the first bad record of this shard to name it."""
-        message = str(error).strip().splitlines()[0]
         first = (len(self.records) * self.rank) // self.num_workers
-        bad = data.find_undecodable(self.records, first, self.real_samples)
-        where = f'record {bad} of {self.records.rec_path} cannot be decoded' if bad is not None else \
-            f'DALI failed reading {self.records.rec_path}'
-        return f'{where} ({message}). Rebuild the dataset with scripts/prepare_dataset.py, which skips ' \
-               'unreadable images'
+        return data.undecodable_message(self.records, first, self.real_samples, error)

@@ -26,6 +26,7 @@ Semantics shared by every backend:
 * Synthetic data has the shapes and dtypes of the real path. Its validation labels are random and independent
   of its training data, so validation accuracy stays at chance: it measures speed, not learning.
 """
+import io
 import logging
 import os
 import struct
@@ -231,14 +232,27 @@ def read_record(f, offset):
 
 
 def find_undecodable(records, first, count):
-    """Index of the first record in [first, first + count) whose image does not decode, else None."""
+    """Index of the first record in [first, first + count) whose image does not fully decode, else None.
+    Pillow is strict about truncated files, as DALI's and OpenCV's decoders are."""
+    from PIL import Image
     with open(records.rec_path, 'rb') as f:
         for index in range(first, min(first + count, len(records))):
             try:
-                mx.image.imdecode(read_record(f, records.offsets[index])[2]).wait_to_read()
-            except mx.base.MXNetError:
+                with Image.open(io.BytesIO(read_record(f, records.offsets[index])[2])) as image:
+                    image.load()
+            except Exception:  # Pillow raises many types for bad data; any of them means undecodable
                 return index
     return None
+
+
+def undecodable_message(records, first, count, error):
+    """A RecipeError message for a decoder failure: which record, and what to do."""
+    bad = find_undecodable(records, first, count)
+    where = f'record {bad} of {records.rec_path} cannot be decoded' if bad is not None else \
+        f'decoding {records.rec_path} failed'
+    first_line = str(error).strip().splitlines()[-1][:200]
+    return f'{where} ({first_line}). Rebuild the dataset with scripts/prepare_dataset.py, which skips ' \
+           'unreadable images'
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -266,8 +280,14 @@ def filler_pad(batch_index, batch_size, real_samples):
 
 
 def shard_size(total, rank, num_workers):
-    """Contiguous shards, sizes differing by at most one (the split ImageRecordIter and DALI both use)."""
+    """Records in shard `rank` of DALI's contiguous split: [total*r//W, total*(r+1)//W)."""
     return (total * (rank + 1)) // num_workers - (total * rank) // num_workers
+
+
+def record_iter_shard_size(total, rank, num_workers):
+    """Records in part `rank` of ImageRecordIter's split: chunks of ceil(total/W), the last one shorter."""
+    step = -(-total // num_workers)
+    return max(0, min(total, (rank + 1) * step) - rank * step)
 
 
 class RecordLoader:
@@ -281,13 +301,10 @@ class RecordLoader:
         self.records = RecordFile(rec, idx, args.num_classes, what)
         if training:
             self.num_examples = args.num_examples or len(self.records)
-            per_worker = -(-self.num_examples // num_workers)
-            self.num_batches = -(-per_worker // self.batch_size)
-            self.real_samples = shard_size(self.num_examples, rank, num_workers)
+            self.num_batches = -(-(-(-self.num_examples // num_workers)) // self.batch_size)
         else:
             self.num_examples = len(self.records)
-            self.real_samples = shard_size(self.num_examples, rank, num_workers)
-            self.num_batches = -(-self.real_samples // self.batch_size)
+            self.num_batches = -(-record_iter_shard_size(self.num_examples, rank, num_workers) // self.batch_size)
 
     def _iterator(self, seed):
         args = self.args
@@ -298,8 +315,10 @@ class RecordLoader:
                       std_r=args.rgb_std[0], std_g=args.rgb_std[1], std_b=args.rgb_std[2],
                       num_parts=self.num_workers, part_index=self.rank)
         if not self.training:
+            # round_batch: the last batch is filled from the start and its pad is right (without it,
+            # ImageRecordIter reports pad 0 and garbage labels for the partial batch).
             return mx.io.ImageRecordIter(resize=args.data_val_resize, rand_crop=False, rand_mirror=False,
-                                         shuffle=False, round_batch=False, **common)
+                                         shuffle=False, round_batch=True, **common)
         return mx.io.ImageRecordIter(
             shuffle=True, seed=seed, round_batch=True, rand_crop=args.random_crop,
             rand_mirror=args.random_mirror, random_resized_crop=args.random_resized_crop,
@@ -313,20 +332,32 @@ class RecordLoader:
             **common)
 
     def epoch(self, epoch, start=0):
-        """The epoch's batches from `start`: the iterator for this epoch's seed, fast-forwarded, restarted
-        (same seed) if the shard runs out before num_batches (filler, counted in pad)."""
+        """The epoch's batches from `start` (see _batches); a decoder failure (ImageRecordIter stops on an
+        undecodable JPEG) becomes a RecipeError naming the record."""
+        try:
+            yield from self._batches(epoch, start)
+        except mx.base.MXNetError as e:
+            first = self.rank * -(-len(self.records) // self.num_workers)
+            count = record_iter_shard_size(len(self.records), self.rank, self.num_workers)
+            raise RecipeError(undecodable_message(self.records, first, count, e)) from e
+
+    def _batches(self, epoch, start):
+        """The iterator for this epoch's seed, fast-forwarded to `start`, and restarted (same seed) if this
+        shard runs out before num_batches: batches past the shard's end are filler. A batch, like those of
+        MXNet's own iterators, is valid until the next one is requested."""
         iterator = self._iterator(epoch_seed(self.args.seed, epoch))
-        produced = 0
+        produced, first_pass = 0, True
         while True:
             for batch in iterator:
                 if produced >= start:
-                    pad = max(batch.pad, filler_pad(produced, self.batch_size, self.real_samples))
+                    pad = batch.pad if first_pass else self.batch_size
                     yield mx.io.DataBatch(data=[finish_images(batch.data[0], self.args)], label=batch.label,
                                           pad=pad)
                 produced += 1
                 if produced == self.num_batches:
                     return
             iterator.reset()
+            first_pass = False
 
 
 class SyntheticLoader:

@@ -1,0 +1,197 @@
+"""data.py and dali.py: the loader contract on both real backends and the synthetic one."""
+import io
+import os
+
+import mxnet as mx
+import numpy as np
+import pytest
+from PIL import Image
+
+import data
+from conftest import digits_flags, resolved
+from errors import RecipeError
+
+REAL = ['mxnet', 'dali-cpu']
+
+
+def write_rec(folder, labels, corrupt=(), size=(48, 40)):
+    """A .rec/.idx whose record i has label labels[i] and a distinctive image; `corrupt` indices get
+    truncated JPEG bytes."""
+    os.makedirs(folder, exist_ok=True)
+    writer = mx.recordio.MXIndexedRecordIO(os.path.join(folder, 'd.idx'), os.path.join(folder, 'd.rec'), 'w')
+    for i, label in enumerate(labels):
+        pixels = np.random.default_rng(i).integers(0, 255, size=(size[1], size[0], 3), dtype=np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format='JPEG')
+        payload = buffer.getvalue()
+        if i in corrupt:
+            payload = payload[:len(payload) // 4]
+        writer.write_idx(i, mx.recordio.pack(mx.recordio.IRHeader(0, float(label), i, 0), payload))
+    writer.close()
+    return os.path.join(folder, 'd.rec'), os.path.join(folder, 'd.idx')
+
+
+def unique_label_args(tmp_path, backend, count=30, batch=6, extra=()):
+    """Records whose labels are their own index, so label streams show which records were read."""
+    rec, idx = write_rec(str(tmp_path / 'u'), list(range(count)))
+    return resolved(['--data-train', rec, '--data-train-idx', idx, '--data-val', rec, '--data-val-idx', idx,
+                     '--num-classes', str(count), '--image-shape', '3,32,32', '--data-val-resize', '32',
+                     '--batch-size', str(batch), '--data-backend', backend, '--seed', '5',
+                     '--data-mxnet-threads', '1', '--dali-threads', '1', '--dali-validation-threads', '1',
+                     '--dali-prefetch-queue', '2'] + list(extra))
+
+
+def real_labels(loader, epoch=0):
+    """Labels of the real (non-filler) samples of one epoch, consumed batch by batch."""
+    seen = []
+    for batch in loader.epoch(epoch):
+        labels = batch.label[0].asnumpy()
+        seen += labels[:len(labels) - batch.pad].astype(int).tolist()
+    return seen
+
+
+@pytest.mark.parametrize('backend', REAL)
+@pytest.mark.parametrize('workers', [2, 3])
+def test_sharding_covers_every_record_once(tmp_path, backend, workers):
+    args = unique_label_args(tmp_path, backend, count=29, batch=6)
+    train_seen, val_seen, steps = [], [], set()
+    for rank in range(workers):
+        train, val = data.get_loaders(args, rank, workers)
+        steps.add(train.num_batches)
+        train_seen += real_labels(train)
+        val_seen += real_labels(val)
+    assert len(steps) == 1                      # every worker makes the same number of steps
+    assert sorted(train_seen) == list(range(29))
+    assert sorted(val_seen) == list(range(29))
+
+
+@pytest.mark.parametrize('backend', REAL)
+def test_validation_pad_and_order(tmp_path, backend):
+    args = unique_label_args(tmp_path, backend, count=29, batch=6)
+    _, val = data.get_loaders(args, 0, 1, train=False)
+    pads = [b.pad for b in val.epoch(0)]
+    assert val.num_batches == 5 and pads == [0, 0, 0, 0, 1]
+    assert real_labels(val) == list(range(29))   # file order, each once
+
+
+@pytest.mark.parametrize('backend', REAL)
+def test_epochs_are_deterministic_resumable_and_distinct(tmp_path, backend):
+    args = unique_label_args(tmp_path, backend, count=24, batch=6)
+    train, _ = data.get_loaders(args, 0, 1, val=False)
+    full = [(b.data[0].asnumpy().copy(), b.label[0].asnumpy().copy()) for b in train.epoch(3)]
+    tail = [(b.data[0].asnumpy().copy(), b.label[0].asnumpy().copy()) for b in train.epoch(3, 2)]
+    assert len(tail) == len(full) - 2
+    for (x, y), (tx, ty) in zip(full[2:], tail):
+        np.testing.assert_array_equal(x, tx)
+        np.testing.assert_array_equal(y, ty)
+    other = [b.label[0].asnumpy().copy() for b in train.epoch(4)]
+    assert not all(np.array_equal(a[1], b) for a, b in zip(full, other))
+
+
+def test_backends_agree_on_labels_and_statistics(digits):
+    stats = {}
+    for backend in REAL:
+        for layout in ('NCHW', 'NHWC'):
+            args = resolved(digits_flags(digits, batch=32) + ['--data-backend', backend, '--input-layout', layout])
+            train, val = data.get_loaders(args, 0, 1)
+            batch = next(train.epoch(0))
+            images = batch.data[0].asnumpy()
+            assert images.dtype == np.float32
+            assert images.shape == ((32, 3, 32, 32) if layout == 'NCHW' else (32, 32, 32, 3))
+            val_images, val_labels = [], []
+            for b in val.epoch(0):
+                real = b.data[0].shape[0] - b.pad
+                val_images.append(b.data[0].asnumpy()[:real].copy())
+                val_labels.append(b.label[0].asnumpy()[:real].copy())
+            stats[backend, layout] = (np.concatenate(val_labels), np.concatenate(val_images))
+    for layout in ('NCHW', 'NHWC'):
+        labels_mx, images_mx = stats['mxnet', layout]
+        labels_dali, images_dali = stats['dali-cpu', layout]
+        np.testing.assert_array_equal(labels_mx, labels_dali)
+        axes = (0, 2, 3) if layout == 'NCHW' else (0, 1, 2)
+        np.testing.assert_allclose(images_mx.mean(axis=axes), images_dali.mean(axis=axes), atol=0.05)
+        np.testing.assert_allclose(images_mx.std(axis=axes), images_dali.std(axis=axes), rtol=0.05)
+
+
+def test_four_channels(digits):
+    args = resolved(digits_flags(digits, batch=8) + ['--data-backend', 'dali-cpu', '--image-shape', '4,32,32'])
+    images = next(data.get_loaders(args, 0, 1, val=False)[0].epoch(0)).data[0].asnumpy()
+    assert images.shape == (8, 4, 32, 32) and (images[:, 3] == 0).all() and images[:, :3].std() > 0.1
+
+
+def test_num_examples_defaults_to_records_and_limits_epoch(digits):
+    args = resolved(digits_flags(digits, batch=16) + ['--data-backend', 'mxnet'])
+    train, val = data.get_loaders(args, 0, 1)
+    assert train.num_examples == 1438 and train.num_batches == 90 and val.num_examples == 359
+    args = resolved(digits_flags(digits, batch=16) + ['--data-backend', 'mxnet', '--num-examples', '160'])
+    train, _ = data.get_loaders(args, 0, 1, val=False)
+    assert train.num_batches == 10 and len(list(train.epoch(0))) == 10
+
+
+@pytest.mark.parametrize('backend', REAL)
+def test_corrupt_record(tmp_path, backend):
+    rec, idx = write_rec(str(tmp_path / 'c'), [i % 3 for i in range(12)], corrupt={5})
+    args = resolved(['--data-train', rec, '--data-train-idx', idx, '--num-classes', '3', '--batch-size', '4',
+                     '--image-shape', '3,32,32', '--data-backend', backend, '--data-mxnet-threads', '1',
+                     '--dali-threads', '1'])
+    train, _ = data.get_loaders(args, 0, 1, val=False)
+    # Neither decoder can skip a bad image: the error names the record and the fix
+    with pytest.raises(RecipeError, match=f'record 5 of {rec} cannot be decoded.*prepare_dataset.py'):
+        list(train.epoch(0))
+
+
+def test_label_out_of_range_and_bad_index(tmp_path):
+    rec, idx = write_rec(str(tmp_path / 'l'), [0, 1, 7, 2])
+    flags = ['--data-train', rec, '--data-train-idx', idx, '--num-classes', '5', '--batch-size', '2',
+             '--data-backend', 'mxnet']
+    with pytest.raises(RecipeError, match='record 2 .* has label 7, outside \\[0, 5\\)'):
+        data.get_loaders(resolved(flags), 0, 1)
+    with open(idx, 'a') as f:
+        f.write('9\t3\n')                                  # an offset that is not a record header
+    with pytest.raises(RecipeError, match='does not match'):
+        data.get_loaders(resolved(flags[:-2] + ['--num-classes', '8', '--data-backend', 'dali-cpu']), 0, 1)
+    os.remove(idx)
+    with pytest.raises(RecipeError, match='index .* not found'):
+        data.get_loaders(resolved(flags[:-2] + ['--num-classes', '8', '--data-backend', 'mxnet']), 0, 1)
+    with pytest.raises(RecipeError, match='not found'):
+        data.get_loaders(resolved(['--data-train', str(tmp_path / 'missing.rec'), '--data-backend', 'mxnet']), 0, 1)
+
+
+def test_default_backend_falls_back_and_explicit_gpu_is_refused(caplog):
+    if mx.context.num_gpus():
+        pytest.skip('this machine has a GPU')
+    args = resolved(['--data-backend', 'synthetic', '--data-train', 'train.rec'])
+    args.data_backend = None
+    with caplog.at_level('INFO'):
+        data.resolve_backend(args)
+    assert args.data_backend == 'dali-cpu' and 'defaults to dali-cpu' in caplog.text
+    args.data_backend = 'dali-gpu'
+    with pytest.raises(RecipeError, match='needs a GPU'):
+        data.resolve_backend(args)
+
+
+def test_synthetic_shapes_and_global_batch_slices():
+    args = resolved(['--data-backend', 'synthetic', '--batch-size', '8', '--image-shape', '3,16,16',
+                     '--num-classes', '10', '--num-examples', '64', '--seed', '2'])
+    whole, val = data.get_loaders(args, 0, 1)
+    batch = next(whole.epoch(0))
+    assert batch.data[0].shape == (8, 3, 16, 16) and batch.data[0].dtype == np.float32
+    assert whole.num_batches == 8 and val.num_examples == 50000
+    halves = [next(data.get_loaders(args, r, 2, val=False)[0].epoch(0)) for r in range(2)]
+    np.testing.assert_array_equal(np.concatenate([h.data[0].asnumpy() for h in halves]), batch.data[0].asnumpy())
+    np.testing.assert_array_equal(np.concatenate([h.label[0].asnumpy() for h in halves]),
+                                  batch.label[0].asnumpy())
+
+
+def test_load_image_uses_validation_preprocessing(tmp_path):
+    path = str(tmp_path / 'wide.png')
+    Image.fromarray(np.full((40, 80, 3), 255, np.uint8)).save(path)
+    args = resolved(['--image-shape', '4,32,32', '--data-val-resize', '36', '--input-layout', 'NHWC'])
+    image = data.load_image(path, args).asnumpy()
+    assert image.shape == (1, 32, 32, 4)
+    np.testing.assert_allclose(image[0, 0, 0, :3], (255 - np.array(args.rgb_mean)) / np.array(args.rgb_std),
+                               rtol=1e-5)
+    assert (image[..., 3] == 0).all()
+    (tmp_path / 'bad.jpg').write_bytes(b'no')
+    with pytest.raises(RecipeError, match='cannot read image'):
+        data.load_image(str(tmp_path / 'bad.jpg'), args)
