@@ -23,8 +23,9 @@ Semantics shared by every backend:
   seed derived from (seed, epoch) and fast-forwarded to batch k.
 * Bad data fails before training: a missing file, an .idx that does not match its .rec, or a label outside
   [0, --num-classes) is a RecipeError naming the file and record.
-* Synthetic data has the shapes and dtypes of the real path. Its validation labels are random and independent
-  of its training data, so validation accuracy stays at chance: it measures speed, not learning.
+* Synthetic data has the shapes and dtypes of the real path; its validation set is ImageNet's share of the
+  epoch (50,000 for the default 1,281,167). Its validation labels are random and independent of its training
+  data, so validation accuracy stays at chance: it measures speed, not learning.
 """
 import io
 import logging
@@ -369,11 +370,13 @@ class SyntheticLoader:
     def __init__(self, args, rank, num_workers, training):
         self.args = args
         self.batch_size = per_worker_batch(args, num_workers)
+        train_examples = args.num_examples or IMAGENET_TRAIN_SIZE
         if training:
-            self.num_examples = args.num_examples or IMAGENET_TRAIN_SIZE
+            self.num_examples = train_examples
             self.num_batches = -(-(-(-self.num_examples // num_workers)) // self.batch_size)
         else:
-            self.num_examples = IMAGENET_VAL_SIZE
+            # ImageNet's validation/training ratio: 50,000 images for the default epoch of 1,281,167.
+            self.num_examples = max(1, round(IMAGENET_VAL_SIZE * train_examples / IMAGENET_TRAIN_SIZE))
             self.num_batches = -(-shard_size(self.num_examples, rank, num_workers) // self.batch_size)
         first = rank * self.batch_size
         stream = 0 if training else 1

@@ -201,8 +201,8 @@ def resolve_hardware(args, world):
             log.info('--amp: the network stays float32 and AMP casts to float16 where it is safe')
         args.dtype = 'float32'
         args.amp_dtype = 'float16' if on_gpu else 'bfloat16'
-        if args.amp_dtype == 'bfloat16' and not cpu_has_bfloat16():
-            log.warning('This CPU has no native bfloat16 (avx512_bf16/amx): --amp will be slow')
+        if args.amp_dtype == 'bfloat16':
+            check_cpu_bfloat16()
         from mxnet.contrib import amp
         amp.init(target_dtype=args.amp_dtype)
     else:
@@ -217,13 +217,29 @@ def resolve_hardware(args, world):
                           f'{len(args.contexts)} devices')
 
 
-def cpu_has_bfloat16():
+def cpu_flags():
     try:
         with open('/proc/cpuinfo') as f:
-            flags = f.read()
+            for line in f:
+                if line.startswith('flags'):
+                    return set(line.split(':', 1)[1].split())
     except OSError:
-        return False
-    return 'avx512_bf16' in flags or 'amx_bf16' in flags
+        pass
+    return set()
+
+
+def check_cpu_bfloat16():
+    """oneDNN runs bfloat16 natively with avx512_bf16 or AMX, emulated on other AVX-512 CPUs, not at all on
+    AVX2-only CPUs (it fails deep inside with 'could not create a primitive descriptor')."""
+    flags = cpu_flags()
+    if flags & {'avx512_bf16', 'amx_bf16'}:
+        return
+    if 'avx512f' in flags:
+        log.warning('This CPU has no native bfloat16 (avx512_bf16 or AMX): oneDNN emulates it, --amp may be '
+                    'slower than float32')
+        return
+    raise RecipeError('--amp on the CPU means bfloat16, which needs an AVX-512 CPU (native with avx512_bf16 or '
+                      'AMX) and this CPU has neither: train in float32 (leave out --amp)')
 
 
 def resolve_seed(args, world):
@@ -706,8 +722,12 @@ def test_io(args, world, get_loaders, dllogger):
 
 
 def evaluate(args, net, world, get_loaders, dllogger):
-    """--mode val: one validation pass (or --num-epochs passes) of a trained checkpoint."""
-    load_weights(net, find_weights(args), args.contexts)
+    """--mode val: one validation pass (or --num-epochs passes) of a trained checkpoint. Only a speed
+    measurement (--no-metrics, as benchmark.py runs it) may use random weights."""
+    if args.no_metrics and not args.load:
+        log.warning('--no-metrics: measuring validation speed; weights are random unless --load is given')
+    else:
+        load_weights(net, find_weights(args), args.contexts)
     _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True)
     if val_loader is None:
         raise RecipeError('--mode val needs validation data: pass --data-val (and --data-val-idx)')

@@ -155,12 +155,13 @@ def write_json(path, obj):
         f.write(json.dumps(obj, indent=2, allow_nan=False) + '\n')
 
 
-def library_versions():
-    """Versions of the libraries that decide speed and numerics (absent ones are left out)."""
+def library_versions(all_known=False):
+    """Versions of the libraries that decide speed and numerics: those this process loaded, or with
+    `all_known` every one that is installed."""
     versions = {'python': platform.python_version()}
     for name, module in (('mxnet', 'mxnet'), ('numpy', 'numpy'), ('dali', 'nvidia.dali'),
                          ('horovod', 'horovod')):
-        if module in sys.modules or name in ('mxnet', 'numpy'):
+        if all_known or module in sys.modules or name in ('mxnet', 'numpy'):
             try:
                 versions[name] = __import__(module, fromlist=['__version__']).__version__
             except ImportError:

@@ -10,7 +10,6 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault('OMP_NUM_THREADS', str(os.cpu_count() or 1))
-os.environ.setdefault('MXNET_UPDATE_ON_KVSTORE', '0')
 
 
 def run_script(*argv, check=True, **kwargs):

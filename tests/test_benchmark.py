@@ -1,0 +1,79 @@
+"""benchmark.py: averaging, the JSON report, plots, failed points, and a real CPU sweep."""
+import json
+import os
+import stat
+import sys
+
+import pytest
+
+import benchmark
+from conftest import ROOT
+
+FAKE_RUNNER = '''#!{python}
+import json, sys
+args = sys.argv[1:]
+n, b = int(args[args.index('-n') + 1]), int(args[args.index('-b') + 1])
+if b == 13:
+    print('runner: something broke', file=sys.stderr)
+    sys.exit(3)
+path = args[args.index('--dllogger-log') + 1]
+with open(path, 'w') as f:
+    for epoch, ips in enumerate([10.0, 100.0 * n, 300.0 * n]):
+        record = {{'type': 'LOG', 'step': [epoch], 'data': {{'train.ips': ips}}}}
+        f.write('DLLL ' + json.dumps(record) + '\\n')
+'''
+
+
+def fake_runner(tmp_path):
+    path = tmp_path / 'fake_runner'
+    path.write_text(FAKE_RUNNER.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_summary_drops_warmup_and_takes_harmonic_mean():
+    records = [{'step': 'PARAMETER', 'data': {}}, {'step': [0, 20], 'data': {'train.ips': 1.0}},
+               {'step': [0], 'data': {'train.ips': 10.0, 'val.latency_avg': 1.0}},
+               {'step': [1], 'data': {'train.ips': 100.0, 'val.latency_avg': 2.0}},
+               {'step': [2], 'data': {'train.ips': 300.0, 'val.latency_avg': 4.0}}, {'step': [], 'data': {}}]
+    summary = benchmark.summarise(records, ['train.ips', 'val.latency_avg'], warmup=1)
+    assert summary['train.ips'] == pytest.approx(2 / (1 / 100 + 1 / 300))
+    assert summary['val.latency_avg'] == pytest.approx(3.0)
+    with pytest.raises(ValueError):
+        benchmark.summarise(records, ['train.ips'], warmup=3)
+
+
+def test_report_plots_and_failed_point(tmp_path, capsys):
+    output = str(tmp_path / 'report.json')
+    status = benchmark.main(['--executable', fake_runner(tmp_path), '-o', output, '-n', '1,2', '-b', '8,13',
+                             '-e', '3', '-w', '1', '--mode', 'train', '--dtype', 'float32'])
+    assert status == 1                                        # some points failed
+    text = open(output).read()
+    assert 'NaN' not in text
+    report = json.loads(text)
+    assert report['ngpus'] == [1, 2] and report['bs'] == [8, 13] and report['metric_keys'] == ['train.ips']
+    assert report['metrics']['2']['8']['train.ips'] == pytest.approx(2 / (1 / 200 + 1 / 600))
+    assert report['metrics']['1']['13'] == {'train.ips': None}
+    failed = report['points']['1']['13']
+    assert failed['returncode'] == 3 and 'something broke' in failed['error']
+    assert report['points']['1']['8']['command'][-2:] == ['--dtype', 'float32']
+    assert {'cpu', 'cpu_count'} <= set(report['hardware']) and 'mxnet' in report['versions']
+    for suffix in ('throughput', 'scaling'):
+        with open(f'{output}.{suffix}.png', 'rb') as f:
+            assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+    out = capsys.readouterr().out
+    assert 'train.ips' in out and 'failed' in out
+
+
+def test_real_cpu_sweep(tmp_path):
+    output = str(tmp_path / 'cpu.json')
+    env_path = os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH']
+    os.environ['PATH'] = env_path
+    status = benchmark.main(['-o', output, '-n', '1', '-b', '4,8', '-i', '3', '-e', '2', '-w', '1', '--mode',
+                             'val', '--data-backend', 'synthetic', '--image-shape', '3,32,32', '--num-layers', '18',
+                             '--num-classes', '10'])
+    report = json.load(open(output))
+    assert status == 0, report['points']
+    point = report['metrics']['1']['8']
+    assert point['val.ips'] > 0 and point['val.latency_50'] <= point['val.latency_100']
+    assert set(point) == set(benchmark.METRICS['val'])

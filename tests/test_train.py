@@ -1,0 +1,175 @@
+"""End to end through train.py on the digits set: outputs, exact resume, signals, NaN, modes, workers."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import fit
+import logs
+from conftest import ROOT, digits_flags
+
+SMALL = ['--num-layers', '18', '--num-examples', '256', '--lr', '0.1', '--warmup-epochs', '1', '--seed', '3',
+         '--disp-batches', '2']
+
+
+def train_cmd(digits, workspace, *extra, batch=32):
+    return [sys.executable, os.path.join(ROOT, 'train.py')] + digits_flags(digits, batch) + SMALL + \
+        ['--workspace', str(workspace)] + [str(e) for e in extra]
+
+
+def run(digits, workspace, *extra, check=True, batch=32):
+    result = subprocess.run(train_cmd(digits, workspace, *extra, batch=batch), capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f'train.py failed ({result.returncode}):\n{result.stderr[-3000:]}')
+    return result
+
+
+def epoch_records(workspace):
+    return [r for r in logs.read_dllogger(os.path.join(workspace, 'dllogger_log.log'))
+            if isinstance(r['step'], list) and len(r['step']) == 1]
+
+
+def metrics_without_speed(records):
+    return [{k: v for k, v in r['data'].items() if not k.endswith(('ips', 'latency_avg'))} | {'epoch': r['step'][0]}
+            for r in records]
+
+
+def test_train_val_outputs(digits, tmp_path):
+    ws = tmp_path / 'ws'
+    run(digits, ws, '--num-epochs', '2', '--save-frequency', '1', '--data-backend', 'mxnet')
+    names = sorted(os.listdir(ws))
+    assert names == ['dllogger_log.log', 'log.log', 'model_0000.params', 'model_0001.params', 'model_best.params',
+                     'model_last.state', 'report.json']
+    records = logs.read_dllogger(str(ws / 'dllogger_log.log'))
+    assert records[0]['step'] == 'PARAMETER' and records[0]['data']['batch_size'] == 32
+    iterations = [r for r in records if isinstance(r['step'], list) and len(r['step']) == 2]
+    assert [r['step'] for r in iterations[:2]] == [[0, 2], [0, 4]]
+    assert set(iterations[0]['data']) == {'train.loss', 'train.ips', 'train.lr'}
+    epochs = epoch_records(ws)
+    assert len(epochs) == 2
+    assert set(epochs[0]['data']) == {'train.loss', 'train.ips', 'val.loss', 'val.accuracy',
+                                      'val.top_k_accuracy_5', 'val.ips', 'val.latency_avg'}
+    assert records[-1]['step'] == [] and 'val.accuracy' in records[-1]['data']
+    report = json.loads((ws / 'report.json').read_text())
+    assert {'model', 'config', 'versions', 'hardware', 'epochs', 'total_duration', 'summary',
+            'peak_memory_mb'} <= set(report)
+    assert report['config']['lr'] == 0.1 and report['versions']['mxnet'] == '1.9.1'
+    assert [e['epoch'] for e in report['epochs']] == [0, 1]
+    assert 'Starting epoch 1' in (ws / 'log.log').read_text()
+    _, _, meta = fit.read_state(str(ws / 'model_last.state'))
+    assert meta['epoch'] == 2 and meta['iteration'] == 0 and meta['seed'] == 3
+
+
+@pytest.mark.parametrize('backend', ['dali-cpu', 'synthetic'])
+def test_exact_resume_after_sigterm(digits, tmp_path, backend):
+    flags = ['--num-epochs', '3', '--data-backend', backend, '--mixup', '0.2']
+    run(digits, tmp_path / 'whole', *flags)
+    ws = tmp_path / 'parts'
+    process = subprocess.Popen(train_cmd(digits, ws, *flags), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    log_file = ws / 'dllogger_log.log'
+    while not (log_file.exists() and '"step": [0, 2]' in log_file.read_text()):
+        assert process.poll() is None, process.stderr.read()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0 and 'Stopped at epoch 0 iteration' in stderr
+    _, _, meta = fit.read_state(str(ws / 'model_last.state'))
+    assert meta['epoch'] == 0 and 0 < meta['iteration'] < 8
+    result = run(digits, ws, *flags)
+    assert 'Resuming from' in result.stderr
+    assert metrics_without_speed(epoch_records(ws)) == metrics_without_speed(epoch_records(tmp_path / 'whole'))
+
+
+def test_exact_resume_after_kill(digits, tmp_path):
+    flags = ['--num-epochs', '3', '--data-backend', 'synthetic']
+    run(digits, tmp_path / 'whole', *flags)
+    ws = tmp_path / 'killed'
+    process = subprocess.Popen(train_cmd(digits, ws, *flags), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log_file = ws / 'dllogger_log.log'
+    while not (log_file.exists() and '"step": [1, 2]' in log_file.read_text()):
+        assert process.poll() is None
+        time.sleep(0.05)
+    process.kill()                                   # no chance to save: resume from the end of epoch 0
+    process.wait()
+    run(digits, ws, *flags)
+    resumed = [r for r in metrics_without_speed(epoch_records(ws))]
+    whole = metrics_without_speed(epoch_records(tmp_path / 'whole'))
+    assert resumed[0] == whole[0] and resumed[-2:] == whole[-2:]   # epoch 1 was logged once more, identically
+    assert [r['epoch'] for r in resumed] == [0, 1, 2]
+
+
+def test_val_refuses_random_weights_then_evaluates_checkpoint(digits, tmp_path):
+    result = run(digits, tmp_path / 'empty', '--mode', 'val', check=False)
+    assert result.returncode == 2 and 'refuses to run on random weights' in result.stderr
+    ws = tmp_path / 'ws'
+    run(digits, ws, '--num-epochs', '1', '--data-backend', 'mxnet')
+    flags = [f for f in digits_flags(digits) if f not in ()]
+    no_train = [x for i, x in enumerate(flags) if not (x.startswith('--data-train') or
+                                                       (i and flags[i - 1].startswith('--data-train')))]
+    cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + no_train + SMALL + [
+        '--workspace', str(tmp_path / 'eval'), '--mode', 'val', '--load', str(ws / 'model_best.params'),
+        '--data-backend', 'mxnet']
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    passes = epoch_records(tmp_path / 'eval')
+    assert len(passes) == 1                         # one pass by default, and no training data needed
+    trained = epoch_records(ws)[0]['data']
+    assert passes[0]['data']['val.accuracy'] == pytest.approx(trained['val.accuracy'])
+    assert {'val.latency_50', 'val.latency_99', 'val.latency_100'} <= set(passes[0]['data'])
+
+
+def test_nan_loss_stops_with_clear_error_and_keeps_last_good_state(digits, tmp_path):
+    ws = tmp_path / 'ws'
+    run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
+    before = (ws / 'model_last.state').read_bytes()
+    result = run(digits, ws, '--num-epochs', '2', '--data-backend', 'synthetic', '--lr', '1e30', check=False)
+    assert result.returncode == 2
+    assert 'the training loss became nan at epoch 1 iteration' in result.stderr
+    assert (ws / 'model_last.state').read_bytes() == before
+
+
+def test_test_io_reports_images_per_second(digits, tmp_path):
+    result = run(digits, tmp_path / 'io', '--test-io', '--data-backend', 'dali-cpu')
+    summary = logs.read_dllogger(str(tmp_path / 'io' / 'dllogger_log.log'))[-1]
+    assert summary['step'] == [] and summary['data']['train.ips'] > 0
+    assert 'train.ips' in result.stdout
+
+
+def test_bad_flags_are_clear_errors(digits, tmp_path):
+    result = run(digits, tmp_path / 'a', '--gpus', '0', check=False)
+    if result.returncode == 2:
+        assert 'asks for GPUs this machine does not have' in result.stderr
+    result = run(digits, tmp_path / 'b', '--batch-size', '30', '--kv-store', 'device', '--data-train',
+                 str(tmp_path / 'missing.rec'), check=False)
+    assert result.returncode == 2 and 'not found' in result.stderr and 'Traceback' not in result.stderr
+
+
+def test_amp_is_bfloat16_on_cpu_or_a_clear_error(digits, tmp_path):
+    result = run(digits, tmp_path / 'amp', '--amp', '--num-epochs', '1', '--data-backend', 'synthetic',
+                 check=False)
+    if fit.cpu_flags() & {'avx512f', 'avx512_bf16', 'amx_bf16'}:
+        assert result.returncode == 0, result.stderr[-2000:]
+    else:
+        assert result.returncode == 2 and 'needs an AVX-512 CPU' in result.stderr
+
+
+@pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+def test_two_horovod_workers_follow_one_worker(digits, tmp_path):
+    """Synthetic data gives worker r slice r of one global batch, so 1 and 2 workers see the same global
+    batches; only batchnorm statistics (per worker) and summation order differ."""
+    flags = ['--num-epochs', '3', '--data-backend', 'synthetic', '--kv-store', 'horovod', '--label-smoothing', '0']
+    run(digits, tmp_path / 'one', *flags)
+    cmd = ['horovodrun', '-np', '2', '--gloo'] + train_cmd(digits, tmp_path / 'two', *flags)
+    result = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert result.returncode == 0, result.stderr[-3000:]
+    one = [r['data']['train.loss'] for r in epoch_records(tmp_path / 'one')]
+    two = [r['data']['train.loss'] for r in epoch_records(tmp_path / 'two')]
+    assert len(two) == 3
+    assert two == pytest.approx(one, rel=0.1)       # same trajectory within 10%
+    assert one[-1] < one[0] and two[-1] < two[0]
