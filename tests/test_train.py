@@ -104,11 +104,18 @@ def test_exact_resume_after_kill(digits, tmp_path):
     assert [r['epoch'] for r in resumed] == [0, 1, 2]
 
 
-def test_val_refuses_random_weights_then_evaluates_checkpoint(digits, tmp_path):
+@pytest.fixture(scope='module')
+def trained(digits, tmp_path_factory):
+    """A workspace with one epoch of training on the digits."""
+    ws = tmp_path_factory.mktemp('trained')
+    run(digits, ws, '--num-epochs', '1', '--data-backend', 'mxnet')
+    return ws
+
+
+def test_val_refuses_random_weights_then_evaluates_checkpoint(digits, trained, tmp_path):
     result = run(digits, tmp_path / 'empty', '--mode', 'val', check=False)
     assert result.returncode == 2 and 'refuses to run on random weights' in result.stderr
-    ws = tmp_path / 'ws'
-    run(digits, ws, '--num-epochs', '1', '--data-backend', 'mxnet')
+    ws = trained
     flags = [f for f in digits_flags(digits) if f not in ()]
     no_train = [x for i, x in enumerate(flags) if not (x.startswith('--data-train') or
                                                        (i and flags[i - 1].startswith('--data-train')))]
@@ -173,3 +180,31 @@ def test_two_horovod_workers_follow_one_worker(digits, tmp_path):
     assert len(two) == 3
     assert two == pytest.approx(one, rel=0.1)       # same trajectory within 10%
     assert one[-1] < one[0] and two[-1] < two[0]
+
+
+def test_predict_image_and_folder(digits, trained, tmp_path):
+    folder = tmp_path / 'images'
+    folder.mkdir()
+    for name in ('a.jpg', 'b.jpg'):
+        shutil.copy(next((digits / 'images' / 'val' / 'digit_3').iterdir()), folder / name)
+    (folder / 'c.png').write_bytes(b'not a png')
+    output = tmp_path / 'pred.json'
+    result = run(digits, trained, '--mode', 'pred', '--data-pred', folder, '--pred-output', output, '--topk', '3')
+    assert 'cannot read image' in result.stderr and 'c.png' in result.stderr
+    assert result.stdout.count('%') == 6 and ' 1. ' in result.stdout
+    predictions = json.loads(output.read_text())
+    assert predictions['checkpoint'].endswith('model_best.params')
+    by_image = {os.path.basename(p['image']): p for p in predictions['predictions']}
+    assert 'error' in by_image['c.png']
+    top = by_image['a.jpg']['top']
+    assert len(top) == 3 and sum(t['probability'] for t in top) <= 1.0001
+    assert top[0]['probability'] >= top[1]['probability']
+    names = {'zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine'}
+    assert {t['name'] for t in top} <= names        # from the classes.json next to the data
+    assert by_image['a.jpg']['top'] == by_image['b.jpg']['top']
+
+
+def test_predict_refuses_random_weights(digits, tmp_path):
+    image = next((digits / 'images' / 'val' / 'digit_1').iterdir())
+    result = run(digits, tmp_path / 'nothing', '--mode', 'pred', '--data-pred', image, check=False)
+    assert result.returncode == 2 and 'refuses to run on random weights' in result.stderr
