@@ -704,7 +704,7 @@ def test_io(args, world, get_loaders, dllogger):
         raise RecipeError(f'--test-io-mode {args.test_io_mode} needs --data-{args.test_io_mode}')
     iterations = args.benchmark_iters or loader.num_batches
     rates = []
-    for epoch in range(args.num_epochs or 1):
+    for epoch in range(args.num_epochs):
         durations = []
         tick = time.time()
         for i, batch in enumerate(batches(loader, epoch, 0, iterations), 1):
@@ -732,7 +732,7 @@ def evaluate(args, net, world, get_loaders, dllogger):
     if val_loader is None:
         raise RecipeError('--mode val needs validation data: pass --data-val (and --data-val-idx)')
     all_durations, history = [], []
-    for epoch in range(args.num_epochs or 1):
+    for epoch in range(args.num_epochs):
         metrics, durations = validate(args, net, val_loader, world, f' pass {epoch}')
         metrics.update(latency_percentiles(durations))
         dllogger.log((epoch,), metrics)
@@ -950,6 +950,8 @@ def training_summary(history):
 def fit(args, net, world, get_loaders):
     """Run the mode in args.mode on `net` (built by models.get_model) with data from `get_loaders`."""
     args.start_time = time.time()
+    if args.num_epochs is None:   # the schedule's 90 epochs; one pass for val and the loader test
+        args.num_epochs = 1 if args.mode in ('val', 'pred') or args.test_io else 90
     os.makedirs(args.workspace, exist_ok=True)
     dllogger_path = os.path.join(args.logdir or args.workspace, args.dllogger_log)
     dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0)
@@ -969,8 +971,6 @@ def fit(args, net, world, get_loaders):
             summary, history = evaluate(args, net, world, get_loaders, dllogger)
             write_report(args, {'history': history}, world, summary)
         else:
-            if args.num_epochs is None:
-                args.num_epochs = 90
             meta = train(args, net, world, get_loaders, dllogger, StopRequest())
             summary = training_summary(meta['history'])
             write_report(args, meta, world, summary)

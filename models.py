@@ -1,319 +1,522 @@
-"""The networks: ResNet v1 / v1.5, ResNeXt and Xception, with layouts, fused batchnorm ops and float16.
+"""The networks: ResNet v1 / v1.5, ResNeXt and Xception, in any layout, with fused batchnorm kernels and float16.
+
+Used by train.py through the Model flags (and by benchmark.py through train.py):
+
+    python train.py --arch resnetv15 --num-layers 50 ...            # the default network
+    python train.py --arch resnextv15 --num-layers 101 --num-groups 32 ...
+    ./runner -n 8 -b 192        # float16 on GPUs: 4-channel input, NHWC layers, fused batchnorm kernels
+
+and from Python:
 
     import models
-    net = models.get_model()                       # ResNet-50 v1.5, 1000 classes, NCHW, float32
-    net = models.get_model('resnextv15', 50, num_groups=32)
-    net.initialize()                               # every parameter carries its own initializer
-    python train.py --arch resnetv1 --num-layers 101 ...   # the same through the Model flags
+    net = models.get_model('resnetv1', num_layers=101, num_classes=10)
+    net.initialize()            # every parameter carries its own initializer (no argument needed)
+    net.hybridize(static_alloc=True, static_shape=True)
 
-`get_model` returns an uninitialised Gluon HybridBlock. Every architecture has a factory (`resnet`,
-`resnext`, `xception`) documented below. What every network shares:
+What every network shares:
 
 * Initialisation as the original recipe: He-normal (fan-in) convolution and dense weights, zero dense bias,
-  batchnorm gamma 1 and beta 0, except the last batchnorm of every residual body, whose gamma starts at 0 so
-  each block starts as the identity.
-* No weight decay on batchnorm gamma/beta and on biases (`wd_mult = 0` on those parameters, so any Trainer
-  honours it; the original recipe claimed this but never did it).
+  batchnorm gamma 1, beta 0, running mean 0, running variance 1, except the last batchnorm of every residual
+  body, whose gamma starts at 0 so that each block starts as the identity.
+* No weight decay on batchnorm gamma/beta and on biases: `wd_mult = 0` on those parameters, so any Trainer
+  honours it (the original recipe's README promised this, its code did not do it).
 * Layouts: a `Builder` tracks the layout of the activations and inserts a transpose only where the next
-  layer's configured layout differs, so NCHW and NHWC networks come from the same code. MXNet runs NHWC
-  convolution and pooling on GPU only.
-* Fused batchnorm ops: NVIDIA's MXNet build has BatchNorm with `act_type` (BN+ReLU) and a `BatchNormAddRelu`
-  operator; stock MXNet has `nn.BatchNormReLU` (oneDNN, CPU only). `fused_ops_available()` says which the
-  installed MXNet offers; an explicit request it cannot honour is a RecipeError. Fused and unfused networks
-  have the same parameter names and compute the same function.
-* float16: parameters cast to float16 except batchnorm (kept float32 by Gluon), logits returned as float32.
+  layer's configured layout differs, so NCHW and NHWC networks come from the same code.
+* Fused batchnorm kernels: `fused_ops_available()` says what the installed MXNet has; an explicit request it
+  cannot honour on the device is a RecipeError. Fused and unfused networks compute the same function.
+* Parameter names (both Gluon's `param.name` and the structural names `save_parameters` writes, such as
+  `features.stage2.unit1.body.conv2.weight`) do not depend on the fusion flags, the dtype or the layouts, so
+  a checkpoint loads into any of those variants (NHWC convolution weights are stored OHWI, though).
 """
+import copy
 import functools
 import inspect
+import logging
 
 import mxnet as mx
-from mxnet.gluon import nn
-from mxnet.gluon.block import HybridBlock
+import numpy as np
+from mxnet.gluon import HybridBlock, nn
 
 from errors import RecipeError
 
+log = logging.getLogger(__name__)
+
 ARCHITECTURES = ('resnetv1', 'resnetv15', 'resnextv1', 'resnextv15', 'xception')
+LAYOUTS = ('NCHW', 'NHWC')
 
-# depth -> (residual block kind, blocks per stage)
-RESNET_DEPTHS = {18: ('basic', [2, 2, 2, 2]), 34: ('basic', [3, 4, 6, 3]), 50: ('bottleneck', [3, 4, 6, 3]),
-                 101: ('bottleneck', [3, 4, 23, 3]), 152: ('bottleneck', [3, 8, 36, 3])}
+# depth -> (residual unit, units per stage); ResNeXt uses the bottleneck depths
+RESNET_DEPTHS = {18: ('basic', (2, 2, 2, 2)), 34: ('basic', (3, 4, 6, 3)), 50: ('bottleneck', (3, 4, 6, 3)),
+                 101: ('bottleneck', (3, 4, 23, 3)), 152: ('bottleneck', (3, 8, 36, 3))}
+STAGE_CHANNELS = {'basic': (64, 128, 256, 512), 'bottleneck': (256, 512, 1024, 2048)}
+RESNEXT_WIDTH_PER_GROUP = 4     # the "4d" of ResNeXt-50 32x4d: channels per group in the first stage
 
+# (widths of the separable convolutions, downsampling?) of Xception's twelve blocks
+XCEPTION_BLOCKS = ([((128, 128), True), ((256, 256), True), ((728, 728), True)] + [((728, 728, 728), False)] * 8
+                   + [((728, 1024), True)])
+
+# He-normal: zero-mean Gaussian with variance 2 / fan_in (fan_in = all weight dimensions but the output one,
+# so it is the same for OIHW and OHWI weights and counts in-channels per group for grouped convolutions).
 HE_NORMAL = mx.init.Xavier(rnd_type='gaussian', factor_type='in', magnitude=2)
 
 
-def str2bool(text):
-    return str(text).lower() in ('1', 'true', 'yes')
+# ----------------------------------------------------------------------------------------------------------
+# Flags
 
 
 def add_model_args(parser):
+    """The 'Model' flag group (names and defaults of the original recipe)."""
     group = parser.add_argument_group('Model', 'model configuration')
     group.add_argument('--arch', default='resnetv15', choices=ARCHITECTURES, help='model architecture')
     group.add_argument('--num-layers', type=int, default=50,
-                       help='number of layers in the neural network, required by some networks such as resnet')
+                       help='number of layers in the neural network, required by some networks such as resnet '
+                            '(ResNet: 18, 34, 50, 101, 152; ResNeXt: 50, 101, 152; Xception has a fixed depth)')
     group.add_argument('--num-groups', type=int, default=32,
                        help='number of groups for grouped convolutions, required by some networks such as '
-                            'resnext')
+                            'resnext (ResNeXt-N 32x4d has 32)')
     group.add_argument('--num-classes', type=int, default=1000, help='the number of classes')
     group.add_argument('--batchnorm-eps', type=float, default=1e-5,
                        help='the amount added to the batchnorm variance to prevent output explosion.')
     group.add_argument('--batchnorm-mom', type=float, default=0.9,
                        help='the leaky-integrator factor controling the batchnorm mean and variance.')
-    group.add_argument('--fuse-bn-relu', type=str2bool, default=False,
-                       help='have batchnorm kernel perform activation relu')
-    group.add_argument('--fuse-bn-add-relu', type=str2bool, default=False,
-                       help='have batchnorm kernel perform add followed by activation relu')
+    group.add_argument('--fuse-bn-relu', type=int, default=0, choices=(0, 1),
+                       help='have batchnorm kernel perform activation relu (GPU: needs NVIDIA\'s MXNet build; '
+                            'CPU: oneDNN, NCHW batchnorm only)')
+    group.add_argument('--fuse-bn-add-relu', type=int, default=0, choices=(0, 1),
+                       help='have batchnorm kernel perform add followed by activation relu (GPU: needs '
+                            'NVIDIA\'s MXNet build; CPU: no such kernel, composed in one block)')
     return group
 
 
 def model_options(args):
-    """get_model's keyword arguments from parsed flags (args.device is set by fit.resolve_hardware)."""
+    """get_model's keyword arguments from parsed flags (args.device and args.dtype are resolved by fit)."""
     return dict(arch=args.arch, num_layers=args.num_layers, num_classes=args.num_classes,
                 num_groups=args.num_groups, batchnorm_eps=args.batchnorm_eps, batchnorm_mom=args.batchnorm_mom,
-                fuse_bn_relu=args.fuse_bn_relu, fuse_bn_add_relu=args.fuse_bn_add_relu,
+                fuse_bn_relu=bool(args.fuse_bn_relu), fuse_bn_add_relu=bool(args.fuse_bn_add_relu),
                 input_layout=args.input_layout, conv_layout=args.conv_layout,
                 batchnorm_layout=args.batchnorm_layout, pooling_layout=args.pooling_layout,
                 image_shape=tuple(args.image_shape), dtype=args.dtype, device=args.device)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# What the installed MXNet offers
+
+
 @functools.lru_cache(maxsize=None)
 def fused_ops_available():
-    """Which fused batchnorm kernels the installed MXNet has: NVIDIA's build (GPU) and oneDNN's (CPU)."""
-    return {'nvidia_bn_relu': 'act_type' in inspect.signature(nn.BatchNorm.__init__).parameters,
-            'nvidia_bn_add_relu': hasattr(mx.nd, 'BatchNormAddRelu'),
-            'onednn_bn_relu': hasattr(nn, 'BatchNormReLU') and mx.runtime.Features().is_enabled('MKLDNN')}
+    """Which fused batchnorm kernels the installed MXNet has (probed once):
+
+    * 'nvidia_bn_relu': BatchNorm with an `act_type` argument (NVIDIA's MXNet build, GPU).
+    * 'nvidia_bn_add_relu': the `BatchNormAddRelu` operator (NVIDIA's MXNet build, GPU).
+    * 'onednn_bn_relu': `contrib.BatchNormWithReLU` in a oneDNN build (stock MXNet 1.9.1, CPU, axis 1 only).
+    """
+    return {'nvidia_bn_relu': operator_has_argument('BatchNorm', 'act_type'),
+            'nvidia_bn_add_relu': hasattr(mx.nd, 'BatchNormAddRelu') and hasattr(mx.sym, 'BatchNormAddRelu'),
+            'onednn_bn_relu': (hasattr(mx.nd.contrib, 'BatchNormWithReLU') and
+                               mx.runtime.Features().is_enabled('MKLDNN'))}
+
+
+def operator_has_argument(operator, argument):
+    """Whether the imperative and the symbolic form of an MXNet operator both take `argument`."""
+    return all(argument in inspect.signature(getattr(api, operator)).parameters for api in (mx.nd, mx.sym))
+
+
+def bn_relu_kernel(fuse, device, batchnorm_layout):
+    """'composed' (BatchNorm then ReLU), 'nvidia' or 'onednn'; RecipeError if a request cannot be honoured."""
+    if not fuse:
+        return 'composed'
+    available = fused_ops_available()
+    if device == 'gpu':
+        if available['nvidia_bn_relu']:
+            return 'nvidia'
+        raise RecipeError('--fuse-bn-relu 1 on GPU needs NVIDIA\'s MXNet build (BatchNorm with act_type), which '
+                          'this MXNet is not: pass --fuse-bn-relu 0 --fuse-bn-add-relu 0')
+    if not available['onednn_bn_relu']:
+        raise RecipeError('--fuse-bn-relu 1 on the CPU needs an MXNet built with oneDNN (contrib.BatchNormWithReLU)'
+                          ', which this one is not: pass --fuse-bn-relu 0')
+    if batchnorm_layout != 'NCHW':
+        raise RecipeError('--fuse-bn-relu 1 on the CPU uses oneDNN\'s BatchNormWithReLU, which normalises NCHW '
+                          'only: pass --batchnorm-layout NCHW or --fuse-bn-relu 0')
+    return 'onednn'
+
+
+def bn_add_relu_kernel(fuse, device):
+    """'composed' (BatchNorm, add, ReLU in one block) or 'nvidia'; RecipeError if a GPU request cannot be met."""
+    if not fuse:
+        return 'composed'
+    if device == 'cpu':
+        log.info('--fuse-bn-add-relu 1: MXNet has no fused BatchNorm+add+ReLU kernel for the CPU, the block '
+                 'composes BatchNorm, add and ReLU')
+        return 'composed'
+    if fused_ops_available()['nvidia_bn_add_relu']:
+        return 'nvidia'
+    raise RecipeError('--fuse-bn-add-relu 1 on GPU needs NVIDIA\'s MXNet build (the BatchNormAddRelu operator), '
+                      'which this MXNet is not: pass --fuse-bn-relu 0 --fuse-bn-add-relu 0')
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Building blocks
+# Layers
 
 
 class Transpose(HybridBlock):
-    """Change the activation layout between NCHW and NHWC."""
+    """Moves the activations from one layout (NCHW or NHWC) to the other."""
 
     def __init__(self, source, target):
         super().__init__()
-        self.axes = (0, 2, 3, 1) if (source, target) == ('NCHW', 'NHWC') else (0, 3, 1, 2)
+        self.source, self.target = source, target
+        self.axes = tuple(source.index(axis) for axis in target)
 
     def hybrid_forward(self, F, x):
         return F.transpose(x, axes=self.axes)
 
 
-class BatchNormAddReLU(nn.BatchNorm):
-    """relu(batchnorm(x) + addend) as one block: NVIDIA's BatchNormAddRelu kernel where the installed MXNet has
-    it (GPU), else the three ops composed. Same parameters as nn.BatchNorm."""
+class Stack(HybridBlock):
+    """Named layers applied in order: a HybridSequential whose checkpoint names say what each layer is, and
+    whose numbering a layout transpose cannot shift."""
 
-    def __init__(self, use_nvidia_kernel, **kwargs):
+    def __init__(self, layers):
+        super().__init__()
+        for name, layer in layers:
+            if name in self._children:
+                raise ValueError(f'two layers named {name!r} in one Stack')
+            self.register_child(layer, name)
+
+    def __getitem__(self, name):
+        return self._children[name]
+
+    def hybrid_forward(self, F, x):
+        for layer in self._children.values():
+            x = layer(x)
+        return x
+
+
+class BatchNormReLU(nn.BatchNorm):
+    """relu(batchnorm(x)) with `kernel` 'composed' (two ops), 'nvidia' (BatchNorm act_type='relu', NVIDIA's build)
+    or 'onednn' (contrib.BatchNormWithReLU, CPU). Same parameters as nn.BatchNorm."""
+
+    def __init__(self, kernel, **kwargs):
         super().__init__(**kwargs)
-        self.use_nvidia_kernel = use_nvidia_kernel
+        self.kernel = kernel
+
+    def _alias(self):
+        return 'batchnorm'   # Gluon names parameters after the class: keep the names of nn.BatchNorm
+
+    def hybrid_forward(self, F, x, gamma, beta, running_mean, running_var):
+        if self.kernel == 'nvidia':
+            return F.BatchNorm(x, gamma, beta, running_mean, running_var, act_type='relu', name='fwd',
+                               **self._kwargs)
+        if self.kernel == 'onednn':
+            return F.contrib.BatchNormWithReLU(x, gamma, beta, running_mean, running_var, name='fwd',
+                                               **self._kwargs)
+        return F.relu(F.BatchNorm(x, gamma, beta, running_mean, running_var, name='fwd', **self._kwargs))
+
+
+class BatchNormAddReLU(nn.BatchNorm):
+    """relu(batchnorm(x) + addend) with `kernel` 'composed' (three ops) or 'nvidia' (NVIDIA's BatchNormAddRelu
+    operator). Same parameters as nn.BatchNorm."""
+
+    def __init__(self, kernel, **kwargs):
+        super().__init__(**kwargs)
+        self.kernel = kernel
+
+    def _alias(self):
+        return 'batchnorm'   # Gluon names parameters after the class: keep the names of nn.BatchNorm
 
     def hybrid_forward(self, F, x, addend, gamma, beta, running_mean, running_var):
-        if self.use_nvidia_kernel:
-            return F.BatchNormAddRelu(x, addend, gamma, beta, running_mean, running_var, name='fwd',
-                                      **self._kwargs)
+        if self.kernel == 'nvidia':
+            return F.BatchNormAddRelu(data=x, addend=addend, gamma=gamma, beta=beta, moving_mean=running_mean,
+                                      moving_var=running_var, name='fwd', **self._kwargs)
         normalised = F.BatchNorm(x, gamma, beta, running_mean, running_var, name='fwd', **self._kwargs)
         return F.relu(normalised + addend)
 
 
-class BatchNormThenReLU(nn.BatchNorm):
-    """batchnorm then ReLU as two ops in one block, so unfused and fused networks share parameter names."""
-
-    def hybrid_forward(self, F, x, gamma, beta, running_mean, running_var):
-        return F.relu(F.BatchNorm(x, gamma, beta, running_mean, running_var, name='fwd', **self._kwargs))
-
-
-class Builder:
-    """Makes layers in the configured layouts, precision-independent, with the recipe's initialisation and
-    weight-decay rules, and tracks the activation layout to insert transposes only where needed.
-
-    `layout` is the layout of the activations produced by the layers built so far; `fork()` copies the
-    builder so the two branches of a residual block start from the same layout."""
-
-    def __init__(self, input_layout='NCHW', conv_layout='NCHW', batchnorm_layout='NCHW', pooling_layout='NCHW',
-                 batchnorm_eps=1e-5, batchnorm_mom=0.9, fuse_bn_relu=False, fuse_bn_add_relu=False,
-                 device='cpu'):
-        if device == 'cpu' and 'NHWC' in (conv_layout, pooling_layout):
-            raise RecipeError('MXNet runs NHWC convolution and pooling on GPU only: use --conv-layout NCHW '
-                              '--batchnorm-layout NCHW --pooling-layout NCHW on the CPU')
-        self.layout = input_layout
-        self.conv_layout, self.bn_layout, self.pool_layout = conv_layout, batchnorm_layout, pooling_layout
-        self.eps, self.momentum = batchnorm_eps, batchnorm_mom
-        self.bn_relu_kind = bn_relu_kind(fuse_bn_relu, device)
-        self.bn_add_relu_kind = bn_add_relu_kind(fuse_bn_add_relu, device)
-
-    def fork(self):
-        twin = Builder.__new__(Builder)
-        twin.__dict__.update(self.__dict__)
-        return twin
-
-    def to_layout(self, layout):
-        """[] or [a transpose] that brings the activations to `layout`."""
-        if layout == self.layout:
-            return []
-        block = Transpose(self.layout, layout)
-        self.layout = layout
-        return [block]
-
-    def conv(self, channels, kernel, stride=1, padding=0, groups=1, in_channels=0):
-        return self.to_layout(self.conv_layout) + [
-            nn.Conv2D(channels, kernel, strides=stride, padding=padding, groups=groups, use_bias=False,
-                      layout=self.conv_layout, in_channels=in_channels, weight_initializer=HE_NORMAL)]
-
-    def _bn_options(self, channels, zero_gamma):
-        return dict(axis=3 if self.bn_layout == 'NHWC' else 1, momentum=self.momentum, epsilon=self.eps,
-                    in_channels=channels, gamma_initializer='zeros' if zero_gamma else 'ones')
-
-    def batchnorm(self, channels, zero_gamma=False):
-        return self.to_layout(self.bn_layout) + [no_weight_decay(nn.BatchNorm(
-            **self._bn_options(channels, zero_gamma)))]
-
-    def batchnorm_relu(self, channels):
-        layers = self.to_layout(self.bn_layout)
-        options = self._bn_options(channels, False)
-        if self.bn_relu_kind == 'nvidia':
-            return layers + [no_weight_decay(nn.BatchNorm(act_type='relu', **options))]
-        if self.bn_relu_kind == 'onednn':
-            return layers + [no_weight_decay(nn.BatchNormReLU(**options))]
-        return layers + [no_weight_decay(BatchNormThenReLU(**options))]
-
-    def batchnorm_add_relu(self, channels):
-        """The block-final batchnorm of a residual body, gamma 0; fused with the add and ReLU on request."""
-        layers = self.to_layout(self.bn_layout)
-        options = self._bn_options(channels, zero_gamma=True)
-        if self.bn_add_relu_kind is None:
-            return layers, no_weight_decay(nn.BatchNorm(**options))
-        return layers, no_weight_decay(BatchNormAddReLU(self.bn_add_relu_kind == 'nvidia', **options))
-
-    def max_pool(self, size=3, stride=2, padding=1):
-        return self.to_layout(self.pool_layout) + [nn.MaxPool2D(size, stride, padding, layout=self.pool_layout)]
-
-    def global_avg_pool(self):
-        return self.to_layout(self.pool_layout) + [nn.GlobalAvgPool2D(layout=self.pool_layout)]
-
-    def dense(self, units, in_units):
-        return [no_weight_decay(nn.Dense(units, in_units=in_units, weight_initializer=HE_NORMAL,
-                                         bias_initializer='zeros'), names=('bias',))]
-
-
-def bn_relu_kind(requested, device):
-    if not requested:
-        return None
-    available = fused_ops_available()
-    if device == 'gpu' and available['nvidia_bn_relu']:
-        return 'nvidia'
-    if device == 'cpu' and available['onednn_bn_relu']:
-        return 'onednn'
-    raise RecipeError(f'--fuse-bn-relu 1: the installed MXNet has no fused BatchNorm+ReLU kernel for the '
-                      f'{device.upper()} (NVIDIA\'s MXNet build has one for GPUs, oneDNN builds for CPUs); '
-                      'pass --fuse-bn-relu 0')
-
-
-def bn_add_relu_kind(requested, device):
-    if not requested:
-        return None
-    if device == 'cpu':
-        return 'composed'
-    if fused_ops_available()['nvidia_bn_add_relu']:
-        return 'nvidia'
-    raise RecipeError('--fuse-bn-add-relu 1: the installed MXNet has no BatchNormAddRelu kernel (it comes with '
-                      'NVIDIA\'s MXNet build); pass --fuse-bn-add-relu 0')
-
-
-def no_weight_decay(block, names=('gamma', 'beta')):
-    """Exempt the block's batchnorm scale/shift (or bias) from weight decay."""
+def without_weight_decay(block, *names):
+    """Exempts the block's parameters `names` from weight decay (every Trainer reads wd_mult)."""
     for name in names:
         getattr(block, name).wd_mult = 0.0
     return block
 
 
-def sequential(layers):
-    block = nn.HybridSequential()
-    for layer in layers:
-        block.add(layer)
-    return block
+# ----------------------------------------------------------------------------------------------------------
+# The Builder: the one place that decides layouts, initialisation, weight decay and fused kernels
+
+
+class Builder:
+    """Makes layers as (name, block) pairs in their configured layouts, with the recipe's initialisation and
+    weight-decay rules and the chosen batchnorm kernels.
+
+    `layout` is the layout of the activations produced by the layers made so far (it starts as the input
+    layout); a layer whose layout differs is preceded by a transpose named '<layer>_transpose'. The two
+    branches of a residual block start from `fork()` copies; `follow(other)` ends a branch in the other's
+    layout so that they can be added."""
+
+    def __init__(self, input_layout='NCHW', conv_layout='NCHW', batchnorm_layout='NCHW', pooling_layout='NCHW',
+                 batchnorm_eps=1e-5, batchnorm_mom=0.9, bn_relu_kernel='composed', bn_add_relu_kernel='composed'):
+        self.layout = input_layout
+        self.conv_layout, self.batchnorm_layout, self.pooling_layout = conv_layout, batchnorm_layout, pooling_layout
+        self.batchnorm_eps, self.batchnorm_mom = batchnorm_eps, batchnorm_mom
+        self.bn_relu_kernel, self.bn_add_relu_kernel = bn_relu_kernel, bn_add_relu_kernel
+
+    def fork(self):
+        return copy.copy(self)
+
+    def follow(self, other):
+        """[a transpose] that brings this branch to the layout `other` has reached, or []."""
+        return self._into(other.layout, 'transpose')
+
+    def _into(self, layout, name):
+        if layout == self.layout:
+            return []
+        transpose = Transpose(self.layout, layout)
+        self.layout = layout
+        return [(name, transpose)]
+
+    def conv(self, name, channels, kernel, stride=1, padding=0, groups=1, in_channels=0):
+        layers = self._into(self.conv_layout, f'{name}_transpose')
+        return layers + [(name, nn.Conv2D(channels, kernel, strides=stride, padding=padding, groups=groups,
+                                          layout=self.conv_layout, use_bias=False, in_channels=in_channels,
+                                          weight_initializer=HE_NORMAL))]
+
+    def _batchnorm_options(self, channels, zero_gamma):
+        return dict(axis=self.batchnorm_layout.index('C'), momentum=self.batchnorm_mom,
+                    epsilon=self.batchnorm_eps, in_channels=channels,
+                    gamma_initializer='zeros' if zero_gamma else 'ones')
+
+    def batchnorm(self, name, channels, zero_gamma=False):
+        layers = self._into(self.batchnorm_layout, f'{name}_transpose')
+        block = nn.BatchNorm(**self._batchnorm_options(channels, zero_gamma))
+        return layers + [(name, without_weight_decay(block, 'gamma', 'beta'))]
+
+    def batchnorm_relu(self, name, channels):
+        layers = self._into(self.batchnorm_layout, f'{name}_transpose')
+        block = BatchNormReLU(self.bn_relu_kernel, **self._batchnorm_options(channels, zero_gamma=False))
+        return layers + [(name, without_weight_decay(block, 'gamma', 'beta'))]
+
+    def batchnorm_add_relu(self, name, channels):
+        """(transposes for the body, the block): the final batchnorm of a residual body, gamma 0, fused with
+        the shortcut addition and the ReLU. The shortcut must `follow` this builder afterwards."""
+        layers = self._into(self.batchnorm_layout, f'{name}_transpose')
+        block = BatchNormAddReLU(self.bn_add_relu_kernel, **self._batchnorm_options(channels, zero_gamma=True))
+        return layers, without_weight_decay(block, 'gamma', 'beta')
+
+    def max_pool(self, name):
+        layers = self._into(self.pooling_layout, f'{name}_transpose')
+        return layers + [(name, nn.MaxPool2D(pool_size=3, strides=2, padding=1, layout=self.pooling_layout))]
+
+    def global_avg_pool(self, name):
+        layers = self._into(self.pooling_layout, f'{name}_transpose')
+        return layers + [(name, nn.GlobalAvgPool2D(layout=self.pooling_layout))]
+
+    def dense(self, units, in_units):
+        """The classifier; it flattens (N, 1, 1, C) and (N, C, 1, 1) alike, so it needs no transpose."""
+        block = nn.Dense(units, in_units=in_units, weight_initializer=HE_NORMAL, bias_initializer='zeros')
+        return without_weight_decay(block, 'bias')
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The classifier around every architecture
+
+
+class Classifier(HybridBlock):
+    """features -> dense logits. Built inside its own name scope (`name` prefixes every parameter name, e.g.
+    'resnetv15_50_conv0_weight', whatever else the process has built). After cast('float16') the logits are
+    cast back to float32 here, so float16 adds no wrapper level and the parameter names stay the same."""
+
+    def __init__(self, name, make_features, builder, num_classes, **feature_options):
+        super().__init__(prefix=f'{name}_')
+        self.float32_logits = False
+        with self.name_scope():
+            layers, width = make_features(builder, **feature_options)
+            self.features = Stack(layers)
+            self.output = builder.dense(num_classes, width)
+
+    def cast(self, dtype):
+        super().cast(dtype)
+        self.float32_logits = np.dtype(dtype) != np.float32
+
+    def hybrid_forward(self, F, x):
+        logits = self.output(self.features(x))
+        return F.cast(logits, dtype='float32') if self.float32_logits else logits
 
 
 # ----------------------------------------------------------------------------------------------------------
 # ResNet and ResNeXt
 
 
-class Residual(HybridBlock):
-    """out = relu(final_bn(body(x)) + shortcut(x)), the batchnorm/add/ReLU optionally one fused op."""
+class ResidualUnit(HybridBlock):
+    """relu(final_bn(body(x)) + shortcut(x)): the final batchnorm, the addition and the ReLU are one block."""
 
-    def __init__(self, body_layers, final_layers, final_bn, shortcut_layers, fused):
+    def __init__(self, body, final_bn, shortcut):
         super().__init__()
-        self.body = sequential(body_layers + final_layers)
+        self.body = Stack(body)
         self.final_bn = final_bn
-        self.shortcut = sequential(shortcut_layers) if shortcut_layers else None
-        self.fused = fused
+        self.shortcut = Stack(shortcut) if shortcut else None
 
     def hybrid_forward(self, F, x):
-        shortcut = self.shortcut(x) if self.shortcut is not None else x
-        if self.fused:
-            return self.final_bn(self.body(x), shortcut)
-        return F.relu(self.final_bn(self.body(x)) + shortcut)
+        shortcut = x if self.shortcut is None else self.shortcut(x)
+        return self.final_bn(self.body(x), shortcut)
 
 
-def residual_block(builder, kind, in_channels, out_channels, stride, version, groups=1, width=None):
-    """One residual block. kind: 'basic' (two 3x3) or 'bottleneck' (1x1, 3x3 with `groups`, 1x1). The
-    downsampling stride sits on the first 1x1 for v1 and on the 3x3 for v1.5."""
+def basic_body(builder, in_channels, channels, stride):
+    """Two 3x3 convolutions, the stride on the first (ResNet-18/34, v1 and v1.5 alike)."""
+    return (builder.conv('conv1', channels, 3, stride, 1, in_channels=in_channels) +
+            builder.batchnorm_relu('bn1', channels) +
+            builder.conv('conv2', channels, 3, 1, 1, in_channels=channels))
+
+
+def bottleneck_body(builder, in_channels, channels, stride, stride_on_3x3, width, groups):
+    """1x1 (width), 3x3 (width, `groups` groups), 1x1 (channels); the stride on the 3x3 (v1.5) or the first 1x1
+    (v1)."""
+    stride_1x1, stride_3x3 = (1, stride) if stride_on_3x3 else (stride, 1)
+    return (builder.conv('conv1', width, 1, stride_1x1, in_channels=in_channels) +
+            builder.batchnorm_relu('bn1', width) +
+            builder.conv('conv2', width, 3, stride_3x3, 1, groups=groups, in_channels=width) +
+            builder.batchnorm_relu('bn2', width) +
+            builder.conv('conv3', channels, 1, in_channels=width))
+
+
+def residual_unit(builder, kind, in_channels, channels, stride, stride_on_3x3, width, groups):
+    """A 'basic' or 'bottleneck' unit with an identity shortcut, or a 1x1 projection (conv + batchnorm) where the
+    stride or the channel count changes."""
     entry = builder.fork()
     if kind == 'basic':
-        body = (builder.conv(out_channels, 3, stride, 1, in_channels=in_channels) +
-                builder.batchnorm_relu(out_channels) +
-                builder.conv(out_channels, 3, 1, 1, in_channels=out_channels))
+        body = basic_body(builder, in_channels, channels, stride)
     else:
-        width = width or out_channels // 4
-        stride_1x1, stride_3x3 = (stride, 1) if version == 1 else (1, stride)
-        body = (builder.conv(width, 1, stride_1x1, in_channels=in_channels) + builder.batchnorm_relu(width) +
-                builder.conv(width, 3, stride_3x3, 1, groups=groups, in_channels=width) +
-                builder.batchnorm_relu(width) +
-                builder.conv(out_channels, 1, in_channels=width))
-    final_layers, final_bn = builder.batchnorm_add_relu(out_channels)
-    if stride != 1 or in_channels != out_channels:
-        shortcut = entry.conv(out_channels, 1, stride, in_channels=in_channels) + entry.batchnorm(out_channels)
-    else:
-        shortcut = []
-    shortcut += entry.to_layout(builder.layout)
-    return Residual(body, final_layers, final_bn, shortcut, builder.bn_add_relu_kind is not None)
+        body = bottleneck_body(builder, in_channels, channels, stride, stride_on_3x3, width, groups)
+    final_transposes, final_bn = builder.batchnorm_add_relu('final_bn', channels)
+    shortcut = []
+    if stride != 1 or in_channels != channels:
+        shortcut = (entry.conv('conv', channels, 1, stride, in_channels=in_channels) +
+                    entry.batchnorm('bn', channels))
+    return ResidualUnit(body + final_transposes, final_bn, shortcut + entry.follow(builder))
 
 
-def stem(builder, in_channels):
-    """7x7/2 convolution, batchnorm-ReLU, 3x3/2 max-pool."""
-    return (builder.conv(64, 7, 2, 3, in_channels=in_channels) + builder.batchnorm_relu(64) +
-            builder.max_pool())
-
-
-def resnet(builder, num_layers=50, version=1.5, num_classes=1000, in_channels=3, num_groups=1,
-           bottleneck_width=None):
-    """ResNet (He et al. 2015) of depth 18, 34, 50, 101 or 152; v1 or v1.5 (stride on the bottleneck's 3x3,
-    about 0.5% more top-1). With `bottleneck_width`, the 3x3 convolutions are grouped: ResNeXt.
-
-    ResNet-50 v1.5 for 1000 classes has 25,557,032 trainable parameters (25,560,168 with a 4-channel stem).
-    Returns the feature extractor layers and the feature width."""
-    if num_layers not in RESNET_DEPTHS:
-        raise RecipeError(f'--num-layers {num_layers}: ResNet comes in depths {sorted(RESNET_DEPTHS)}')
-    kind, blocks_per_stage = RESNET_DEPTHS[num_layers]
-    stage_channels = [64, 128, 256, 512] if kind == 'basic' else [256, 512, 1024, 2048]
-    layers = stem(builder, in_channels)
+def resnet_features(builder, num_layers, in_channels, stride_on_3x3, groups=1, width_per_group=None):
+    """Stem (7x7/2 conv 64, batchnorm-ReLU, 3x3/2 max-pool), four stages (stride 2 from the second on) and
+    global average pooling. Bottleneck width: channels / 4 (ResNet) or groups * width_per_group * 2**stage
+    (ResNeXt). Returns the layers and the feature width."""
+    kind, units_per_stage = RESNET_DEPTHS[num_layers]
+    layers = (builder.conv('conv0', 64, 7, 2, 3, in_channels=in_channels) + builder.batchnorm_relu('bn0', 64) +
+              builder.max_pool('pool0'))
     channels = 64
-    for stage, (blocks, out_channels) in enumerate(zip(blocks_per_stage, stage_channels)):
-        width = num_groups * bottleneck_width * 2 ** stage if bottleneck_width else None
-        for i in range(blocks):
+    for stage, (units, out_channels) in enumerate(zip(units_per_stage, STAGE_CHANNELS[kind])):
+        width = groups * width_per_group * 2 ** stage if width_per_group else out_channels // 4
+        stage_units = []
+        for i in range(units):
             stride = 2 if stage > 0 and i == 0 else 1
-            layers.append(residual_block(builder, kind, channels, out_channels, stride, version, num_groups,
-                                         width))
+            stage_units.append((f'unit{i + 1}', residual_unit(builder, kind, channels, out_channels, stride,
+                                                              stride_on_3x3, width, groups)))
             channels = out_channels
-    return layers + builder.global_avg_pool(), channels
+        layers.append((f'stage{stage + 1}', Stack(stage_units)))
+    return layers + builder.global_avg_pool('pool1'), channels
 
 
-def resnext(builder, num_layers=50, version=1.5, num_classes=1000, in_channels=3, num_groups=32,
-            bottleneck_width=4):
-    """ResNeXt (Xie et al. 2017): ResNet bottlenecks whose 3x3 convolution has `num_groups` groups of
-    `bottleneck_width` channels (doubling per stage). ResNeXt-50 32x4d has 25,028,904 trainable parameters.
-    Needs bottleneck depths (50, 101, 152)."""
-    if num_layers < 50:
-        raise RecipeError(f'ResNeXt needs bottleneck blocks: --num-layers 50, 101 or 152, not {num_layers}')
-    return resnet(builder, num_layers, version, num_classes, in_channels, num_groups, bottleneck_width)
+def resnet(name, num_layers, stride_on_3x3, num_classes, in_channels, builder):
+    if num_layers not in RESNET_DEPTHS:
+        raise RecipeError(f'--num-layers {num_layers}: ResNet comes in depths '
+                          f'{", ".join(map(str, RESNET_DEPTHS))}')
+    return Classifier(f'{name}_{num_layers}', resnet_features, builder or Builder(), num_classes,
+                      num_layers=num_layers, in_channels=in_channels, stride_on_3x3=stride_on_3x3)
+
+
+def resnetv1(num_layers=50, num_classes=1000, in_channels=3, builder=None):
+    r"""ResNet v1 from "Deep Residual Learning for Image Recognition" (He et al., 2015): the downsampling
+    stride of a bottleneck sits on its first 1x1 convolution.
+
+    Parameters
+    ----------
+    num_layers : int, default 50
+        18 or 34 (basic units), 50, 101 or 152 (bottleneck units).
+    num_classes : int, default 1000
+        Width of the classifier.
+    in_channels : int, default 3
+        Input channels of the stem convolution (4 for the zero-padded input of the NHWC float16 path).
+    builder : Builder, optional
+        Layouts, batchnorm settings and kernels; default: NCHW everywhere, unfused.
+
+    Trainable parameters (1000 classes, 3 input channels), the same as v1.5: 11,689,512 (18),
+    21,797,672 (34), 25,557,032 (50), 44,549,160 (101), 60,192,808 (152).
+    """
+    return resnet('resnetv1', num_layers, False, num_classes, in_channels, builder)
+
+
+def resnetv15(num_layers=50, num_classes=1000, in_channels=3, builder=None):
+    r"""ResNet v1.5 (the recipe's default): ResNet v1 with the downsampling stride of a bottleneck on its 3x3
+    convolution instead of the first 1x1 (about 0.5% more top-1, about 5% slower). Basic units (18, 34) are
+    the same as v1's.
+
+    Parameters
+    ----------
+    num_layers : int, default 50
+        18 or 34 (basic units), 50, 101 or 152 (bottleneck units).
+    num_classes : int, default 1000
+        Width of the classifier.
+    in_channels : int, default 3
+        Input channels of the stem convolution (4 for the zero-padded input of the NHWC float16 path).
+    builder : Builder, optional
+        Layouts, batchnorm settings and kernels; default: NCHW everywhere, unfused.
+
+    Trainable parameters (1000 classes): 25,557,032 for ResNet-50 (25,560,168 with 4 input channels);
+    11,689,512 (18), 21,797,672 (34), 44,549,160 (101), 60,192,808 (152).
+    """
+    return resnet('resnetv15', num_layers, True, num_classes, in_channels, builder)
+
+
+def resnext(name, num_layers, num_groups, stride_on_3x3, num_classes, in_channels, builder):
+    if RESNET_DEPTHS.get(num_layers, ('',))[0] != 'bottleneck':
+        raise RecipeError(f'--num-layers {num_layers}: ResNeXt is built from bottleneck units and comes in depths '
+                          '50, 101 and 152')
+    if num_groups < 1:
+        raise RecipeError(f'--num-groups {num_groups}: ResNeXt needs at least one group')
+    return Classifier(f'{name}_{num_layers}_{num_groups}x{RESNEXT_WIDTH_PER_GROUP}d', resnet_features,
+                      builder or Builder(), num_classes, num_layers=num_layers, in_channels=in_channels,
+                      stride_on_3x3=stride_on_3x3, groups=num_groups, width_per_group=RESNEXT_WIDTH_PER_GROUP)
+
+
+def resnextv1(num_layers=50, num_groups=32, num_classes=1000, in_channels=3, builder=None):
+    r"""ResNeXt from "Aggregated Residual Transformations for Deep Neural Networks" (Xie et al., 2017): ResNet
+    bottlenecks whose 3x3 convolution has `num_groups` groups of 4 channels in the first stage, doubling per
+    stage (bottleneck width num_groups * 4 * 2**stage, e.g. 128..1024 for 32x4d). As in the recipe's v1/v1.5
+    naming, v1 puts the downsampling stride on the first 1x1 convolution.
+
+    Parameters
+    ----------
+    num_layers : int, default 50
+        50, 101 or 152.
+    num_groups : int, default 32
+        Groups of the 3x3 convolutions (the cardinality).
+    num_classes : int, default 1000
+        Width of the classifier.
+    in_channels : int, default 3
+        Input channels of the stem convolution.
+    builder : Builder, optional
+        Layouts, batchnorm settings and kernels; default: NCHW everywhere, unfused.
+
+    Trainable parameters (1000 classes), the same as v1.5: 25,028,904 for ResNeXt-50 32x4d, 44,177,704 for
+    ResNeXt-101 32x4d.
+    """
+    return resnext('resnextv1', num_layers, num_groups, False, num_classes, in_channels, builder)
+
+
+def resnextv15(num_layers=50, num_groups=32, num_classes=1000, in_channels=3, builder=None):
+    r"""ResNeXt (Xie et al., 2017) with the downsampling stride on the grouped 3x3 convolution, as the paper's
+    reference implementation has it; otherwise the same as `resnextv1`.
+
+    Parameters
+    ----------
+    num_layers : int, default 50
+        50, 101 or 152.
+    num_groups : int, default 32
+        Groups of the 3x3 convolutions (the cardinality).
+    num_classes : int, default 1000
+        Width of the classifier.
+    in_channels : int, default 3
+        Input channels of the stem convolution.
+    builder : Builder, optional
+        Layouts, batchnorm settings and kernels; default: NCHW everywhere, unfused.
+
+    Trainable parameters (1000 classes): 25,028,904 for ResNeXt-50 32x4d, 44,177,704 for ResNeXt-101 32x4d.
+    """
+    return resnext('resnextv15', num_layers, num_groups, True, num_classes, in_channels, builder)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -321,98 +524,134 @@ def resnext(builder, num_layers=50, version=1.5, num_classes=1000, in_channels=3
 
 
 class XceptionBlock(HybridBlock):
-    """Separable convolutions with batchnorm; a 3x3/2 max-pool and a 1x1/2 projection when it downsamples."""
+    """body(x) + shortcut(x): the shortcut is a 1x1/2 projection where the body downsamples, else the identity,
+    in both cases brought to the body's output layout."""
 
-    def __init__(self, builder, in_channels, widths, pool, leading_relu):
+    def __init__(self, body, shortcut):
         super().__init__()
-        entry = builder.fork()
-        layers = [nn.Activation('relu')] if leading_relu else []
-        channels = in_channels
-        for i, width in enumerate(widths):
-            layers += separable_conv(builder, channels, width)
-            last = i == len(widths) - 1
-            layers += builder.batchnorm(width, zero_gamma=True) if last else builder.batchnorm_relu(width)
-            channels = width
-        if pool:
-            layers += builder.max_pool()
-        self.body = sequential(layers)
-        shortcut = entry.conv(channels, 1, 2, in_channels=in_channels) + entry.batchnorm(channels) if pool else []
-        self.shortcut = sequential(shortcut + entry.to_layout(builder.layout))
+        self.body = Stack(body)
+        self.shortcut = Stack(shortcut) if shortcut else None
 
     def hybrid_forward(self, F, x):
-        return self.body(x) + self.shortcut(x)
+        return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
 
 
-def separable_conv(builder, in_channels, out_channels):
+def separable_conv(builder, name, in_channels, channels):
     """3x3 depthwise then 1x1 pointwise convolution, no batchnorm in between."""
-    return (builder.conv(in_channels, 3, 1, 1, groups=in_channels, in_channels=in_channels) +
-            builder.conv(out_channels, 1, in_channels=in_channels))
+    return (builder.conv(f'{name}_depthwise', in_channels, 3, 1, 1, groups=in_channels, in_channels=in_channels) +
+            builder.conv(f'{name}_pointwise', channels, 1, in_channels=in_channels))
 
 
-def xception(builder, num_classes=1000, in_channels=3):
-    """Xception (Chollet 2017) as the original recipe builds it: entry convolutions 32 and 64, twelve blocks
-    ([128,128] [256,256] [728,728] downsampling, eight [728,728,728], [728,1024] downsampling), exit separable
-    convolutions 1536 and 2048, global pooling. Input size is --image-shape (224 by default, not the paper's
-    299)."""
-    layers = (builder.conv(32, 3, 2, 1, in_channels=in_channels) + builder.batchnorm_relu(32) +
-              builder.conv(64, 3, 1, 1, in_channels=32) + builder.batchnorm_relu(64))
-    plan = [([128, 128], True), ([256, 256], True), ([728, 728], True)] + [([728] * 3, False)] * 8 + \
-           [([728, 1024], True)]
+def xception_block(builder, in_channels, widths, downsample, leading_relu):
+    """[ReLU], then per width a separable convolution and batchnorm-ReLU, except the last, whose batchnorm has
+    gamma 0 and no ReLU; then a 3x3/2 max-pool if the block downsamples."""
+    entry = builder.fork()
+    body = [('relu', nn.Activation('relu'))] if leading_relu else []
+    channels = in_channels
+    for i, width in enumerate(widths, start=1):
+        body += separable_conv(builder, f'sepconv{i}', channels, width)
+        if i < len(widths):
+            body += builder.batchnorm_relu(f'bn{i}', width)
+        else:
+            body += builder.batchnorm(f'bn{i}', width, zero_gamma=True)
+        channels = width
+    shortcut = []
+    if downsample:
+        body += builder.max_pool('pool')
+        shortcut = (entry.conv('conv', channels, 1, 2, in_channels=in_channels) +
+                    entry.batchnorm('bn', channels))
+    return XceptionBlock(body, shortcut + entry.follow(builder))
+
+
+def xception_features(builder, in_channels):
+    """Entry 3x3/2 conv 32 and 3x3 conv 64 (each with batchnorm-ReLU, padding 1), the twelve blocks of
+    XCEPTION_BLOCKS (ReLU first except in the first), exit separable convolutions 1536 and 2048 with
+    batchnorm-ReLU, global average pooling."""
+    layers = (builder.conv('conv1', 32, 3, 2, 1, in_channels=in_channels) + builder.batchnorm_relu('bn1', 32) +
+              builder.conv('conv2', 64, 3, 1, 1, in_channels=32) + builder.batchnorm_relu('bn2', 64))
     channels = 64
-    for i, (widths, pool) in enumerate(plan):
-        layers.append(XceptionBlock(builder, channels, widths, pool, leading_relu=i > 0))
+    for i, (widths, downsample) in enumerate(XCEPTION_BLOCKS):
+        layers.append((f'block{i + 1}', xception_block(builder, channels, widths, downsample, leading_relu=i > 0)))
         channels = widths[-1]
-    layers += (separable_conv(builder, 1024, 1536) + builder.batchnorm_relu(1536) +
-               separable_conv(builder, 1536, 2048) + builder.batchnorm_relu(2048) + builder.global_avg_pool())
+    layers += (separable_conv(builder, 'sepconv1', channels, 1536) + builder.batchnorm_relu('bn3', 1536) +
+               separable_conv(builder, 'sepconv2', 1536, 2048) + builder.batchnorm_relu('bn4', 2048) +
+               builder.global_avg_pool('pool'))
     return layers, 2048
 
 
+def xception(num_classes=1000, in_channels=3, builder=None):
+    r"""Xception from "Xception: Deep Learning with Depthwise Separable Convolutions" (Chollet, 2017), as the
+    original recipe builds it: the paper's network with no bias in the convolutions, zero-gamma batchnorm at
+    the end of every block, and the input size of --image-shape (224 by default, not the paper's 299). Unlike
+    the original, a shortcut that needs a layout transpose applies it.
+
+    Parameters
+    ----------
+    num_classes : int, default 1000
+        Width of the classifier.
+    in_channels : int, default 3
+        Input channels of the first convolution.
+    builder : Builder, optional
+        Layouts, batchnorm settings and kernels; default: NCHW everywhere, unfused.
+
+    Trainable parameters (1000 classes): 22,855,952 (the same as Keras' Xception, which has this structure).
+    """
+    return Classifier('xception', xception_features, builder or Builder(), num_classes, in_channels=in_channels)
+
+
 # ----------------------------------------------------------------------------------------------------------
-# The classifier
+# The entry point
 
 
-class Classifier(HybridBlock):
-    """[input transpose] -> features -> dense logits; with float16 weights the logits are cast back to float32
-    for the loss. The input transpose is not one of the numbered feature layers, so parameter names do not
-    depend on --input-layout."""
-
-    def __init__(self, input_transpose, feature_layers, feature_width, num_classes, builder, float16):
-        super().__init__()
-        self.input_transpose = input_transpose
-        self.features = sequential(feature_layers)
-        self.output = sequential(builder.dense(num_classes, feature_width))
-        self.float16 = float16
-
-    def hybrid_forward(self, F, x):
-        if self.input_transpose is not None:
-            x = self.input_transpose(x)
-        logits = self.output(self.features(x))
-        return F.cast(logits, dtype='float32') if self.float16 else logits
+def check_options(arch, num_classes, batchnorm_eps, batchnorm_mom, layouts, image_shape, dtype, device):
+    """RecipeError for flag values no network can have; conv layout NHWC on the CPU is one of them."""
+    if device not in ('cpu', 'gpu'):
+        raise ValueError(f'device must be cpu or gpu, not {device!r}')
+    if arch not in ARCHITECTURES:
+        raise RecipeError(f'--arch {arch}: choose one of {", ".join(ARCHITECTURES)}')
+    if num_classes < 1:
+        raise RecipeError(f'--num-classes {num_classes}: need at least one class')
+    if batchnorm_eps <= 0 or not 0 <= batchnorm_mom <= 1:
+        raise RecipeError(f'--batchnorm-eps {batchnorm_eps} --batchnorm-mom {batchnorm_mom}: the epsilon must be '
+                          'positive and the momentum in [0, 1]')
+    for flag, layout in layouts.items():
+        if layout not in LAYOUTS:
+            raise RecipeError(f'--{flag} {layout}: choose NCHW or NHWC')
+    if device == 'cpu' and layouts['conv-layout'] == 'NHWC':
+        raise RecipeError('--conv-layout NHWC: MXNet 1.9.1 runs NHWC convolutions on GPU only (oneDNN refuses '
+                          'them); use --conv-layout NCHW on the CPU (NHWC input, batchnorm and pooling work there)')
+    if len(image_shape) != 3 or image_shape[0] not in (3, 4):
+        raise RecipeError(f'--image-shape {",".join(map(str, image_shape))}: expected C,H,W with C = 3, or 4 for '
+                          'a zero 4th channel')
+    if dtype not in ('float32', 'float16'):
+        raise RecipeError(f'--dtype {dtype}: choose float32 or float16')
 
 
 def get_model(arch='resnetv15', num_layers=50, num_classes=1000, num_groups=32, batchnorm_eps=1e-5,
               batchnorm_mom=0.9, fuse_bn_relu=False, fuse_bn_add_relu=False, input_layout='NCHW',
               conv_layout='NCHW', batchnorm_layout='NCHW', pooling_layout='NCHW', image_shape=(3, 224, 224),
               dtype='float32', device='cpu'):
-    """An uninitialised network for `arch`; every default is the CLI's, so get_model() is ResNet-50 v1.5."""
-    if arch not in ARCHITECTURES:
-        raise RecipeError(f'--arch {arch}: choose one of {", ".join(ARCHITECTURES)}')
-    if image_shape[0] not in (3, 4):
-        raise RecipeError(f'--image-shape {image_shape}: 3 channels, or 4 (a zero 4th channel for NHWC '
-                          'Tensor Core kernels)')
-    # The stem is a convolution: start the features in its layout and transpose the input up front.
-    builder = Builder(conv_layout, conv_layout, batchnorm_layout, pooling_layout, batchnorm_eps, batchnorm_mom,
-                      fuse_bn_relu, fuse_bn_add_relu, device)
-    input_transpose = Transpose(input_layout, conv_layout) if input_layout != conv_layout else None
-    in_channels = image_shape[0]
-    version = 1 if arch.endswith('v1') else 1.5
-    if arch.startswith('resnext'):
-        layers, width = resnext(builder, num_layers, version, num_classes, in_channels, num_groups)
-    elif arch.startswith('resnet'):
-        layers, width = resnet(builder, num_layers, version, num_classes, in_channels)
+    """An uninitialised network (HybridBlock) for the Model flags; the defaults make ResNet-50 v1.5.
+
+    It takes (N, C, H, W) or (N, H, W, C) input per `input_layout`, of `dtype`, with C = image_shape[0], and
+    returns float32 logits (N, num_classes). `num_layers` is for ResNet/ResNeXt, `num_groups` for ResNeXt.
+    `device` ('cpu' or 'gpu') decides which layouts and fused kernels exist; a request the installed MXNet
+    cannot honour on it is a RecipeError. float16 casts every parameter but the batchnorm ones."""
+    layouts = {'input-layout': input_layout, 'conv-layout': conv_layout, 'batchnorm-layout': batchnorm_layout,
+               'pooling-layout': pooling_layout}
+    check_options(arch, num_classes, batchnorm_eps, batchnorm_mom, layouts, image_shape, dtype, device)
+    builder = Builder(input_layout, conv_layout, batchnorm_layout, pooling_layout, batchnorm_eps, batchnorm_mom,
+                      bn_relu_kernel(fuse_bn_relu, device, batchnorm_layout),
+                      bn_add_relu_kernel(fuse_bn_add_relu, device))
+    common = dict(num_classes=num_classes, in_channels=image_shape[0], builder=builder)
+    if arch == 'xception':
+        net = xception(**common)
+    elif arch in ('resnextv1', 'resnextv15'):
+        factory = resnextv1 if arch == 'resnextv1' else resnextv15
+        net = factory(num_layers=num_layers, num_groups=num_groups, **common)
     else:
-        layers, width = xception(builder, num_classes, in_channels)
-    net = Classifier(input_transpose, layers, width, num_classes, builder, dtype == 'float16')
+        factory = resnetv1 if arch == 'resnetv1' else resnetv15
+        net = factory(num_layers=num_layers, **common)
     if dtype == 'float16':
-        net.cast('float16')  # Gluon keeps batchnorm parameters in float32
+        net.cast('float16')     # Gluon keeps batchnorm parameters in float32
     return net
