@@ -88,7 +88,7 @@ class DaliLoader:
                            preallocate_width_hint=args.dali_nvjpeg_width_hint,
                            preallocate_height_hint=args.dali_nvjpeg_height_hint)
         crop = dict(random_area=[args.min_random_area, args.max_random_area],
-                    random_aspect_ratio=[args.min_random_aspect_ratio, args.max_random_aspect_ratio],
+                    random_aspect_ratio=list(data.aspect_ratio_range(args)),
                     num_attempts=10)
         with pipe:
             jpegs, labels = fn.readers.mxnet(

@@ -45,12 +45,44 @@ IMAGENET_VAL_SIZE = 50000
 RECORD_MAGIC = 0xced7230a
 
 
+# Augmentations only ImageRecordIter implements: flag, type, default (= off), help. The other backends
+# refuse them rather than ignore them.
+NATIVE_AUGMENTATIONS = (
+    ('--random-crop', int, 0, 'if or not randomly crop the image'),
+    ('--max-random-h', int, 0, 'max change of hue, whose range is [0, 180]'),
+    ('--max-random-s', int, 0, 'max change of saturation, whose range is [0, 255]'),
+    ('--max-random-l', int, 0, 'max change of intensity, whose range is [0, 255]'),
+    ('--max-random-rotate-angle', int, 0, 'max angle to rotate, whose range is [0, 360]'),
+    ('--max-random-shear-ratio', float, 0, 'max ratio to shear, whose range is [0, 1]'),
+    ('--max-random-scale', float, 1, 'max ratio to scale'),
+    ('--min-random-scale', float, 1, 'min ratio to scale, should >= img_size/input_shape. otherwise use '
+                                     '--pad-size'),
+    ('--min-crop-size', int, -1, 'Crop both width and height into a random size in [min_crop_size, '
+                                 'max_crop_size]'),
+    ('--max-crop-size', int, -1, 'Crop both width and height into a random size in [min_crop_size, '
+                                 'max_crop_size]'),
+    ('--brightness', float, 0, 'brightness jittering, whose range is [0, 1]'),
+    ('--contrast', float, 0, 'contrast jittering, whose range is [0, 1]'),
+    ('--saturation', float, 0, 'saturation jittering, whose range is [0, 1]'),
+    ('--pca-noise', float, 0, 'pca noise, whose range is [0, 1]'),
+    ('--pad-size', int, 0, 'padding the input image'),
+)
+# ImageRecordIter refuses these together with random_resized_crop.
+RESIZED_CROP_CONFLICTS = ('--random-crop', '--max-random-scale', '--min-random-scale', '--min-crop-size',
+                          '--max-crop-size')
+
+
 def int_tuple(text):
     return tuple(int(x) for x in text.split(','))
 
 
 def float_tuple(text):
     return tuple(float(x) for x in text.split(','))
+
+
+def optional_float(text):
+    """A float, or None for the text 'None' (a documented value of --min-random-aspect-ratio)."""
+    return None if text.lower() == 'none' else float(text)
 
 
 def add_data_args(parser):
@@ -83,48 +115,31 @@ def add_data_args(parser):
 
 
 def add_data_aug_args(parser):
-    group = parser.add_argument_group('MXNet data backend', 'augmentations of --data-backend mxnet; the area '
-                                      'and aspect-ratio flags apply to DALI as well')
+    group = parser.add_argument_group(
+        'MXNet data backend', 'augmentations of --data-backend mxnet (ImageRecordIter). DALI honours '
+        '--random-mirror and the area and aspect-ratio flags, and refuses the others')
     group.add_argument('--data-mxnet-threads', type=int, default=40,
                        help='number of threads for data decoding for mxnet data backend')
-    group.add_argument('--random-crop', type=int, default=0, help='if or not randomly crop the image')
     group.add_argument('--random-mirror', type=int, default=1, help='if or not randomly flip horizontally')
-    group.add_argument('--max-random-h', type=int, default=0, help='max change of hue, whose range is [0, 180]')
-    group.add_argument('--max-random-s', type=int, default=0,
-                       help='max change of saturation, whose range is [0, 255]')
-    group.add_argument('--max-random-l', type=int, default=0,
-                       help='max change of intensity, whose range is [0, 255]')
-    group.add_argument('--min-random-aspect-ratio', type=float, default=0.75,
-                       help='min value of aspect ratio')
-    group.add_argument('--max-random-aspect-ratio', type=float, default=1.33, help='max value of aspect ratio')
-    group.add_argument('--max-random-rotate-angle', type=int, default=0,
-                       help='max angle to rotate, whose range is [0, 360]')
-    group.add_argument('--max-random-shear-ratio', type=float, default=0,
-                       help='max ratio to shear, whose range is [0, 1]')
-    group.add_argument('--max-random-scale', type=float, default=1, help='max ratio to scale')
-    group.add_argument('--min-random-scale', type=float, default=1,
-                       help='min ratio to scale, should >= img_size/input_shape. otherwise use --pad-size')
+    group.add_argument('--min-random-aspect-ratio', type=optional_float, default=0.75,
+                       help='min value of aspect ratio, either None or a positive value')
+    group.add_argument('--max-random-aspect-ratio', type=float, default=1.33,
+                       help='max value of aspect ratio; with --min-random-aspect-ratio None the range is '
+                            '[1 - max, 1 + max]')
     group.add_argument('--max-random-area', type=float, default=1,
                        help='max area to crop in random resized crop, whose range is [0, 1]')
     group.add_argument('--min-random-area', type=float, default=0.08,
                        help='min area to crop in random resized crop, whose range is [0, 1] (the original '
                             'used 0.05 here and 0.08 in DALI; both now use this flag)')
-    group.add_argument('--min-crop-size', type=int, default=-1,
-                       help='Crop both width and height into a random size in [min_crop_size, max_crop_size]')
-    group.add_argument('--max-crop-size', type=int, default=-1,
-                       help='Crop both width and height into a random size in [min_crop_size, max_crop_size]')
-    group.add_argument('--brightness', type=float, default=0, help='brightness jittering, whose range is [0, 1]')
-    group.add_argument('--contrast', type=float, default=0, help='contrast jittering, whose range is [0, 1]')
-    group.add_argument('--saturation', type=float, default=0, help='saturation jittering, whose range is [0, 1]')
-    group.add_argument('--pca-noise', type=float, default=0, help='pca noise, whose range is [0, 1]')
     group.add_argument('--random-resized-crop', type=int, default=1, help='whether to use random resized crop')
-    group.add_argument('--pad-size', type=int, default=0, help='padding the input image')
+    for flag, kind, default, text in NATIVE_AUGMENTATIONS:
+        group.add_argument(flag, type=kind, default=default, help=text)
     return group
 
 
 def resolve_backend(args):
     """Default backend: dali-gpu, or dali-cpu without a GPU (said once). An explicit dali-gpu without a GPU,
-    or a layout the backend cannot produce, is an error."""
+    or data flags that cannot work together, are errors."""
     has_gpu = mx.context.num_gpus() > 0
     if args.data_backend is None:
         args.data_backend = 'dali-gpu' if has_gpu else 'dali-cpu'
@@ -133,11 +148,51 @@ def resolve_backend(args):
     elif args.data_backend == 'dali-gpu' and not has_gpu:
         raise RecipeError('--data-backend dali-gpu needs a GPU and this machine has none: use --data-backend '
                           'dali-cpu (or mxnet)')
-    if len(args.image_shape) != 3 or args.image_shape[0] not in (3, 4):
-        raise RecipeError(f'--image-shape {",".join(map(str, args.image_shape))}: expected C,H,W with C = 3 or 4')
+    check_data_flags(args)
     if args.mode in ('train', 'train_val') and not args.test_io and args.data_backend != 'synthetic' \
             and not args.data_train:
         raise RecipeError(f'--mode {args.mode} needs --data-train (or --data-backend synthetic)')
+
+
+def check_data_flags(args):
+    """RecipeError for data flags that are out of range, or that the chosen backend would ignore."""
+    shape = args.image_shape
+    if len(shape) != 3 or shape[0] not in (3, 4) or min(shape) < 1:
+        raise RecipeError(f'--image-shape {",".join(map(str, shape))}: expected C,H,W with C = 3 or 4')
+    if len(args.rgb_mean) != 3 or len(args.rgb_std) != 3 or min(args.rgb_std) <= 0:
+        raise RecipeError('--rgb-mean and --rgb-std take 3 values each (R,G,B), the std values positive')
+    if args.data_val_resize < max(shape[1:]):
+        raise RecipeError(f'--data-val-resize {args.data_val_resize} is smaller than the image ({shape[1]}x'
+                          f'{shape[2]}): the center crop would not fit')
+    if not 0 < args.min_random_area <= args.max_random_area <= 1:
+        raise RecipeError(f'--min-random-area {args.min_random_area} and --max-random-area '
+                          f'{args.max_random_area}: expected 0 < min <= max <= 1')
+    low, high = aspect_ratio_range(args)
+    if not 0 < low <= high:
+        raise RecipeError(f'aspect ratio range [{low}, {high}] from --min/max-random-aspect-ratio: expected '
+                          '0 < min <= max')
+    changed = [flag for flag, _, default, _ in NATIVE_AUGMENTATIONS if flag_value(args, flag) != default]
+    if args.data_backend == 'mxnet':
+        conflicts = [flag for flag in RESIZED_CROP_CONFLICTS if flag in changed]
+        if args.random_resized_crop and conflicts:
+            raise RecipeError(f'{", ".join(conflicts)} cannot be combined with --random-resized-crop 1 '
+                              '(ImageRecordIter refuses it): add --random-resized-crop 0')
+    elif changed or not args.random_resized_crop:
+        what = ', '.join(changed) if changed else '--random-resized-crop 0'
+        raise RecipeError(f'{what}: only --data-backend mxnet (ImageRecordIter) implements this; '
+                          f'--data-backend {args.data_backend} always uses random-resized-crop with the area and '
+                          'aspect-ratio flags and --random-mirror')
+
+
+def flag_value(args, flag):
+    return getattr(args, flag[2:].replace('-', '_'))
+
+
+def aspect_ratio_range(args):
+    """[min, max] width/height ratio of the random crop: [1 - max, 1 + max] when the min flag is None."""
+    if args.min_random_aspect_ratio is None:
+        return 1 - args.max_random_aspect_ratio, 1 + args.max_random_aspect_ratio
+    return args.min_random_aspect_ratio, args.max_random_aspect_ratio
 
 
 def training_dtype(args):
@@ -260,9 +315,9 @@ def undecodable_message(records, first, count, error):
 # Shared batch shaping
 
 
-def epoch_seed(seed, epoch, rank=0):
-    """A 31-bit seed for one epoch of one worker."""
-    return int(np.random.SeedSequence([seed or 0, epoch, rank]).generate_state(1)[0] & 0x7fffffff)
+def epoch_seed(seed, *keys):
+    """A 31-bit seed from --seed (None: 0) and integer keys such as (epoch, rank)."""
+    return int(np.random.SeedSequence([seed or 0, *keys]).generate_state(1)[0] & 0x7fffffff)
 
 
 def finish_images(images, args):
@@ -321,10 +376,11 @@ class RecordLoader:
             return mx.io.ImageRecordIter(resize=args.data_val_resize, rand_crop=False, rand_mirror=False,
                                          shuffle=False, round_batch=True, **common)
         return mx.io.ImageRecordIter(
-            shuffle=True, seed=seed, round_batch=True, rand_crop=args.random_crop,
+            shuffle=True, seed=seed, seed_aug=seed ^ 1,  # augmentation seed: fixed per epoch too
+            round_batch=True, rand_crop=args.random_crop,
             rand_mirror=args.random_mirror, random_resized_crop=args.random_resized_crop,
             min_random_area=args.min_random_area, max_random_area=args.max_random_area,
-            min_aspect_ratio=args.min_random_aspect_ratio, max_aspect_ratio=args.max_random_aspect_ratio,
+            min_aspect_ratio=aspect_ratio_range(args)[0], max_aspect_ratio=aspect_ratio_range(args)[1],
             random_h=args.max_random_h, random_s=args.max_random_s, random_l=args.max_random_l,
             max_rotate_angle=args.max_random_rotate_angle, max_shear_ratio=args.max_random_shear_ratio,
             max_random_scale=args.max_random_scale, min_random_scale=args.min_random_scale,

@@ -195,3 +195,34 @@ def test_load_image_uses_validation_preprocessing(tmp_path):
     (tmp_path / 'bad.jpg').write_bytes(b'no')
     with pytest.raises(RecipeError, match='cannot read image'):
         data.load_image(str(tmp_path / 'bad.jpg'), args)
+
+
+@pytest.mark.parametrize('flags, backend, message', [
+    (['--max-random-h', '20'], 'dali-cpu', 'only --data-backend mxnet'),
+    (['--pca-noise', '0.1'], 'synthetic', 'only --data-backend mxnet'),
+    (['--random-resized-crop', '0'], 'dali-cpu', 'only --data-backend mxnet'),
+    (['--max-random-scale', '1.2'], 'mxnet', 'add --random-resized-crop 0'),
+    (['--min-random-area', '0.9', '--max-random-area', '0.5'], 'mxnet', 'expected 0 < min <= max <= 1'),
+    (['--min-random-aspect-ratio', '2', '--max-random-aspect-ratio', '1'], 'dali-cpu', 'aspect ratio range'),
+    (['--data-val-resize', '16'], 'mxnet', 'center crop would not fit'),
+    (['--rgb-std', '1,0,1'], 'mxnet', '--rgb-std'),
+    (['--image-shape', '2,32,32'], 'mxnet', 'expected C,H,W'),
+])
+def test_data_flags_that_would_be_ignored_or_cannot_work_are_refused(flags, backend, message):
+    args = resolved(['--data-backend', backend, '--image-shape', '3,32,32', '--data-val-resize', '32'] + flags)
+    with pytest.raises(RecipeError, match=message):
+        data.check_data_flags(args)
+
+
+def test_native_augmentations_and_aspect_range_none(digits):
+    """ImageRecordIter's own augmentations run, and --min-random-aspect-ratio None means [1 - max, 1 + max]."""
+    args = resolved(digits_flags(digits) + ['--data-backend', 'mxnet', '--random-resized-crop', '0',
+                                            '--random-crop', '1', '--max-random-rotate-angle', '10',
+                                            '--brightness', '0.2', '--min-random-aspect-ratio', 'None',
+                                            '--max-random-aspect-ratio', '0.25'])
+    data.check_data_flags(args)
+    assert data.aspect_ratio_range(args) == (0.75, 1.25)
+    train, _ = data.get_loaders(args, 0, 1, val=False)
+    first, again = (next(train.epoch(0)).data[0].asnumpy() for _ in range(2))
+    np.testing.assert_array_equal(first, again)           # augmentation seeded per epoch, too
+    assert first.shape == (16, 3, 32, 32) and np.isfinite(first).all()
