@@ -6,8 +6,8 @@ ARG FROM_IMAGE_NAME=nvcr.io/nvidia/mxnet:22.10-py3
 FROM ${FROM_IMAGE_NAME}
 
 WORKDIR /workspace/rn50
-# What the container lacks: image tools for dataset preparation and plots for benchmark.py. No version pins:
+# What the container lacks: image tools for dataset preparation, plots for benchmark.py, ONNX for export. No version pins:
 # the container's own Python and numpy decide which releases fit (requirements.txt pins the CPU set-up).
-RUN pip install --no-cache-dir Pillow scikit-learn matplotlib psutil
+RUN pip install --no-cache-dir Pillow scikit-learn matplotlib psutil onnx onnxruntime
 COPY . .
 ENV MXNET_CUDNN_AUTOTUNE_DEFAULT=0

@@ -23,6 +23,10 @@ $(VENV)/.requirements: requirements.txt requirements-dev.txt
 	echo '$(MXNET)' >> $(VENV)/requirements-resolved.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements-resolved.txt \
 		-r requirements-dev.txt
+	# onnxruntime checks exported ONNX models. Every release for Python 3.11 declares numpy>=1.24.2, which
+	# mxnet 1.9.1 cannot use; 1.16.3 runs fine on numpy 1.23.5, so it is installed without its declared
+	# dependencies (it needs none of them to run a model).
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps onnxruntime==1.16.3
 	touch $@
 
 # Horovod 0.28.1 compiles against the installed MXNet (about two minutes on 2 cores). It needs the system

@@ -6,6 +6,7 @@
     ./runner -n 8 -b 192                                   # train and validate every epoch (mode train_val)
     ./runner -n 8 -b 192 --mode val --load model_best.params   # one validation pass
     ./runner --mode pred --data-pred cat.jpg               # top-5 classes of one image (or a folder)
+    ./runner --mode export                                 # symbol+params and ONNX (inference.py)
     python train.py --data-backend synthetic --test-io     # the data loader alone, images/s
 
 What happens in a training run, in order:
@@ -34,6 +35,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+import inference
 import logs
 from errors import RecipeError
 
@@ -53,9 +55,10 @@ def float_list(text):
 
 def add_fit_args(parser):
     group = parser.add_argument_group('Training', 'model training')
-    group.add_argument('--mode', default='train_val', choices=['train_val', 'train', 'val', 'pred'],
+    group.add_argument('--mode', default='train_val', choices=['train_val', 'train', 'val', 'pred', 'export'],
                        help='train_val trains and validates every epoch; train only trains (checkpoints are '
-                            'still written); val validates a checkpoint; pred classifies --data-pred')
+                            'still written); val validates a checkpoint; pred classifies --data-pred; export writes '
+                            'symbol+params and ONNX')
     group.add_argument('--seed', type=int, default=None,
                        help='random seed for initialisation, data order, augmentation and mixup (default: a '
                             'random one, logged and stored in the checkpoint so a resume continues exactly)')
@@ -160,6 +163,10 @@ class World:
         total = self.horovod.allreduce(mx.nd.array(values, dtype='float64'), op=self.horovod.Sum,
                                        name=f'sum{len(values)}')
         return total.asnumpy()
+
+    def barrier(self):
+        """Wait until every worker gets here."""
+        self.allreduce_sum([0.0])
 
     def broadcast_int(self, value):
         """Rank 0's value of an integer, on every worker."""
@@ -722,12 +729,8 @@ def test_io(args, world, get_loaders, dllogger):
 
 
 def evaluate(args, net, world, get_loaders, dllogger):
-    """--mode val: one validation pass (or --num-epochs passes) of a trained checkpoint. Only a speed
-    measurement (--no-metrics, as benchmark.py runs it) may use random weights."""
-    if args.no_metrics and not args.load:
-        log.warning('--no-metrics: measuring validation speed; weights are random unless --load is given')
-    else:
-        load_weights(net, find_weights(args), args.contexts)
+    """--mode val: one validation pass (or --num-epochs passes) of `net`, made ready by
+    inference.inference_network (trained weights, INT8 if asked)."""
     _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True)
     if val_loader is None:
         raise RecipeError('--mode val needs validation data: pass --data-val (and --data-val-idx)')
@@ -785,9 +788,9 @@ def class_names(args):
 
 def predict(args, net):
     """--mode pred: the top --topk classes of each image, with probabilities, printed and optionally saved
-    as JSON. An unreadable image is reported and the others are still classified."""
+    as JSON. An unreadable image is reported and the others are still classified. `net` comes from
+    inference.inference_network (trained weights, INT8 if asked)."""
     import data
-    load_weights(net, find_weights(args), args.contexts)
     names = class_names(args)
     results = []
     for path in prediction_inputs(args.data_pred):
@@ -951,7 +954,7 @@ def fit(args, net, world, get_loaders):
     """Run the mode in args.mode on `net` (built by models.get_model) with data from `get_loaders`."""
     args.start_time = time.time()
     if args.num_epochs is None:   # the schedule's 90 epochs; one pass for val and the loader test
-        args.num_epochs = 1 if args.mode in ('val', 'pred') or args.test_io else 90
+        args.num_epochs = 1 if args.mode in ('val', 'pred', 'export') or args.test_io else 90
     os.makedirs(args.workspace, exist_ok=True)
     dllogger_path = os.path.join(args.logdir or args.workspace, args.dllogger_log)
     dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0)
@@ -964,6 +967,11 @@ def fit(args, net, world, get_loaders):
         if args.test_io:
             test_io(args, world, get_loaders, dllogger)
             return
+        if args.mode == 'export':
+            write_report(args, None, world, summary=inference.export(args, net, world, get_loaders))
+            return
+        if args.mode in ('val', 'pred'):
+            net = inference.inference_network(args, net, world, get_loaders)
         if args.mode == 'pred':
             predict(args, net)
             return

@@ -12,7 +12,8 @@ or directly, with global values:
         --data-val data/demo/val.rec --data-val-idx data/demo/val.idx --batch-size 32 --lr 0.032 \\
         --num-epochs 10 --image-shape 3,32,32 --num-classes 10 --workspace runs/demo
 
-`python train.py --help` lists every flag, grouped as Model, Training, Data, DALI and MXNet augmentation.
+`python train.py --help` lists every flag, grouped as Model, Training, Data, DALI, MXNet augmentation and
+Inference.
 A problem the user can fix (bad flags, missing files, no GPU for a GPU-only request) is printed as
 `error: ...` without a traceback, exit status 2.
 """
@@ -24,6 +25,7 @@ import sys
 import dali
 import data
 import fit
+import inference
 import logs
 import models
 from errors import RecipeError
@@ -37,6 +39,7 @@ def build_parser():
     data.add_data_args(parser)
     dali.add_dali_args(parser)
     data.add_data_aug_args(parser)
+    inference.add_inference_args(parser)
     return parser
 
 
@@ -51,6 +54,7 @@ def main(argv=None):
         logs.setup_logging(in_workspace(args, args.log), world.rank)
         fit.resolve_hardware(args, world)
         data.resolve_backend(args)
+        inference.check_inference_flags(args)
         net = models.get_model(**models.model_options(args))
         fit.fit(args, net, world, data.get_loaders)
     except RecipeError as e:

@@ -1,0 +1,110 @@
+"""inference.py through train.py on a ResNet-18 trained on the digits: INT8 accuracy and its cached
+calibration, bfloat16 where the CPU has it, ONNX export checked with onnxruntime, and the clear errors."""
+import json
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import data
+import fit
+import logs
+from conftest import ROOT, digits_flags, resolved
+
+MODEL = ['--num-layers', '18', '--seed', '4', '--data-backend', 'mxnet', '--data-val-resize', '36']
+
+
+def train_py(digits, workspace, *extra, check=True):
+    cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + digits_flags(digits, batch=32) + MODEL + \
+        ['--workspace', str(workspace)] + [str(e) for e in extra]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f'train.py failed ({result.returncode}):\n{result.stderr[-3000:]}')
+    return result
+
+
+def summary(workspace):
+    return next(r['data'] for r in logs.read_dllogger(os.path.join(workspace, 'dllogger_log.log'))
+                if r['step'] == [])
+
+
+@pytest.fixture(scope='module')
+def model(digits, tmp_path_factory):
+    """A workspace with a ResNet-18 that classifies the digits well (about 90% top-1)."""
+    workspace = tmp_path_factory.mktemp('model')
+    train_py(digits, workspace, '--num-epochs', '6', '--lr', '0.2', '--warmup-epochs', '1',
+             '--min-random-area', '0.5', '--mode', 'train_val')
+    return workspace
+
+
+def test_int8_is_within_a_point_of_float32_and_calibrates_once(digits, model, tmp_path):
+    train_py(digits, tmp_path / 'fp32', '--mode', 'val', '--load', model / 'model_best.params')
+    float32 = summary(tmp_path / 'fp32')['val.accuracy']
+    assert float32 > 0.8
+    first = train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4')
+    assert 'Calibrating INT8 ranges (naive) on 4 batches' in first.stderr
+    record = json.loads((model / 'model_int8.json').read_text())
+    assert record['calib_batches'] == 4 and record['weights'].endswith('model_best.params')
+    int8 = summary(model)['val.accuracy']
+    assert abs(int8 - float32) <= 0.01
+    again = train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4')
+    assert 'Calibrating' not in again.stderr                  # the saved INT8 model is reused
+    assert summary(model)['val.accuracy'] == int8
+    entropy = train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4',
+                       '--calib-mode', 'entropy')
+    assert 'Calibrating INT8 ranges (entropy)' in entropy.stderr    # other settings: calibrated again
+    assert abs(summary(model)['val.accuracy'] - float32) <= 0.01
+
+
+def test_int8_prediction(digits, model, tmp_path):
+    output = tmp_path / 'pred.json'
+    image = next((digits / 'images' / 'val' / 'digit_7').iterdir())
+    train_py(digits, model, '--mode', 'pred', '--quantize', 'int8', '--calib-batches', '4', '--data-pred', image,
+             '--pred-output', output)
+    top = json.loads(output.read_text())['predictions'][0]['top']
+    assert len(top) == 5 and top[0]['name'] == 'seven'
+
+
+def test_bfloat16_inference_or_a_clear_error(digits, model, tmp_path):
+    result = train_py(digits, tmp_path, '--mode', 'val', '--amp', '--load', model / 'model_best.params',
+                      check=False)
+    if fit.cpu_flags() & {'avx512f', 'avx512_bf16', 'amx_bf16'}:
+        assert result.returncode == 0, result.stderr[-2000:]
+        train_py(digits, tmp_path / 'fp32', '--mode', 'val', '--load', model / 'model_best.params')
+        assert abs(summary(tmp_path)['val.accuracy'] - summary(tmp_path / 'fp32')['val.accuracy']) <= 0.01
+    else:
+        assert result.returncode == 2 and 'needs an AVX-512 CPU' in result.stderr
+
+
+def test_export_to_symbol_and_onnx_matches_on_real_images(digits, model, tmp_path):
+    onnx = pytest.importorskip('onnx')
+    onnxruntime = pytest.importorskip('onnxruntime')
+    workspace = tmp_path / 'export'
+    train_py(digits, workspace, '--mode', 'export', '--load', model / 'model_best.params')
+    folder = workspace / 'export'
+    report = json.loads((workspace / 'report.json').read_text())['summary']
+    assert report['onnxruntime_max_difference'] < 1e-4
+    graph = onnx.load(str(folder / 'model.onnx')).graph
+    assert [i.name for i in graph.input] == ['data'] and len(graph.initializer) > 100  # weights: initializers
+
+    args = resolved(digits_flags(digits) + MODEL)
+    files = sorted((digits / 'images' / 'val' / 'digit_2').iterdir())[:5]
+    images = mx.nd.concat(*[data.load_image(str(f), args) for f in files], dim=0)
+    session = onnxruntime.InferenceSession(str(folder / 'model.onnx'), providers=['CPUExecutionProvider'])
+    onnx_logits = session.run(None, {'data': images.asnumpy()})[0]
+    block = mx.gluon.SymbolBlock.imports(str(folder / 'model-symbol.json'), ['data'],
+                                         str(folder / 'model-0000.params'))
+    np.testing.assert_allclose(onnx_logits, block(images).asnumpy(), atol=1e-4)
+    assert (onnx_logits.argmax(1) == 2).mean() >= 0.6
+
+
+def test_inference_flags_are_checked(digits, model, tmp_path):
+    for flags, message in ((['--mode', 'train', '--quantize', 'int8'], 'is for --mode val and pred'),
+                           (['--mode', 'export', '--quantize', 'int8'], 'is for --mode val and pred'),
+                           (['--mode', 'val', '--quantize', 'int8', '--calib-batches', '0'], 'at least 1'),
+                           (['--mode', 'export'], 'refuses to run on random weights')):
+        result = train_py(digits, tmp_path / 'w', *flags, check=False)
+        assert result.returncode == 2 and message in result.stderr, result.stderr[-1500:]
