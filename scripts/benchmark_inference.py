@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""Validation throughput and top-1 of one trained model in float32 MXNet, INT8 MXNet and onnxruntime, in
+one run on the same preprocessed batches.
+
+    python scripts/benchmark_inference.py [--passes 5] -- TRAIN_PY_FLAGS...
+    python scripts/benchmark_inference.py -- --workspace runs/demo --data-train data/demo/rec/train.rec \\
+        --data-val data/demo/rec/val.rec --num-classes 10 --image-shape 3,32,32 --data-val-resize 36 \\
+        --batch-size 64 --dtype float32
+
+The flags after `--` are train.py's and name the model and data as `--mode val` would (weights from
+--load or the workspace). The validation set is decoded once into memory, so only the network is timed:
+`--passes` passes over it, the first left out as warm-up. INT8 uses inference.py's cached calibration
+(--calib-batches, --calib-mode); onnxruntime runs the model `--mode export` writes. bfloat16 (--amp) is
+measured with `train.py --mode val --amp` on CPUs that have it (AVX-512). Prints one JSON object.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, HERE)
+# MXNet reads this once, at import, and otherwise uses fewer threads than cores; onnxruntime uses them all.
+# The runner sets it the same way.
+os.environ.setdefault('OMP_NUM_THREADS', str(os.cpu_count() or 1))
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+import data  # noqa: E402
+import fit  # noqa: E402
+import inference  # noqa: E402
+import models  # noqa: E402
+import train  # noqa: E402
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--passes', type=int, default=5, help='passes over the validation set (first: warm-up)')
+    parser.add_argument('train_flags', nargs=argparse.REMAINDER, help='train.py flags, after --')
+    options = parser.parse_args()
+    flags = options.train_flags[1:] if options.train_flags[:1] == ['--'] else options.train_flags
+    return options, train.build_parser().parse_args(flags + ['--mode', 'val'])
+
+
+def validation_batches(args, world):
+    """The whole validation set as (images, labels, real sample count) batches in memory."""
+    _, loader = data.get_loaders(args, 0, 1, train=False, val=True)
+    return [(batch.data[0].copyto(mx.cpu()), batch.label[0].asnumpy(), len(batch.label[0]) - batch.pad)
+            for batch in loader.epoch(0)]
+
+
+def measure(run, batches, passes):
+    """(images/s over passes 2.., top-1) of `run(images) -> logits as numpy`."""
+    seconds, correct, seen = 0.0, 0, 0
+    for index in range(passes):
+        start = time.time()
+        for images, labels, real in batches:
+            logits = run(images)
+            if index == 0:
+                correct += int((logits[:real].argmax(1) == labels[:real]).sum())
+                seen += real
+        if index > 0:
+            seconds += time.time() - start
+    images_per_pass = sum(len(labels) for _, labels, _ in batches)
+    return round(images_per_pass * (passes - 1) / seconds, 1), round(correct / seen, 4)
+
+
+def main():
+    options, args = parse_args()
+    world = fit.World(args.kv_store)
+    fit.resolve_hardware(args, world)
+    data.resolve_backend(args)
+    fit.resolve_seed(args, world)
+    net = models.get_model(**models.model_options(args))
+    net.initialize(ctx=args.contexts)
+    net.hybridize(static_alloc=True, static_shape=True)
+    batches = validation_batches(args, world)
+    results = {'batch_size': args.batch_size, 'images': sum(real for _, _, real in batches),
+               'cores': os.cpu_count()}
+
+    net = inference.inference_network(args, net, world, data.get_loaders)
+    results['float32'] = measure(lambda x: net(x).asnumpy(), batches, options.passes)
+    exported = inference.export(args, net, world, data.get_loaders)
+    try:
+        import onnxruntime
+        session = onnxruntime.InferenceSession(exported['onnx'], providers=['CPUExecutionProvider'])
+        results['onnxruntime'] = measure(lambda x: session.run(None, {'data': x.asnumpy()})[0], batches,
+                                         options.passes)
+    except ImportError:
+        results['onnxruntime'] = 'not installed'
+    int8 = inference.int8_network(args, net, fit.find_weights(args), world, data.get_loaders)
+    results['int8'] = measure(lambda x: int8(x).asnumpy(), batches, options.passes)
+    results['int8_speedup'] = round(results['int8'][0] / results['float32'][0], 2)
+    if isinstance(results['onnxruntime'], tuple):
+        results['float32_vs_onnxruntime'] = round(results['float32'][0] / results['onnxruntime'][0], 3)
+    results['format'] = '[images/s, top-1]'
+    print(json.dumps(results))
+
+
+if __name__ == '__main__':
+    main()
