@@ -77,3 +77,17 @@ def test_real_cpu_sweep(tmp_path):
     point = report['metrics']['1']['8']
     assert point['val.ips'] > 0 and point['val.latency_50'] <= point['val.latency_100']
     assert set(point) == set(benchmark.METRICS['val'])
+
+
+def test_val_sweep_with_int8(tmp_path):
+    """benchmark.py forwards the inference options: each point calibrates its INT8 model and times it."""
+    output = str(tmp_path / 'int8.json')
+    os.environ['PATH'] = os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH']
+    status = benchmark.main(['-o', output, '-n', '1', '-b', '8', '-i', '3', '-e', '2', '-w', '1', '--mode', 'val',
+                             '--data-backend', 'synthetic', '--image-shape', '3,32,32', '--num-layers', '18',
+                             '--num-classes', '10', '--quantize', 'int8', '--calib-batches', '2'])
+    report = json.load(open(output))
+    assert status == 0, report['points']
+    assert report['metrics']['1']['8']['val.ips'] > 0
+    record = json.load(open(os.path.join(output + '.points', '1x8', 'model_int8.json')))
+    assert record['calib_batches'] == 2 and record['data'] == 'synthetic'
