@@ -2,14 +2,16 @@
 """Validation throughput and top-1 of one trained model in float32 MXNet, INT8 MXNet and onnxruntime, in
 one run on the same preprocessed batches.
 
-    python scripts/benchmark_inference.py [--passes 5] -- TRAIN_PY_FLAGS...
+    python scripts/benchmark_inference.py [--rounds 5] -- TRAIN_PY_FLAGS...
     python scripts/benchmark_inference.py -- --workspace runs/demo --data-train data/demo/rec/train.rec \\
         --data-val data/demo/rec/val.rec --num-classes 10 --image-shape 3,32,32 --data-val-resize 36 \\
         --batch-size 64 --dtype float32
 
 The flags after `--` are train.py's and name the model and data as `--mode val` would (weights from
---load or the workspace). The validation set is decoded once into memory, so only the network is timed:
-`--passes` passes over it, the first left out as warm-up. INT8 uses inference.py's cached calibration
+--load or the workspace). The validation set is decoded once into memory, so only the network is timed.
+After a warm-up pass each (which also measures top-1), the engines take turns, one pass over the set each
+per round, for `--rounds` rounds: a shared machine's slow spells then hit all of them, and the median
+round is reported. INT8 uses inference.py's cached calibration
 (--calib-batches, --calib-mode); onnxruntime runs the model `--mode export` writes. bfloat16 (--amp) is
 measured with `train.py --mode val --amp` on CPUs that have it (AVX-512). Prints one JSON object.
 """
@@ -37,7 +39,7 @@ import train  # noqa: E402
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--passes', type=int, default=5, help='passes over the validation set (first: warm-up)')
+    parser.add_argument('--rounds', type=int, default=5, help='timed passes over the validation set per engine')
     parser.add_argument('train_flags', nargs=argparse.REMAINDER, help='train.py flags, after --')
     options = parser.parse_args()
     flags = options.train_flags[1:] if options.train_flags[:1] == ['--'] else options.train_flags
@@ -51,20 +53,27 @@ def validation_batches(args, world):
             for batch in loader.epoch(0)]
 
 
-def measure(run, batches, passes):
-    """(images/s over passes 2.., top-1) of `run(images) -> logits as numpy`."""
-    seconds, correct, seen = 0.0, 0, 0
-    for index in range(passes):
-        start = time.time()
-        for images, labels, real in batches:
-            logits = run(images)
-            if index == 0:
-                correct += int((logits[:real].argmax(1) == labels[:real]).sum())
-                seen += real
-        if index > 0:
-            seconds += time.time() - start
-    images_per_pass = sum(len(labels) for _, labels, _ in batches)
-    return round(images_per_pass * (passes - 1) / seconds, 1), round(correct / seen, 4)
+def top1(run, batches):
+    """Top-1 of `run(images) -> logits as numpy` over the real (unpadded) images; also the warm-up pass."""
+    correct = sum(int((run(images)[:real].argmax(1) == labels[:real]).sum()) for images, labels, real in batches)
+    return round(correct / sum(real for _, _, real in batches), 4)
+
+
+def images_per_second(run, batches):
+    start = time.time()
+    for images, _, _ in batches:
+        run(images)
+    return sum(len(labels) for _, labels, _ in batches) / (time.time() - start)
+
+
+def compare(engines, batches, rounds):
+    """{engine: [median images/s, top-1]} with the engines' timed passes interleaved round by round."""
+    accuracy = {name: top1(run, batches) for name, run in engines.items()}
+    speeds = {name: [] for name in engines}
+    for _ in range(rounds):
+        for name, run in engines.items():
+            speeds[name].append(images_per_second(run, batches))
+    return {name: [round(float(np.median(speeds[name])), 1), accuracy[name]] for name in engines}
 
 
 def main():
@@ -80,20 +89,22 @@ def main():
     results = {'batch_size': args.batch_size, 'images': sum(real for _, _, real in batches),
                'cores': os.cpu_count()}
 
-    net = inference.inference_network(args, net, world, data.get_loaders)
-    results['float32'] = measure(lambda x: net(x).asnumpy(), batches, options.passes)
+    # In this order: export and INT8 calibration need the unfused network, which float32 inference then fuses.
     exported = inference.export(args, net, world, data.get_loaders)
+    engines = {}
     try:
         import onnxruntime
         session = onnxruntime.InferenceSession(exported['onnx'], providers=['CPUExecutionProvider'])
-        results['onnxruntime'] = measure(lambda x: session.run(None, {'data': x.asnumpy()})[0], batches,
-                                         options.passes)
+        engines['onnxruntime'] = lambda x: session.run(None, {'data': x.asnumpy()})[0]
     except ImportError:
         results['onnxruntime'] = 'not installed'
     int8 = inference.int8_network(args, net, fit.find_weights(args), world, data.get_loaders)
-    results['int8'] = measure(lambda x: int8(x).asnumpy(), batches, options.passes)
+    engines['int8'] = lambda x: int8(x).asnumpy()
+    float32 = inference.inference_network(args, net, world, data.get_loaders)
+    engines['float32'] = lambda x: float32(x).asnumpy()
+    results.update(compare(engines, batches, options.rounds))
     results['int8_speedup'] = round(results['int8'][0] / results['float32'][0], 2)
-    if isinstance(results['onnxruntime'], tuple):
+    if 'onnxruntime' in engines:
         results['float32_vs_onnxruntime'] = round(results['float32'][0] / results['onnxruntime'][0], 3)
     results['format'] = '[images/s, top-1]'
     print(json.dumps(results))

@@ -59,6 +59,40 @@ def test_int8_is_within_a_point_of_float32_and_calibrates_once(digits, model, tm
     assert abs(summary(model)['val.accuracy'] - float32) <= 0.01
 
 
+def test_int8_network_runs_in_int8_from_input_to_logits(digits, model):
+    """One quantize at the input, then only fused INT8 oneDNN operators: a float ReLU or a dequantize between
+    convolutions would halve INT8 speed (as F.relu did before models.py used Activation)."""
+    train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4')
+    graph = json.loads((model / 'model_int8-symbol.json').read_text())
+    operators = [node['op'] for node in graph['nodes'] if node['op'] != 'null']
+    assert operators.count('_contrib_quantize_v2') == 1
+    assert set(operators) == {'_contrib_quantize_v2', '_sg_mkldnn_conv', '_contrib_quantized_pooling',
+                              '_contrib_quantized_flatten', '_sg_mkldnn_fully_connected'}
+    assert operators.count('_sg_mkldnn_conv') == 20          # ResNet-18: every convolution, batchnorm folded
+
+
+def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_path):
+    """--mode val/pred in float32 on the CPU run oneDNN's fused graph: same logits as the trained network."""
+    import inference
+    import models
+    args = resolved(digits_flags(digits) + MODEL + ['--mode', 'val', '--load', str(model / 'model_best.params')])
+    files = sorted((digits / 'images' / 'val' / 'digit_4').iterdir())[:8]
+    images = mx.nd.concat(*[data.load_image(str(f), args) for f in files], dim=0)
+    plain = models.get_model(**models.model_options(args))
+    plain.load_parameters(str(model / 'model_best.params'))
+    plain.hybridize(static_alloc=True, static_shape=True)
+    net = models.get_model(**models.model_options(args))
+    net.initialize()
+    net.hybridize(static_alloc=True, static_shape=True)
+    fused = inference.inference_network(args, net, fit.World(args.kv_store), data.get_loaders)
+    fused_logits = fused(images).asnumpy()
+    np.testing.assert_allclose(fused_logits, plain(images).asnumpy(), atol=1e-4)
+    assert (fused_logits.argmax(1) == 4).mean() >= 0.6
+    fused.export(str(tmp_path / 'fused'))
+    operators = {node['op'] for node in json.loads((tmp_path / 'fused-symbol.json').read_text())['nodes']}
+    assert '_sg_mkldnn_conv' in operators and 'BatchNorm' not in operators and 'Activation' not in operators
+
+
 def test_int8_prediction(digits, model, tmp_path):
     output = tmp_path / 'pred.json'
     image = next((digits / 'images' / 'val' / 'digit_7').iterdir())
