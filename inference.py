@@ -94,7 +94,7 @@ def fused_float32(args, net):
     if args.device != 'cpu' or args.amp or args.dtype != 'float32' or \
             not mx.runtime.Features().is_enabled('MKLDNN'):
         return net
-    example = mx.nd.zeros((args.batch_size,) + input_shape(args), ctx=args.contexts[0])
+    example = mx.nd.zeros((1,) + input_shape(args), ctx=args.contexts[0])   # partitioning runs it once
     net.optimize_for(example, backend='MKLDNN', static_alloc=True, static_shape=True)
     log.info('float32 inference with oneDNN fusion (convolution + batchnorm + add + ReLU in one operator)')
     return net
