@@ -11,8 +11,8 @@
   calibrated on the first `--calib-batches` batches of the training set, preprocessed as for validation
   (`--calib-mode naive` takes the min/max of each layer's outputs, `entropy` the KL-optimal thresholds).
   The calibrated model is saved as `<prefix>_int8-symbol.json` / `-0000.params` in the workspace with a
-  `<prefix>_int8.json` that records what it was calibrated from; a later run with the same weights and
-  calibration settings loads it instead of calibrating again.
+  `<prefix>_int8.json` that records what it was calibrated from; a later run with the same weights, network
+  graph and calibration settings loads it instead of calibrating again.
 * float32 on the CPU: oneDNN's graph fusion (`fused_float32`), about 12% faster.
 * `--amp` (bfloat16 on CPU, float16 on GPU): fit.resolve_hardware has switched AMP on before the network
   was built, so the same network runs in mixed precision; nothing more to do here.
