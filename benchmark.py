@@ -9,7 +9,7 @@
 Each point is a fresh `./runner -n N -b B --benchmark-iters I -e E --mode M --no-metrics ...` (other flags
 are passed through) with its own workspace and logs under `<output>.points/NxB/`. From its DLLogger file the
 per-epoch records are read, the first -w epochs dropped, and the rest averaged: harmonic mean for throughput
-(*.ips, images/s over all workers, each epoch's warm-up iterations already left out by fit.py), arithmetic mean
+(*.ips, images/s over all workers, each epoch's warm-up iterations already left out by the recipe), arithmetic mean
 for the rest (val.latency_* are seconds per batch: avg, p50, p90, p95, p99, p100).
 
 Output: strict JSON at -o with the original's structure (`model`, `ngpus`, `bs`, `metric_keys`,
@@ -19,12 +19,12 @@ metric on stdout, and next to the JSON `<output>.throughput.png` (throughput ver
 worker count) and `<output>.scaling.png` (scaling efficiency ips(n) / (n x ips(1)) versus worker count).
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 
+import flags
 import logs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,21 +34,22 @@ METRICS = {'train': ['train.ips'],
            'train_val': ['train.ips', 'val.ips', 'val.latency_avg']}
 
 
-def int_list(text):
-    return [int(x) for x in text.split(',') if x]
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument('--executable', default=os.path.join(HERE, 'runner'), help='the launcher to benchmark')
     parser.add_argument('-o', '--output', required=True, help='report path (JSON)')
-    parser.add_argument('-n', '--ngpus', type=int_list, required=True, help='worker counts, e.g. 1,4,8')
-    parser.add_argument('-b', '--batch-sizes', type=int_list, required=True, help='per-device batch sizes')
-    parser.add_argument('-i', '--benchmark-iters', type=int, default=100, help='iterations per epoch')
-    parser.add_argument('-e', '--epochs', type=int, default=1, help='epochs per point')
-    parser.add_argument('-w', '--warmup', type=int, default=0, help='first epochs left out of the averages')
-    parser.add_argument('--timeout', type=float, default=None, help='seconds allowed per point')
+    parser.add_argument('-n', '--ngpus', type=flags.positive_int_list, required=True,
+                        help='worker counts, e.g. 1,4,8')
+    parser.add_argument('-b', '--batch-sizes', type=flags.positive_int_list, required=True,
+                        help='per-device batch sizes')
+    parser.add_argument('-i', '--benchmark-iters', type=flags.integer(minimum=1), default=100,
+                        help='iterations per epoch')
+    parser.add_argument('-e', '--epochs', type=flags.integer(minimum=1), default=1, help='epochs per point')
+    parser.add_argument('-w', '--warmup', type=flags.integer(minimum=0), default=0,
+                        help='first epochs left out of the averages')
+    parser.add_argument('--timeout', type=flags.real(minimum=0, exclusive=True), default=None,
+                        help='seconds allowed per point')
     parser.add_argument('--mode', default='train_val', choices=sorted(METRICS), help='what to measure')
     args, forwarded = parser.parse_known_args(argv)
     if args.warmup >= args.epochs:

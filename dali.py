@@ -20,6 +20,7 @@ import mxnet as mx
 import numpy as np
 
 import data
+import flags
 from errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -29,26 +30,23 @@ def add_dali_args(parser):
     group = parser.add_argument_group('DALI data backend', 'entire group applies only to dali data backend')
     group.add_argument('--dali-separ-val', action='store_true',
                        help='each process will perform independent validation on whole val-set')
-    group.add_argument('--dali-threads', type=int, default=6, help='number of threads per GPU for DALI')
-    group.add_argument('--dali-validation-threads', type=int, default=10,
+    group.add_argument('--dali-threads', type=flags.integer(minimum=1), default=6,
+                       help='number of threads per GPU for DALI')
+    group.add_argument('--dali-validation-threads', type=flags.integer(minimum=1), default=10,
                        help='number of threads per GPU for DALI for validation')
-    group.add_argument('--dali-prefetch-queue', type=int, default=5, help='DALI prefetch queue depth')
-    group.add_argument('--dali-nvjpeg-memory-padding', type=int, default=64,
+    group.add_argument('--dali-prefetch-queue', type=flags.integer(minimum=1), default=5,
+                       help='DALI prefetch queue depth')
+    group.add_argument('--dali-nvjpeg-memory-padding', type=flags.integer(minimum=0), default=64,
                        help='Memory padding value for nvJPEG (in MB)')
-    group.add_argument('--dali-fuse-decoder', type=int, default=1, help='0 or 1 whether to fuse decoder or not')
-    group.add_argument('--dali-nvjpeg-width-hint', type=int, default=5980,
+    group.add_argument('--dali-fuse-decoder', type=int, default=1, choices=(0, 1),
+                       help='0 or 1 whether to fuse decoder or not')
+    group.add_argument('--dali-nvjpeg-width-hint', type=flags.integer(minimum=1), default=5980,
                        help='Width hint value for nvJPEG (in pixels)')
-    group.add_argument('--dali-nvjpeg-height-hint', type=int, default=6430,
+    group.add_argument('--dali-nvjpeg-height-hint', type=flags.integer(minimum=1), default=6430,
                        help='Height hint value for nvJPEG (in pixels)')
     group.add_argument('--dali-dont-use-mmap', action='store_true',
                        help='Use plain I/O instead of MMAP for datasets (e.g. on network filesystems)')
     return group
-
-
-def get_loaders(args, rank=0, num_workers=1, train=True, val=True):
-    train_loader = DaliLoader(args, rank, num_workers, training=True) if train else None
-    val_loader = DaliLoader(args, rank, num_workers, training=False) if val and args.data_val else None
-    return train_loader, val_loader
 
 
 class DaliLoader:

@@ -3,7 +3,7 @@ for prediction. The DALI loaders live in dali.py and follow the same contract.
 
     python train.py --data-backend mxnet --data-train data/train.rec --data-train-idx data/train.idx ...
     python train.py --data-backend synthetic --test-io     # loader throughput alone
-    data.get_loaders(args, rank, num_workers)              # -> (train loader, val loader)
+    train.get_loaders(args, rank, num_workers)             # -> (train loader, val loader), any backend
 
 A loader has `batch_size` (per worker: --batch-size is the global batch), `num_batches` (per epoch, equal on
 every worker for training, since Horovod needs equal step counts), `num_examples`, and `epoch(e, start)`,
@@ -35,6 +35,7 @@ import struct
 import mxnet as mx
 import numpy as np
 
+import flags
 from errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -53,36 +54,23 @@ NATIVE_AUGMENTATIONS = (
     ('--max-random-s', int, 0, 'max change of saturation, whose range is [0, 255]'),
     ('--max-random-l', int, 0, 'max change of intensity, whose range is [0, 255]'),
     ('--max-random-rotate-angle', int, 0, 'max angle to rotate, whose range is [0, 360]'),
-    ('--max-random-shear-ratio', float, 0, 'max ratio to shear, whose range is [0, 1]'),
-    ('--max-random-scale', float, 1, 'max ratio to scale'),
-    ('--min-random-scale', float, 1, 'min ratio to scale, should >= img_size/input_shape. otherwise use '
+    ('--max-random-shear-ratio', flags.finite_float, 0, 'max ratio to shear, whose range is [0, 1]'),
+    ('--max-random-scale', flags.finite_float, 1, 'max ratio to scale'),
+    ('--min-random-scale', flags.finite_float, 1, 'min ratio to scale, should >= img_size/input_shape. otherwise use '
                                      '--pad-size'),
     ('--min-crop-size', int, -1, 'Crop both width and height into a random size in [min_crop_size, '
                                  'max_crop_size]'),
     ('--max-crop-size', int, -1, 'Crop both width and height into a random size in [min_crop_size, '
                                  'max_crop_size]'),
-    ('--brightness', float, 0, 'brightness jittering, whose range is [0, 1]'),
-    ('--contrast', float, 0, 'contrast jittering, whose range is [0, 1]'),
-    ('--saturation', float, 0, 'saturation jittering, whose range is [0, 1]'),
-    ('--pca-noise', float, 0, 'pca noise, whose range is [0, 1]'),
+    ('--brightness', flags.finite_float, 0, 'brightness jittering, whose range is [0, 1]'),
+    ('--contrast', flags.finite_float, 0, 'contrast jittering, whose range is [0, 1]'),
+    ('--saturation', flags.finite_float, 0, 'saturation jittering, whose range is [0, 1]'),
+    ('--pca-noise', flags.finite_float, 0, 'pca noise, whose range is [0, 1]'),
     ('--pad-size', int, 0, 'padding the input image'),
 )
 # ImageRecordIter refuses these together with random_resized_crop.
 RESIZED_CROP_CONFLICTS = ('--random-crop', '--max-random-scale', '--min-random-scale', '--min-crop-size',
                           '--max-crop-size')
-
-
-def int_tuple(text):
-    return tuple(int(x) for x in text.split(','))
-
-
-def float_tuple(text):
-    return tuple(float(x) for x in text.split(','))
-
-
-def optional_float(text):
-    """A float, or None for the text 'None' (a documented value of --min-random-aspect-ratio)."""
-    return None if text.lower() == 'none' else float(text)
 
 
 def add_data_args(parser):
@@ -95,21 +83,21 @@ def add_data_args(parser):
     group.add_argument('--data-backend', default=None, choices=BACKENDS,
                        help='data loading and augmentation backend (default: dali-gpu, or dali-cpu on a '
                             'machine without a GPU)')
-    group.add_argument('--image-shape', type=int_tuple, default=(3, 224, 224),
+    group.add_argument('--image-shape', type=flags.image_shape, default=(3, 224, 224),
                        help='the image shape fed into the network: C,H,W with C = 3, or 4 for a zero 4th '
                             'channel')
-    group.add_argument('--rgb-mean', type=float_tuple, default=(123.68, 116.779, 103.939),
+    group.add_argument('--rgb-mean', type=flags.float_tuple, default=(123.68, 116.779, 103.939),
                        help='a tuple of size 3 for the mean rgb')
-    group.add_argument('--rgb-std', type=float_tuple, default=(58.393, 57.12, 57.375),
+    group.add_argument('--rgb-std', type=flags.float_tuple, default=(58.393, 57.12, 57.375),
                        help='a tuple of size 3 for the std rgb')
     for name, what in (('input', 'the input data'), ('conv', 'the conv operation'),
                        ('batchnorm', 'the batchnorm operation'), ('pooling', 'the pooling operation')):
         group.add_argument(f'--{name}-layout', default='NCHW', choices=['NCHW', 'NHWC'],
                            help=f'the layout of the data assumed by {what}')
-    group.add_argument('--num-examples', type=int, default=None,
+    group.add_argument('--num-examples', type=flags.integer(minimum=1), default=None,
                        help='training examples per epoch (default: the records in --data-train-idx; '
                             f'{IMAGENET_TRAIN_SIZE} for synthetic data)')
-    group.add_argument('--data-val-resize', type=int, default=256,
+    group.add_argument('--data-val-resize', type=flags.integer(minimum=1), default=256,
                        help='base length of shorter edge for validation dataset')
     return group
 
@@ -118,20 +106,20 @@ def add_data_aug_args(parser):
     group = parser.add_argument_group(
         'MXNet data backend', 'augmentations of --data-backend mxnet (ImageRecordIter). DALI honours '
         '--random-mirror and the area and aspect-ratio flags, and refuses the others')
-    group.add_argument('--data-mxnet-threads', type=int, default=40,
+    group.add_argument('--data-mxnet-threads', type=flags.integer(minimum=1), default=40,
                        help='number of threads for data decoding for mxnet data backend')
-    group.add_argument('--random-mirror', type=int, default=1, help='if or not randomly flip horizontally')
-    group.add_argument('--min-random-aspect-ratio', type=optional_float, default=0.75,
+    group.add_argument('--random-mirror', type=int, default=1, choices=(0, 1), help='if or not randomly flip horizontally')
+    group.add_argument('--min-random-aspect-ratio', type=flags.optional_float, default=0.75,
                        help='min value of aspect ratio, either None or a positive value')
-    group.add_argument('--max-random-aspect-ratio', type=float, default=1.33,
+    group.add_argument('--max-random-aspect-ratio', type=flags.finite_float, default=1.33,
                        help='max value of aspect ratio; with --min-random-aspect-ratio None the range is '
                             '[1 - max, 1 + max]')
-    group.add_argument('--max-random-area', type=float, default=1,
+    group.add_argument('--max-random-area', type=flags.finite_float, default=1,
                        help='max area to crop in random resized crop, whose range is [0, 1]')
-    group.add_argument('--min-random-area', type=float, default=0.08,
+    group.add_argument('--min-random-area', type=flags.finite_float, default=0.08,
                        help='min area to crop in random resized crop, whose range is [0, 1] (the original '
                             'used 0.05 here and 0.08 in DALI; both now use this flag)')
-    group.add_argument('--random-resized-crop', type=int, default=1, help='whether to use random resized crop')
+    group.add_argument('--random-resized-crop', type=int, default=1, choices=(0, 1), help='whether to use random resized crop')
     for flag, kind, default, text in NATIVE_AUGMENTATIONS:
         group.add_argument(flag, type=kind, default=default, help=text)
     return group
@@ -157,8 +145,6 @@ def resolve_backend(args):
 def check_data_flags(args):
     """RecipeError for data flags that are out of range, or that the chosen backend would ignore."""
     shape = args.image_shape
-    if len(shape) != 3 or shape[0] not in (3, 4) or min(shape) < 1:
-        raise RecipeError(f'--image-shape {",".join(map(str, shape))}: expected C,H,W with C = 3 or 4')
     if len(args.rgb_mean) != 3 or len(args.rgb_std) != 3 or min(args.rgb_std) <= 0:
         raise RecipeError('--rgb-mean and --rgb-std take 3 values each (R,G,B), the std values positive')
     if args.data_val_resize < max(shape[1:]):
@@ -204,19 +190,6 @@ def per_worker_batch(args, num_workers):
     if args.batch_size % num_workers:
         raise RecipeError(f'--batch-size {args.batch_size} is not divisible by the {num_workers} workers')
     return args.batch_size // num_workers
-
-
-def get_loaders(args, rank=0, num_workers=1, train=True, val=True):
-    """(train loader or None, val loader or None) for args.data_backend; None where not asked for or where
-    there is no data (no --data-val means no validation loader)."""
-    if args.data_backend in ('dali-gpu', 'dali-cpu'):
-        import dali
-        return dali.get_loaders(args, rank, num_workers, train, val)
-    make = SyntheticLoader if args.data_backend == 'synthetic' else RecordLoader
-    train_loader = make(args, rank, num_workers, training=True) if train else None
-    has_val = args.data_backend == 'synthetic' or args.data_val
-    val_loader = make(args, rank, num_workers, training=False) if val and has_val else None
-    return train_loader, val_loader
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -313,6 +286,19 @@ def undecodable_message(records, first, count, error):
 
 # ----------------------------------------------------------------------------------------------------------
 # Shared batch shaping
+
+
+def batches(loader, epoch, start, count):
+    """`count` batches of `epoch` from index `start`, wrapping around the data when count exceeds the epoch
+    (only --benchmark-iters asks for that)."""
+    produced = 0
+    while produced < count:
+        for batch in loader.epoch(epoch, start):
+            yield batch
+            produced += 1
+            if produced == count:
+                return
+        start = 0
 
 
 def epoch_seed(seed, *keys):

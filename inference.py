@@ -1,11 +1,12 @@
-"""Inference: the trained network made ready for `--mode val` and `--mode pred` (weights, INT8), and
-`--mode export` (MXNet symbol+params and ONNX).
+"""Everything forward-only: validation and its metrics (also used by training), `--mode val`, `--mode pred`
+with class names, the network made ready for them (trained weights, oneDNN fusion, INT8), and `--mode export`
+(MXNet symbol+params and ONNX).
 
     ./runner --mode val --dtype float32 --data-root data/demo/rec ... --workspace runs/demo --quantize int8
     ./runner --mode pred --dtype float32 ... --workspace runs/demo --data-pred cat.jpg --quantize int8
     ./runner --mode export --dtype float32 ... --workspace runs/demo     # -> runs/demo/export/model.onnx
 
-* Weights: `--load`, else the workspace's best checkpoint, else its last state (fit.find_weights); never
+* Weights: `--load`, else the workspace's best checkpoint, else its last state (checkpoint.find_weights); never
   random weights, except for a `--no-metrics` speed measurement without `--load`.
 * `--quantize int8`: post-training quantization with MXNet's oneDNN INT8 kernels (CPU only). The network is
   calibrated on the first `--calib-batches` batches of the training set, preprocessed as for validation
@@ -14,7 +15,7 @@
   `<prefix>_int8.json` that records what it was calibrated from; a later run with the same weights, network
   graph and calibration settings loads it instead of calibrating again.
 * float32 on the CPU: oneDNN's graph fusion (`fused_float32`), about 12% faster.
-* `--amp` (bfloat16 on CPU, float16 on GPU): fit.resolve_hardware has switched AMP on before the network
+* `--amp` (bfloat16 on CPU, float16 on GPU): workers.resolve_hardware has switched AMP on before the network
   was built, so the same network runs in mixed precision; nothing more to do here.
 * Export writes `<workspace>/export/<prefix>-symbol.json`, `<prefix>-0000.params` and `<prefix>.onnx`
   (float32, any batch size, input named `data` in --input-layout). The ONNX file keeps the weights as
@@ -27,11 +28,15 @@ import hashlib
 import json
 import logging
 import os
+import time
 
 import mxnet as mx
 import numpy as np
 
+import checkpoint
+import flags
 import logs
+from data import batches, load_image
 from errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -39,12 +44,21 @@ log = logging.getLogger(__name__)
 CALIB_MODES = ('naive', 'entropy')
 
 
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp')
+
+
 def add_inference_args(parser):
     group = parser.add_argument_group('Inference', 'val, pred and export modes')
+    group.add_argument('--topk', type=flags.integer(minimum=1), default=5,
+                       help='pred mode: how many classes to print')
+    group.add_argument('--classes', default=None,
+                       help='pred mode: classes.json naming the classes (default: the one beside '
+                            '--data-train/--data-val, else ImageNet names for 1000 classes)')
+    group.add_argument('--pred-output', default=None, help='pred mode: write the predictions to this JSON file')
     group.add_argument('--quantize', default=None, choices=['int8'],
                        help='val and pred modes: run the network in INT8 (oneDNN, CPU), calibrated once on the '
                             'training set and cached in the workspace')
-    group.add_argument('--calib-batches', type=int, default=10,
+    group.add_argument('--calib-batches', type=flags.integer(minimum=1), default=10,
                        help='--quantize: how many training batches (of --batch-size) calibrate the ranges')
     group.add_argument('--calib-mode', default='naive', choices=CALIB_MODES,
                        help='--quantize: naive (min/max of each layer output) or entropy (KL-divergence '
@@ -66,8 +80,6 @@ def check_inference_flags(args):
     if args.amp or args.dtype != 'float32':
         raise RecipeError('--quantize int8 starts from the float32 network: leave out --amp and use '
                           '--dtype float32')
-    if args.calib_batches < 1:
-        raise RecipeError('--calib-batches must be at least 1')
     if args.data_backend != 'synthetic' and not args.data_train:
         raise RecipeError('--quantize int8 calibrates on the training set: pass --data-train (or --data-root '
                           'to the runner)')
@@ -75,13 +87,12 @@ def check_inference_flags(args):
 
 def inference_network(args, net, world, get_loaders):
     """The network val and pred run: `net` with trained weights, or its INT8 version."""
-    import fit
     if args.no_metrics and not args.load and args.mode == 'val':
         log.warning('--no-metrics: measuring validation speed; weights are random unless --load is given')
         source = None
     else:
-        source = fit.find_weights(args)
-        fit.load_weights(net, source, args.contexts)
+        source = checkpoint.find_weights(args)
+        checkpoint.load_weights(net, source, args.contexts)
     if args.quantize:
         return int8_network(args, net, source, world, get_loaders)
     return fused_float32(args, net)
@@ -98,6 +109,158 @@ def fused_float32(args, net):
     net.optimize_for(example, backend='MKLDNN', static_alloc=True, static_shape=True)
     log.info('float32 inference with oneDNN fusion (convolution + batchnorm + add + ReLU in one operator)')
     return net
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Validation (every epoch of train_val, and --mode val)
+
+
+def validate(args, net, loader, world, passes_label=''):
+    """One pass over the validation data: top-1, top-5 and loss summed over all workers, each image counted
+    once (padding removed); per-batch latencies in seconds (each batch synchronised)."""
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    contexts = args.contexts
+    totals = np.zeros(4)  # correct top-1, correct top-5, loss sum, images
+    durations = []
+    iterations = args.benchmark_iters or loader.num_batches
+    tick = time.time()
+    for batch in batches(loader, 0, 0, iterations):
+        images = mx.gluon.utils.split_and_load(batch.data[0], contexts, even_split=True)
+        labels = mx.gluon.utils.split_and_load(batch.label[0], contexts, even_split=True)
+        outputs = [net(x) for x in images]
+        valid = batch.data[0].shape[0] - batch.pad
+        if not args.no_metrics:
+            totals += batch_metrics(outputs, labels, valid, loss_fn)
+        else:
+            outputs[-1].wait_to_read()
+            totals[3] += valid
+        now = time.time()
+        durations.append(now - tick)
+        tick = now
+    totals = world.allreduce_sum(totals)
+    seen = max(totals[3], 1)
+    metrics = {}
+    if not args.no_metrics:
+        metrics = {'val.loss': totals[2] / seen, 'val.accuracy': totals[0] / seen,
+                   'val.top_k_accuracy_5': totals[1] / seen}
+    steady = logs.steady_durations(durations)
+    batch_seconds = float(np.mean(steady)) if steady else 0.0
+    metrics['val.ips'] = loader.batch_size * world.size / batch_seconds if batch_seconds else 0.0
+    metrics['val.latency_avg'] = batch_seconds
+    log.info('Validation%s: %d images%s', passes_label, int(totals[3]),
+             '' if args.no_metrics else f', top-1 {metrics["val.accuracy"]:.4f} top-5 '
+                                        f'{metrics["val.top_k_accuracy_5"]:.4f}')
+    return metrics, steady
+
+
+def batch_metrics(outputs, labels, valid, loss_fn):
+    """[top-1 correct, top-5 correct, loss sum, count] over the first `valid` samples of the split batch."""
+    totals = np.zeros(4)
+    offset = 0
+    for output, label in zip(outputs, labels):
+        keep = min(max(valid - offset, 0), output.shape[0])
+        offset += output.shape[0]
+        if keep == 0:
+            continue
+        output, label = output[:keep].astype('float32'), label[:keep]
+        k = min(5, output.shape[1])
+        top = mx.nd.topk(output, k=k, axis=1, ret_typ='indices').asnumpy()
+        truth = label.asnumpy().astype(np.int64)[:, None]
+        totals += [float((top[:, :1] == truth).sum()), float((top == truth).any(axis=1).sum()),
+                   float(loss_fn(output, label).sum().asscalar()), keep]
+    return totals
+
+
+def latency_percentiles(durations):
+    if not durations:
+        return {}
+    return {f'val.latency_{p}': float(np.percentile(durations, p)) for p in (50, 90, 95, 99, 100)}
+
+
+def evaluate(args, net, world, get_loaders, dllogger):
+    """--mode val: one validation pass (or --num-epochs passes) of `net`, made ready by inference_network;
+    returns (summary, per-pass metrics)."""
+    _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True)
+    if val_loader is None:
+        raise RecipeError('--mode val needs validation data: pass --data-val (and --data-val-idx)')
+    all_durations, history = [], []
+    for epoch in range(args.num_epochs):
+        metrics, durations = validate(args, net, val_loader, world, f' pass {epoch}')
+        metrics.update(latency_percentiles(durations))
+        dllogger.log((epoch,), metrics)
+        all_durations += durations
+        history.append(metrics)
+    summary = {k: float(np.mean([m[k] for m in history])) for k in history[0]}
+    for key in ('val.accuracy', 'val.top_k_accuracy_5'):
+        if key in summary:
+            summary[key] = max(m[key] for m in history)
+    summary.update(latency_percentiles(all_durations))
+    return summary, history
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Prediction
+
+
+def prediction_inputs(path):
+    """The image files --data-pred names: one file, or every image file of a folder (sorted)."""
+    if path is None:
+        raise RecipeError('--mode pred needs --data-pred IMAGE_OR_FOLDER')
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, name) for name in os.listdir(path)
+                       if name.lower().endswith(IMAGE_SUFFIXES))
+        if not files:
+            raise RecipeError(f'--data-pred {path}: no JPEG or PNG images in that folder')
+        return files
+    if not os.path.exists(path):
+        raise RecipeError(f'--data-pred {path}: no such file or folder')
+    return [path]
+
+
+def class_names(args):
+    """Names for the output classes: --classes, else classes.json beside the training or validation data,
+    else the ImageNet names for a 1000-class model, else "class N"."""
+    candidates = [args.classes] if args.classes else [
+        os.path.join(os.path.dirname(p), 'classes.json') for p in (args.data_train, args.data_val) if p]
+    for path in candidates:
+        if os.path.exists(path):
+            with open(path) as f:
+                entries = json.load(f)['classes']
+            names = {e['index']: e.get('name') or e['folder'] for e in entries}
+            return [names.get(i, f'class {i}') for i in range(args.num_classes)]
+    if args.classes:
+        raise RecipeError(f'--classes {args.classes}: no such file')
+    if args.num_classes == 1000:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'imagenet_classes.txt')) as f:
+            return [line.rstrip('\n').split(' ', 1)[1] for line in f]
+    return [f'class {i}' for i in range(args.num_classes)]
+
+
+def predict(args, net):
+    """--mode pred: the top --topk classes of each image, with probabilities, printed and optionally saved
+    as JSON. An unreadable image is reported and the others are still classified. `net` comes from
+    inference_network (trained weights, INT8 if asked)."""
+    names = class_names(args)
+    results = []
+    for path in prediction_inputs(args.data_pred):
+        try:
+            image = load_image(path, args).as_in_context(args.contexts[0])
+        except RecipeError as e:
+            log.error('%s', e)
+            results.append({'image': path, 'error': str(e)})
+            continue
+        probabilities = mx.nd.softmax(net(image).astype('float32')).asnumpy()[0]
+        top = np.argsort(-probabilities)[:args.topk]
+        print(f'{path}:')
+        for rank, index in enumerate(top, 1):
+            print(f'{rank:>3}. {probabilities[index] * 100:6.2f}% -> {names[index]}')
+        results.append({'image': path, 'top': [{'class': int(i), 'name': names[i],
+                                                 'probability': float(probabilities[i])} for i in top]})
+    if args.pred_output:
+        logs.write_json(args.pred_output, {'checkpoint': checkpoint.find_weights(args), 'predictions': results})
+    if all('error' in r for r in results):
+        raise RecipeError('no image could be read')
+    return results
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -169,7 +332,7 @@ def calibrate(args, net, get_loaders):
     calib_args.data_val, calib_args.data_val_idx = args.data_train, args.data_train_idx
     _, loader = get_loaders(calib_args, 0, 1, train=False, val=True)
     count = min(args.calib_batches, loader.num_batches)
-    images = [batch.data[0].copyto(mx.cpu()) for batch in batches_of(loader, count)]
+    images = [batch.data[0].copyto(mx.cpu()) for batch in batches(loader, 0, 0, count)]
     log.info('Calibrating INT8 ranges (%s) on %d batches of %d training images', args.calib_mode, count,
              loader.batch_size)
     calib_data = mx.io.NDArrayIter(data=mx.nd.concat(*images, dim=0), batch_size=loader.batch_size)
@@ -180,25 +343,17 @@ def calibrate(args, net, get_loaders):
     return quantized
 
 
-def batches_of(loader, count):
-    for index, batch in enumerate(loader.epoch(0)):
-        if index == count:
-            return
-        yield batch
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Export
 
 
 def export(args, net, world, get_loaders):
     """--mode export: symbol+params and ONNX of the trained network in <workspace>/export (rank 0 only)."""
-    import fit
     if args.quantize:
         raise RecipeError('--mode export writes the float32 network (ONNX has no MXNet INT8 operators); the INT8 '
                           f'model is saved by --mode val --quantize int8 as {args.model_prefix}_int8-symbol.json')
-    source = fit.find_weights(args)
-    fit.load_weights(net, source, args.contexts)
+    source = checkpoint.find_weights(args)
+    checkpoint.load_weights(net, source, args.contexts)
     if world.rank != 0:
         return {}
     net.cast('float32')

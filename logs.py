@@ -12,9 +12,11 @@ Three outputs, all written by rank 0 only:
 * `report.json` in the workspace: per-epoch metrics, the resolved configuration, library versions, hardware and
   total duration; rewritten atomically after every epoch so a crash never leaves half a file.
 
-`atomic_path` is the one way every output of the recipe (checkpoints included) is written.
+`atomic_path` is the one way every output of the recipe (checkpoints included) is written, and
+`in_workspace` the one way a relative output path is placed.
 
-Usage (see fit.py): `logger = DLLogger(path)`, `logger.log(step, {...})`, `write_report(path, {...})`.
+Usage (see train.py and fit.py): `logger = DLLogger(path)`, `logger.log(step, {...})`,
+`write_report(args, rank, workers, history, summary)`, `progress_bar(total, label, enabled)`.
 """
 import contextlib
 import datetime
@@ -22,9 +24,12 @@ import json
 import logging
 import os
 import platform
+import resource
 import sys
 import tempfile
 import time
+
+import tqdm
 
 # Units of the metrics the recipe logs, declared once as METADATA records at the start of the file.
 METRIC_UNITS = {
@@ -150,6 +155,11 @@ def atomic_path(path):
             os.remove(tmp)
 
 
+def in_workspace(args, path):
+    """`path` as given when absolute, else inside --workspace."""
+    return path if os.path.isabs(path) else os.path.join(args.workspace, path)
+
+
 def write_json(path, obj):
     with atomic_path(path) as tmp, open(tmp, 'w') as f:
         f.write(json.dumps(obj, indent=2, allow_nan=False) + '\n')
@@ -169,22 +179,66 @@ def library_versions(all_known=False):
     return versions
 
 
-def hardware():
-    """CPU model and count, memory and GPU names: what a throughput number needs next to it."""
-    import mxnet as mx
-    info = {'cpu': platform.processor() or platform.machine(), 'cpu_count': os.cpu_count(),
-            'gpus': mx.context.num_gpus()}
+def cpuinfo_field(name):
+    """The value of `name` (e.g. 'model name', 'flags') for the first processor in /proc/cpuinfo, or ''."""
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
-                if line.startswith('model name'):
-                    info['cpu'] = line.split(':', 1)[1].strip()
-                    break
+                key, _, value = line.partition(':')
+                if key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
+    return ''
+
+
+def hardware():
+    """CPU model and count, memory and GPU names: what a throughput number needs next to it."""
+    import mxnet as mx
+    info = {'cpu': cpuinfo_field('model name') or platform.processor() or platform.machine(),
+            'cpu_count': os.cpu_count(), 'gpus': mx.context.num_gpus()}
     try:
         import psutil
         info['memory_gb'] = round(psutil.virtual_memory().total / 2**30, 1)
     except ImportError:
         pass
     return info
+
+
+def peak_memory_mb():
+    """Peak resident memory of this process (host memory; GPU memory is reported by nvidia-smi)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def write_report(args, rank, workers, history, summary=None):
+    """report.json in the workspace (rank 0 only): the resolved configuration, versions, hardware, per-epoch
+    metrics, the summary and the duration so far."""
+    if rank != 0:
+        return
+    config = {k: v for k, v in vars(args).items() if k not in ('contexts',)}
+    report = {'model': args.arch, 'mode': args.mode, 'workers': workers,
+              'devices': [str(c) for c in args.contexts], 'cmd': sys.argv, 'config': config,
+              'versions': library_versions(), 'hardware': hardware(), 'epochs': history,
+              'total_duration': time.time() - args.start_time, 'peak_memory_mb': peak_memory_mb()}
+    if summary is not None:
+        report['summary'] = summary
+    write_json(in_workspace(args, 'report.json'), report)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Timing and progress
+
+
+def steady_durations(durations):
+    """Drop each epoch's warm-up iterations (min(10%, 100), and at least the first, which includes graph
+    building) before averaging."""
+    if len(durations) <= 1:
+        return durations
+    return durations[max(1, min(len(durations) // 10, 100)):]
+
+
+def progress_bar(total, label, enabled):
+    """A tqdm bar with images/s and ETA on stderr when `enabled` and stderr is a terminal; a silent one
+    otherwise (the periodic DLLogger lines serve as progress in log files)."""
+    return tqdm.tqdm(total=total, desc=label, unit='batch', dynamic_ncols=True, leave=False,
+                     disable=not (enabled and sys.stderr.isatty()))

@@ -37,6 +37,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.gluon import HybridBlock, nn
 
+import flags
 from errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -67,16 +68,16 @@ def add_model_args(parser):
     """The 'Model' flag group (names and defaults of the original recipe)."""
     group = parser.add_argument_group('Model', 'model configuration')
     group.add_argument('--arch', default='resnetv15', choices=ARCHITECTURES, help='model architecture')
-    group.add_argument('--num-layers', type=int, default=50,
+    group.add_argument('--num-layers', type=flags.integer(minimum=1), default=50,
                        help='number of layers in the neural network, required by some networks such as resnet '
                             '(ResNet: 18, 34, 50, 101, 152; ResNeXt: 50, 101, 152; Xception has a fixed depth)')
-    group.add_argument('--num-groups', type=int, default=32,
+    group.add_argument('--num-groups', type=flags.integer(minimum=1), default=32,
                        help='number of groups for grouped convolutions, required by some networks such as '
                             'resnext (ResNeXt-N 32x4d has 32)')
-    group.add_argument('--num-classes', type=int, default=1000, help='the number of classes')
-    group.add_argument('--batchnorm-eps', type=float, default=1e-5,
+    group.add_argument('--num-classes', type=flags.integer(minimum=1), default=1000, help='the number of classes')
+    group.add_argument('--batchnorm-eps', type=flags.real(minimum=0, exclusive=True), default=1e-5,
                        help='the amount added to the batchnorm variance to prevent output explosion.')
-    group.add_argument('--batchnorm-mom', type=float, default=0.9,
+    group.add_argument('--batchnorm-mom', type=flags.real(minimum=0, maximum=1), default=0.9,
                        help='the leaky-integrator factor controling the batchnorm mean and variance.')
     group.add_argument('--fuse-bn-relu', type=int, default=0, choices=(0, 1),
                        help='have batchnorm kernel perform activation relu (GPU: needs NVIDIA\'s MXNet build; '

@@ -1,4 +1,4 @@
-"""Entry point: parse the flags, build the model and the data, hand both to fit.py.
+"""Entry point and composer: flags, worker world, hardware, model, data loaders, then the mode.
 
 Use it through the runner, which turns per-device batch and LR into global values and starts one Horovod
 worker per device:
@@ -11,9 +11,19 @@ or directly, with global values:
     python train.py --data-train data/demo/train.rec --data-train-idx data/demo/train.idx \\
         --data-val data/demo/val.rec --data-val-idx data/demo/val.idx --batch-size 32 --lr 0.032 \\
         --num-epochs 10 --image-shape 3,32,32 --num-classes 10 --workspace runs/demo
+    python train.py --data-backend synthetic --test-io     # the data loader alone, images/s
 
-`python train.py --help` lists every flag, grouped as Model, Training, Data, DALI, MXNet augmentation and
-Inference.
+`python train.py --help` lists every flag, grouped as Run, Model, Training, Data, DALI, MXNet augmentation
+and Inference. This is the only module that knows every other one: workers.py (who runs where, in which
+precision), models.py (the network), data.py / dali.py (the loaders), fit.py (training), inference.py
+(validation, prediction, INT8, export), checkpoint.py and logs.py (files). The modes:
+
+    train_val, train   fit.train         (validation every epoch in train_val)
+    val                inference.evaluate
+    pred               inference.predict
+    export             inference.export
+    --test-io          measure_loader    (reads the data alone)
+
 A problem the user can fix (bad flags, missing files, no GPU for a GPU-only request) is printed as
 `error: ...` without a traceback, exit status 2.
 """
@@ -21,19 +31,69 @@ import argparse
 import logging
 import os
 import sys
+import time
+
+import mxnet as mx
+import numpy as np
 
 import dali
 import data
 import fit
+import flags
 import inference
 import logs
 import models
+import workers
 from errors import RecipeError
+
+log = logging.getLogger(__name__)
+
+
+def add_run_args(parser):
+    group = parser.add_argument_group('Run', 'what to run, where, and where the outputs go')
+    group.add_argument('--mode', default='train_val', choices=['train_val', 'train', 'val', 'pred', 'export'],
+                       help='train_val trains and validates every epoch; train only trains (checkpoints are '
+                            'still written); val validates a checkpoint; pred classifies --data-pred; export writes '
+                            'symbol+params and ONNX')
+    group.add_argument('--seed', type=flags.integer(minimum=0, maximum=workers.MAX_SEED), default=None,
+                       help='random seed for initialisation, data order, augmentation and mixup (default: a '
+                            'random one, logged and stored in the checkpoint so a resume continues exactly)')
+    group.add_argument('--gpus', type=flags.int_list, default=None,
+                       help='list of gpus to run, e.g. 0 or 0,2,5; with --kv-store horovod each worker takes '
+                            'gpus[local rank] (default: GPU 0, or the CPU on a machine without GPUs)')
+    group.add_argument('--kv-store', default='device', choices=['device', 'horovod'],
+                       help='horovod: one process per device (use the runner); device: one process drives '
+                            'every device in --gpus')
+    group.add_argument('--dtype', default=None, choices=['float32', 'float16'],
+                       help='precision of weights and data (default: float16 on GPU, float32 on CPU)')
+    group.add_argument('--amp', action='store_true',
+                       help='automatic mixed precision (mxnet.contrib.amp): float16 on GPU with dynamic loss '
+                            'scaling, bfloat16 on CPU; weights stay float32')
+    group.add_argument('--batch-size', type=flags.integer(minimum=1), default=192,
+                       help='the GLOBAL batch size (all workers)')
+    group.add_argument('--load', default=None,
+                       help='checkpoint to start from: a .params file (weights) or a .state file (exact '
+                            'resume); default: the workspace\'s last state, if any')
+    group.add_argument('--test-io', action='store_true', help='measure the data loader alone, images/s')
+    group.add_argument('--test-io-mode', default='train', choices=['train', 'val'],
+                       help='which data --test-io reads')
+    group.add_argument('--no-metrics', action='store_true',
+                       help='do not compute accuracy (for benchmarking)')
+    group.add_argument('--benchmark-iters', type=flags.integer(minimum=1), default=None,
+                       help='run only this many iterations per epoch, wrapping around the data if needed')
+    group.add_argument('--workspace', default='./', help='directory for checkpoints, logs and report.json')
+    group.add_argument('--log', default='log.log',
+                       help='human-readable log file (relative paths are in the workspace)')
+    group.add_argument('--dllogger-log', default='dllogger_log.log',
+                       help='DLLogger JSON-lines file (relative paths are in --logdir, else the workspace)')
+    group.add_argument('--logdir', default=None, help='directory for the DLLogger file')
+    return group
 
 
 def build_parser():
     parser = argparse.ArgumentParser(description='Train, validate or run ResNet-50 v1.5 and relatives',
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_run_args(parser)
     models.add_model_args(parser)
     fit.add_fit_args(parser)
     data.add_data_args(parser)
@@ -43,20 +103,98 @@ def build_parser():
     return parser
 
 
-def in_workspace(args, path):
-    return path if os.path.isabs(path) else os.path.join(args.workspace, path)
+def get_loaders(args, rank=0, num_workers=1, train=True, val=True):
+    """(train loader or None, val loader or None) of args.data_backend for worker `rank` of `num_workers`;
+    None where not asked for or where there is no data (no --data-val means no validation loader)."""
+    if args.data_backend in ('dali-gpu', 'dali-cpu'):
+        make = dali.DaliLoader
+    else:
+        make = data.SyntheticLoader if args.data_backend == 'synthetic' else data.RecordLoader
+    has_val = args.data_backend == 'synthetic' or args.data_val
+    train_loader = make(args, rank, num_workers, training=True) if train else None
+    val_loader = make(args, rank, num_workers, training=False) if val and has_val else None
+    return train_loader, val_loader
+
+
+def measure_loader(args, world, dllogger):
+    """--test-io: read the data alone for --num-epochs epochs (default 1) and report images/s."""
+    train_loader, val_loader = get_loaders(args, world.rank, world.size, train=args.test_io_mode == 'train',
+                                           val=args.test_io_mode == 'val')
+    loader = train_loader if args.test_io_mode == 'train' else val_loader
+    if loader is None:
+        raise RecipeError(f'--test-io-mode {args.test_io_mode} needs --data-{args.test_io_mode}')
+    iterations = args.benchmark_iters or loader.num_batches
+    rates = []
+    for epoch in range(args.num_epochs):
+        durations = []
+        tick = time.time()
+        for i, batch in enumerate(data.batches(loader, epoch, 0, iterations), 1):
+            batch.data[0].wait_to_read()
+            now = time.time()
+            durations.append(now - tick)
+            tick = now
+            if i % args.disp_batches == 0:
+                log.info('Batch [%d] Speed: %.1f samples/sec', i,
+                         loader.batch_size * world.size / np.mean(durations[-args.disp_batches:]))
+        rate = loader.batch_size * world.size / float(np.mean(logs.steady_durations(durations)))
+        rates.append(rate)
+        dllogger.log((epoch,), {f'{args.test_io_mode}.ips': rate})
+    dllogger.log((), {f'{args.test_io_mode}.ips': float(np.mean(rates))})
+
+
+def run_mode(args, net, world, dllogger):
+    """Run args.mode (or --test-io) on `net`, write report.json and the DLLogger summary."""
+    if args.test_io:
+        measure_loader(args, world, dllogger)
+        return
+    if args.mode == 'export':
+        summary = inference.export(args, net, world, get_loaders)
+        logs.write_report(args, world.rank, world.size, [], summary)
+        return
+    if args.mode in ('val', 'pred'):
+        net = inference.inference_network(args, net, world, get_loaders)
+    if args.mode == 'pred':
+        inference.predict(args, net)
+        return
+    if args.mode == 'val':
+        summary, history = inference.evaluate(args, net, world, get_loaders, dllogger)
+    else:
+        history = fit.train(args, net, world, get_loaders, dllogger)['history']
+        summary = fit.training_summary(history)
+    logs.write_report(args, world.rank, world.size, history, summary)
+    mx.nd.waitall()
+    dllogger.log((), summary)
+    log.info('Done in %.1f s; peak memory %.0f MB. Outputs in %s', time.time() - args.start_time,
+             logs.peak_memory_mb(), os.path.abspath(args.workspace))
+
+
+def run(args):
+    """Everything after parsing: world, hardware, checks, model, then the mode."""
+    args.start_time = time.time()
+    world = workers.World(args.kv_store)
+    logs.setup_logging(logs.in_workspace(args, args.log), world.rank)
+    workers.resolve_hardware(args, world)
+    data.resolve_backend(args)
+    inference.check_inference_flags(args)
+    net = models.get_model(**models.model_options(args))
+    if args.num_epochs is None:   # the schedule's 90 epochs; one pass for val and the loader test
+        args.num_epochs = 1 if args.mode in ('val', 'pred', 'export') or args.test_io else 90
+    dllogger_path = os.path.join(args.logdir or args.workspace, args.dllogger_log)
+    dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0)
+    dllogger.log('PARAMETER', {k: v for k, v in vars(args).items() if k not in ('contexts', 'start_time')})
+    try:
+        workers.resolve_seed(args, world)
+        net.initialize(ctx=args.contexts)
+        net.hybridize(static_alloc=True, static_shape=True)
+        run_mode(args, net, world, dllogger)
+    finally:
+        dllogger.close()
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        world = fit.World(args.kv_store)
-        logs.setup_logging(in_workspace(args, args.log), world.rank)
-        fit.resolve_hardware(args, world)
-        data.resolve_backend(args)
-        inference.check_inference_flags(args)
-        net = models.get_model(**models.model_options(args))
-        fit.fit(args, net, world, data.get_loaders)
+        run(args)
     except RecipeError as e:
         logging.getLogger(__name__).debug('RecipeError', exc_info=True)
         print(f'error: {e}', file=sys.stderr)

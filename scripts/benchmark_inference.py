@@ -30,11 +30,12 @@ os.environ.setdefault('OMP_NUM_THREADS', str(os.cpu_count() or 1))
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+import checkpoint  # noqa: E402
 import data  # noqa: E402
-import fit  # noqa: E402
 import inference  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
+import workers  # noqa: E402
 
 
 def parse_args():
@@ -48,7 +49,7 @@ def parse_args():
 
 def validation_batches(args, world):
     """The whole validation set as (images, labels, real sample count) batches in memory."""
-    _, loader = data.get_loaders(args, 0, 1, train=False, val=True)
+    _, loader = train.get_loaders(args, 0, 1, train=False, val=True)
     return [(batch.data[0].copyto(mx.cpu()), batch.label[0].asnumpy(), len(batch.label[0]) - batch.pad)
             for batch in loader.epoch(0)]
 
@@ -78,10 +79,10 @@ def compare(engines, batches, rounds):
 
 def main():
     options, args = parse_args()
-    world = fit.World(args.kv_store)
-    fit.resolve_hardware(args, world)
+    world = workers.World(args.kv_store)
+    workers.resolve_hardware(args, world)
     data.resolve_backend(args)
-    fit.resolve_seed(args, world)
+    workers.resolve_seed(args, world)
     net = models.get_model(**models.model_options(args))
     net.initialize(ctx=args.contexts)
     net.hybridize(static_alloc=True, static_shape=True)
@@ -90,7 +91,7 @@ def main():
                'cores': os.cpu_count()}
 
     # In this order: export and INT8 calibration need the unfused network, which float32 inference then fuses.
-    exported = inference.export(args, net, world, data.get_loaders)
+    exported = inference.export(args, net, world, train.get_loaders)
     engines = {}
     try:
         import onnxruntime
@@ -98,9 +99,9 @@ def main():
         engines['onnxruntime'] = lambda x: session.run(None, {'data': x.asnumpy()})[0]
     except ImportError:
         results['onnxruntime'] = 'not installed'
-    int8 = inference.int8_network(args, net, fit.find_weights(args), world, data.get_loaders)
+    int8 = inference.int8_network(args, net, checkpoint.find_weights(args), world, train.get_loaders)
     engines['int8'] = lambda x: int8(x).asnumpy()
-    float32 = inference.inference_network(args, net, world, data.get_loaders)
+    float32 = inference.inference_network(args, net, world, train.get_loaders)
     engines['float32'] = lambda x: float32(x).asnumpy()
     results.update(compare(engines, batches, options.rounds))
     results['int8_speedup'] = round(results['int8'][0] / results['float32'][0], 2)

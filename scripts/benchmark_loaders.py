@@ -88,7 +88,7 @@ def recipe_batches(args, rec, idx, backend):
              '--seed', '1']
     options = train.build_parser().parse_args(flags)
     options.contexts, options.device, options.dtype, options.amp = [mx.cpu()], 'cpu', 'float32', False
-    loader = data.get_loaders(options, 0, 1, val=False)[0]
+    loader = train.get_loaders(options, 0, 1, val=False)[0]
     epoch = 0
     while True:
         yield from loader.epoch(epoch)

@@ -30,17 +30,16 @@ lines (e.g. ImageNet's synset mapping); without it a class's name is its folder 
 """
 import argparse
 import io
-import json
 import multiprocessing
 import os
 import random
 import sys
-import time
 
 # Run from anywhere: the repository root holds logs.py (atomic writes).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mxnet as mx  # noqa: E402
+import tqdm  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import logs  # noqa: E402
@@ -96,23 +95,17 @@ def image_bytes(job):
         return buffer.getvalue()
 
 
-def progress(stage, done, total, started):
-    if done == total or done % 1000 == 0:
-        rate = done / max(time.time() - started, 1e-9)
-        end = '\n' if done == total else ''
-        print(f'\r  {stage}: {done}/{total} ({rate:.0f} files/s)', end=end, file=sys.stderr, flush=True)
+def progress(iterable, stage, total):
+    """A tqdm bar over `iterable` on stderr when it is a terminal (nothing in logs and pipes)."""
+    return tqdm.tqdm(iterable, total=total, desc=f'  {stage}', unit='file', disable=not sys.stderr.isatty())
 
 
 def convert_split(args, split, classes, pool):
     split_dir = os.path.join(args.src, split)
     items = list_files(split_dir, classes)
     print(f'{split}: {len(items)} files in {len(classes)} classes', file=sys.stderr)
-    started = time.time()
-    checks = []
-    for done, result in enumerate(pool.imap(check_image, [os.path.join(split_dir, p) for p, _ in items],
-                                            chunksize=64), 1):
-        checks.append(result)
-        progress('decoded', done, len(items), started)
+    checks = list(progress(pool.imap(check_image, [os.path.join(split_dir, p) for p, _ in items], chunksize=64),
+                           'decoded', len(items)))
     skipped = [(path, reason) for (path, _), (reason, _) in zip(items, checks) if reason]
     good = [(path, label, reencode) for (path, label), (reason, reencode) in zip(items, checks) if not reason]
     report_problems(args, split, classes, skipped, good)
@@ -144,12 +137,10 @@ def write_split(args, split, split_dir, numbered, pool):
                 f.write(f'{index}\t{float(label):f}\t{path}\n')
         writer = mx.recordio.MXIndexedRecordIO(idx_tmp, rec_tmp, 'w')
         jobs = [(os.path.join(split_dir, path), reencode, args.quality) for _, path, _, reencode in numbered]
-        started = time.time()
-        for done, ((index, _, label, _), payload) in enumerate(zip(numbered, pool.imap(image_bytes, jobs,
-                                                                                        chunksize=16)), 1):
+        payloads = progress(pool.imap(image_bytes, jobs, chunksize=16), 'written', len(numbered))
+        for (index, _, label, _), payload in zip(numbered, payloads):
             header = mx.recordio.IRHeader(0, float(label), index, 0)
             writer.write_idx(index, mx.recordio.pack(header, payload))
-            progress('written', done, len(numbered), started)
         writer.close()
 
 

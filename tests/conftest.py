@@ -1,6 +1,6 @@
 """Shared test set-up: the repository on sys.path, MXNet kept to this machine's cores, and small real
 datasets built once per session with the recipe's own tools (the digits demo set, and a JPEG tree)."""
-import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -16,6 +16,21 @@ def run_script(*argv, check=True, **kwargs):
     """Run a repository script with this interpreter; returns the CompletedProcess (text output)."""
     return subprocess.run([sys.executable] + [str(a) for a in argv], cwd=ROOT, capture_output=True, text=True,
                           check=check, **kwargs)
+
+
+def in_fresh_process(test):
+    """Run `test` alone in a new interpreter. MXNet 1.9.1's oneDNN crashes (segmentation fault) in an NHWC
+    batchnorm when other networks ran before it in the process (seen on an AVX-512 Xeon, test order dependent;
+    alone it passes), so such a test must not share the suite's process."""
+    @functools.wraps(test)
+    def isolated(*args, **kwargs):
+        if os.environ.get('RN50_FRESH_PROCESS'):
+            return test(*args, **kwargs)
+        node = os.environ['PYTEST_CURRENT_TEST'].rsplit(' ', 1)[0]
+        result = subprocess.run([sys.executable, '-m', 'pytest', node, '-q', '-p', 'no:cacheprovider'], cwd=ROOT,
+                                capture_output=True, text=True, env=dict(os.environ, RN50_FRESH_PROCESS='1'))
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    return isolated
 
 
 @pytest.fixture(scope='session')

@@ -7,7 +7,6 @@ import sys
 import pytest
 
 import benchmark
-from conftest import ROOT
 
 FAKE_RUNNER = '''#!{python}
 import json, sys

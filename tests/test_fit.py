@@ -1,7 +1,5 @@
-"""Unit tests of fit.py's pure parts and logs.py: schedule, targets, loss scaling, checkpoint files, DLLogger."""
-import json
+"""Unit tests of fit.py's pure parts: schedule, targets, loss scaling."""
 import math
-import os
 
 import mxnet as mx
 import numpy as np
@@ -9,8 +7,6 @@ import pytest
 from mxnet import gluon
 
 import fit
-import logs
-from errors import RecipeError
 
 
 # ---- learning rate schedule -------------------------------------------------------------------------------
@@ -91,93 +87,3 @@ def test_dynamic_loss_scale_halves_on_overflow_and_grows():
     param.list_grad()[0][:] = mx.nd.array([1, 2, 3])
     assert not scale.overflowed([param]) and not scale.overflowed([param])
     assert scale.scale == 8.0
-
-
-# ---- checkpoint files -------------------------------------------------------------------------------------
-
-def tiny_net():
-    net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(4, in_units=3), gluon.nn.BatchNorm(in_channels=4), gluon.nn.Dense(2, in_units=4))
-    net.initialize()
-    return net
-
-
-def test_state_round_trip(tmp_path):
-    net = tiny_net()
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9})
-    with mx.autograd.record():
-        loss = net(mx.nd.ones((2, 3))).sum()
-    loss.backward()
-    trainer.step(2)
-    path = str(tmp_path / 'm_last.state')
-    fit.save_state(path, net, trainer, {'epoch': 3, 'iteration': 7})
-    params, trainer_states, meta = fit.read_state(path)
-    assert meta == {'epoch': 3, 'iteration': 7}
-    other = tiny_net()
-    fit.load_params_into(other, params, [mx.cpu()], path)
-    x = mx.nd.random.uniform(shape=(2, 3))
-    np.testing.assert_array_equal(net(x).asnumpy(), other(x).asnumpy())
-    assert len(trainer_states) > 0
-    assert oct(os.stat(path).st_mode & 0o777) != oct(0o600)   # ordinary permissions, not mkstemp's
-
-
-def test_atomic_write_keeps_old_file_on_failure(tmp_path):
-    path = tmp_path / 'report.json'
-    logs.write_json(str(path), {'a': 1})
-    with pytest.raises(ValueError):
-        logs.write_json(str(path), {'a': float('nan')})     # strict JSON refuses NaN mid-write
-    assert json.loads(path.read_text()) == {'a': 1}
-    assert [p.name for p in tmp_path.iterdir()] == ['report.json']   # no temporary left behind
-
-
-def test_corrupt_state_is_a_clear_error(tmp_path):
-    path = tmp_path / 'model_last.state'
-    path.write_bytes(b'not a checkpoint')
-    with pytest.raises(RecipeError, match='not a readable checkpoint'):
-        fit.read_state(str(path))
-
-
-def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
-    net = tiny_net()
-    path = str(tmp_path / 'w.params')
-    net.save_parameters(path)
-    other = gluon.nn.HybridSequential()
-    other.add(gluon.nn.Dense(4, in_units=3))
-    other.initialize()
-    with pytest.raises(RecipeError, match='does not match this network'):
-        fit.load_weights(other, path, [mx.cpu()])
-
-
-# ---- DLLogger format --------------------------------------------------------------------------------------
-
-def test_dllogger_records(tmp_path, capsys):
-    path = tmp_path / 'dll.log'
-    logger = logs.DLLogger(str(path))
-    logger.log('PARAMETER', {'lr': 0.1})
-    logger.log((0, 20), {'train.loss': 2.5, 'train.ips': 100.0})
-    logger.log((0,), {'val.accuracy': 0.5})
-    logger.log((), {'val.accuracy': 0.5})
-    logger.close()
-    lines = path.read_text().splitlines()
-    assert all(line.startswith('DLLL {') for line in lines)
-    records = [json.loads(line[5:]) for line in lines]
-    metadata = [r for r in records if r['type'] == 'METADATA']
-    assert {'metric': 'train.ips', 'metadata': {'unit': 'images/s'}}.items() <= \
-        next(r for r in metadata if r['metric'] == 'train.ips').items()
-    entries = [r for r in records if r['type'] == 'LOG']
-    assert [r['step'] for r in entries] == ['PARAMETER', [0, 20], [0], []]
-    for r in entries:
-        assert isinstance(r['timestamp'], str) and isinstance(r['elapsedtime'], str)
-        assert len(r['datetime']) == len('2024-01-01 00:00:00.000000')
-    assert logs.read_dllogger(str(path))[1]['data'] == {'train.loss': 2.5, 'train.ips': 100.0}
-    out = capsys.readouterr().out.splitlines()
-    assert out[1].startswith('DLL ') and out[1].endswith('- Epoch: 0 Iteration: 20 train.loss : 2.5 '
-                                                           'train.ips : 100 images/s')
-    assert out[3].endswith('- Summary: val.accuracy : 0.5')
-
-
-def test_steady_durations_drop_warmup():
-    assert fit.steady_durations([9.0]) == [9.0]
-    assert fit.steady_durations([9.0, 1, 1]) == [1, 1]
-    assert len(fit.steady_durations([1.0] * 50)) == 45
-    assert len(fit.steady_durations([1.0] * 5000)) == 4900

@@ -12,6 +12,7 @@ import pytest
 from mxnet import gluon
 
 import models
+from conftest import in_fresh_process
 from errors import RecipeError
 
 # --------------------------------------------------------------------------------------------------------
@@ -343,6 +344,7 @@ def test_nhwc_input_with_nchw_layers_matches_nchw(tmp_path):
 
 
 @pytest.mark.parametrize('arch', ['resnetv15', 'xception'])
+@in_fresh_process
 def test_mixed_layouts_on_cpu_match_nchw(arch, tmp_path):
     """NHWC batchnorm and pooling between NCHW convolutions: transposes in both branches of every block."""
     nchw = initialised(models.get_model(arch, 18, num_classes=10))

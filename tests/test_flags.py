@@ -1,0 +1,62 @@
+"""flags.py: every numeric flag has its range checked at parse time, with argparse's `error:` line and exit 2."""
+import argparse
+import re
+
+import pytest
+
+import flags
+import train
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--batch-size', '-32'], 'expected at least 1'),
+    (['--batch-size', '0'], 'expected at least 1'),
+    (['--disp-batches', '0'], 'expected at least 1'),
+    (['--seed', '-1'], 'expected from 0'),
+    (['--lr', 'nan'], 'not a finite number'),
+    (['--lr', '-1'], 'expected > 0'),
+    (['--wd', 'nan'], 'not a finite number'),
+    (['--mixup', '-1'], 'expected at least 0'),
+    (['--warmup-epochs', '-1'], 'expected at least 0'),
+    (['--label-smoothing', '2'], 'expected from 0'),
+    (['--num-epochs', '0'], 'expected at least 1'),
+    (['--num-epochs', '-1'], 'expected at least 1'),
+    (['--run-epochs', '0'], 'expected at least 1, or -1'),
+    (['--topk', '0'], 'expected at least 1'),
+    (['--num-examples', '0'], 'expected at least 1'),
+    (['--benchmark-iters', '0'], 'expected at least 1'),
+    (['--calib-batches', '0'], 'expected at least 1'),
+    (['--image-shape', '2,32,32'], 'expected C,H,W'),
+    (['--image-shape', '3,32'], 'expected C,H,W'),
+    (['--rgb-mean', '1,inf,2'], 'not a finite number'),
+    (['--gpus', '0,-1'], 'expected at least 0'),
+    (['--num-classes', '0'], 'expected at least 1'),
+    (['--batchnorm-eps', '0'], 'expected > 0'),
+    (['--mom', '1.5'], 'expected from 0'),
+    (['--dali-threads', '0'], 'expected at least 1'),
+    (['--save-frequency', '-2'], 'expected at least -1'),
+])
+def test_out_of_range_flags_stop_at_parse_time(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        train.build_parser().parse_args(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ': error: argument ' in err and re.search(message, err), err
+
+
+def test_values_in_range_and_sentinels_pass():
+    args = train.build_parser().parse_args(['--run-epochs', '-1', '--save-frequency', '-1', '--seed', '0',
+                                            '--min-random-aspect-ratio', 'None', '--lr-steps', '30,60',
+                                            '--label-smoothing', '0', '--gpus', '0,2'])
+    assert (args.run_epochs, args.save_frequency, args.seed) == (-1, -1, 0)
+    assert args.min_random_aspect_ratio is None and args.lr_steps == [30.0, 60.0] and args.gpus == [0, 2]
+
+
+def test_type_messages():
+    with pytest.raises(argparse.ArgumentTypeError, match="'x' is not a whole number"):
+        flags.integer(minimum=1)('x')
+    with pytest.raises(argparse.ArgumentTypeError, match='expected from 0 .included. to 1'):
+        flags.real(minimum=0, maximum=1)('1.5')
+    assert flags.positive_int_list('1,4,8') == [1, 4, 8]
+    with pytest.raises(argparse.ArgumentTypeError, match='one or more'):
+        flags.positive_int_list(',')

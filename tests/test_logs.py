@@ -1,0 +1,37 @@
+"""logs.py: the DLLogger format and the steady-state timing."""
+import json
+
+import logs
+
+
+def test_dllogger_records(tmp_path, capsys):
+    path = tmp_path / 'dll.log'
+    logger = logs.DLLogger(str(path))
+    logger.log('PARAMETER', {'lr': 0.1})
+    logger.log((0, 20), {'train.loss': 2.5, 'train.ips': 100.0})
+    logger.log((0,), {'val.accuracy': 0.5})
+    logger.log((), {'val.accuracy': 0.5})
+    logger.close()
+    lines = path.read_text().splitlines()
+    assert all(line.startswith('DLLL {') for line in lines)
+    records = [json.loads(line[5:]) for line in lines]
+    metadata = [r for r in records if r['type'] == 'METADATA']
+    assert {'metric': 'train.ips', 'metadata': {'unit': 'images/s'}}.items() <= \
+        next(r for r in metadata if r['metric'] == 'train.ips').items()
+    entries = [r for r in records if r['type'] == 'LOG']
+    assert [r['step'] for r in entries] == ['PARAMETER', [0, 20], [0], []]
+    for r in entries:
+        assert isinstance(r['timestamp'], str) and isinstance(r['elapsedtime'], str)
+        assert len(r['datetime']) == len('2024-01-01 00:00:00.000000')
+    assert logs.read_dllogger(str(path))[1]['data'] == {'train.loss': 2.5, 'train.ips': 100.0}
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith('DLL ') and out[1].endswith('- Epoch: 0 Iteration: 20 train.loss : 2.5 '
+                                                           'train.ips : 100 images/s')
+    assert out[3].endswith('- Summary: val.accuracy : 0.5')
+
+
+def test_steady_durations_drop_warmup():
+    assert logs.steady_durations([9.0]) == [9.0]
+    assert logs.steady_durations([9.0, 1, 1]) == [1, 1]
+    assert len(logs.steady_durations([1.0] * 50)) == 45
+    assert len(logs.steady_durations([1.0] * 5000)) == 4900
