@@ -117,7 +117,8 @@ def _read_safetensors(path):
     except Exception as e:     # SafetensorError (header, truncation), TypeError/ValueError (dtypes)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if 'bf16' in reason.lower() or 'bfloat16' in reason.lower():
-            reason += ' (bfloat16 tensors have no NumPy dtype: save them as float32)'
+            raise RecipeError(f'{path} holds bfloat16 tensors, which NumPy (and so this reader) cannot represent: '
+                              'save the weights as float32') from None
         raise RecipeError(f'{path} is not a readable .safetensors file (truncated or corrupt?): {reason}') from None
 
 
@@ -241,20 +242,20 @@ def _nvidia_names(names, kind):
     stat = '(' + '|'.join(BATCHNORM_STATS) + ')'
     mapping, unknown = {}, []
     for name in names:
-        m = (re.fullmatch(r'features\.0(?:\.1)?\.weight', name) and ('features.conv0.weight',) or
-             re.fullmatch(rf'features\.1(?:\.0)?\.{stat}', name) or
-             re.fullmatch(r'output\.(weight|bias)', name) or
-             re.fullmatch(rf'features\.([3-6])\.(\d+)\.(body\.[0-4](?:\.0)?|bn_add_relu(?:\.bn)?|downsample\.[01])'
-                          rf'\.(weight|{stat[1:-1]})', name))
+        if re.fullmatch(r'features\.0(?:\.1)?\.weight', name):
+            mapping[name] = 'features.conv0.weight'
+            continue
+        m = re.fullmatch(rf'features\.1(?:\.0)?\.{stat}', name)
+        if m:
+            mapping[name] = f'features.bn0.{m.group(1)}'
+            continue
+        if re.fullmatch(r'output\.(weight|bias)', name):
+            mapping[name] = name
+            continue
+        m = re.fullmatch(rf'features\.([3-6])\.(\d+)\.(body\.[0-4](?:\.0)?|bn_add_relu(?:\.bn)?|downsample\.[01])'
+                         rf'\.(weight|{stat[1:-1]})', name)
         if m is None:
             unknown.append(name)
-            continue
-        if isinstance(m, tuple):
-            mapping[name] = m[0]
-        elif name.startswith('features.1'):
-            mapping[name] = f'features.bn0.{m.group(1)}'
-        elif name.startswith('output'):
-            mapping[name] = name
         else:
             stage, block, layer, leaf = int(m.group(1)) - 2, int(m.group(2)) + 1, m.group(3), m.group(4)
             unit = f'features.stage{stage}.unit{block}.'

@@ -5,6 +5,8 @@ The foreign dictionaries are written from a float32 NCHW network's weights by te
 which renames and transposes as foreign-weights.md documents, independently of weights.py; GluonCV's own
 resnet*_v1b networks are built and run. Networks are small (ResNet-18/50 on 32x32 images, batch 2)."""
 import argparse
+import json
+import struct
 
 import mxnet as mx
 import numpy as np
@@ -142,7 +144,9 @@ def test_every_depth_is_recognised(depth):
     for arrays, kind in [(recipe, 'recipe'), (formats.nvidia_arrays(recipe), 'nvidia'),
                          (formats.nvidia_arrays(recipe, float16=True, fused=True), 'nvidia'),
                          (formats.torch_style_arrays(recipe), 'gluoncv'),
-                         (formats.torch_style_arrays(recipe, torchvision=True), 'torchvision')]:
+                         (formats.torch_style_arrays(recipe, torchvision=True), 'torchvision'),
+                         ({'module.' + n: v for n, v in formats.torch_style_arrays(recipe, torchvision=True).items()},
+                          'torchvision')]:                          # DataParallel's prefix
         origin = weights.recognise(arrays)
         assert (origin.kind, origin.depth, origin.arch) == (kind, depth, f'ResNet-{depth}')
         assert {t for t in origin.names.values() if t} == set(recipe)      # every weight has its place
@@ -351,6 +355,9 @@ def test_unreadable_files_are_clear_errors(tmp_path):
         'model.pth': r"unknown weights format '.pth'.*needs PyTorch: save it as .safetensors",
         'model_last.state': r"unknown weights format '.state' \(.state files are this recipe's training state",
     }
+    header = json.dumps({'w': {'dtype': 'BF16', 'shape': [2], 'data_offsets': [0, 4]}}).encode()
+    (tmp_path / 'bf16.safetensors').write_bytes(struct.pack('<Q', len(header)) + header + b'\x80\x3f\x00\x40')
+    cases['bf16.safetensors'] = 'bf16.safetensors holds bfloat16 tensors, which NumPy .*cannot represent: save'
     (tmp_path / 'model.pth').write_bytes(b'PK')
     (tmp_path / 'model_last.state').write_bytes(b'')
     for name, message in cases.items():
