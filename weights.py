@@ -290,10 +290,9 @@ def _torch_style_names(names, kind):
     torch_stats = {'weight': 'gamma', 'bias': 'beta', 'running_mean': 'running_mean',
                    'running_var': 'running_var', 'num_batches_tracked': None}
     stats = dict(torch_stats) if kind == 'torchvision' else {s: s for s in BATCHNORM_STATS}
-    stat = '(' + '|'.join(stats) + ')'
     mapping, unknown = {}, []
     for name in names:
-        m = re.fullmatch(rf'(?:layer([1-4])\.(\d+)\.)?(conv[1-3]|bn[1-3]|downsample\.[01]|fc)\.(\w+)', name)
+        m = re.fullmatch(r'(?:layer([1-4])\.(\d+)\.)?(conv[1-3]|bn[1-3]|downsample\.[01]|fc)\.(\w+)', name)
         top_level = m is not None and m.group(1) is None
         if m is None or (top_level and m.group(3) not in ('conv1', 'bn1', 'fc')) or (
                 not top_level and m.group(3) == 'fc'):
