@@ -1,34 +1,55 @@
-"""Checkpoints: every file of weights or training state this recipe writes or reads, and which one to use.
+"""Checkpoints: every file of weights or training state this recipe reads or writes, and which one to use.
 
-Two formats, both in the workspace, both written atomically (logs.atomic_path: a temporary name, then a
-rename, so a crash leaves the old file or the new one, never half of one):
+Written by the recipe, in the workspace, atomically (logs.atomic_path: a temporary name flushed to disk, then
+a rename, so a crash leaves the old file or the new one, never half of one):
 
 * `<prefix>_best.params`, `<prefix>_NNNN.params`: Gluon `save_parameters` files (weights and batchnorm
   statistics, by the network's structural names such as `features.stage2.unit1.body.conv2.weight`).
 * `<prefix>_last.state`: everything an exact resume needs, one `mx.nd.save` dictionary: `param:<name>`
-  arrays, `trainer` (the Gluon trainer's optimizer state as bytes) and `meta` (JSON bytes: epoch,
-  iteration, seed, loss scale, best accuracy, metric history, the epoch's loss sums).
+  arrays, `rank<r>:<name>` batchnorm statistics of every worker (with several workers), `trainer` (the
+  optimizer state as bytes), `meta` (JSON bytes: epoch, iteration, seed, loss scaler, global batch, workers,
+  best accuracy, metric history, the epoch's loss sums, preprocessing) and `checksum` (SHA-256 of all of
+  it). Each new one keeps the one it replaces as `<prefix>_prev.state`, the fallback if the last is damaged.
+  Never written with NaN or infinite parameters (fit.py checks first).
 
-    path = checkpoint.find_weights(args)               # --load, else best, else last state
-    checkpoint.load_weights(net, path, args.contexts)  # either format into a network
-    params, trainer_state, meta = checkpoint.read_state(checkpoint.last_state_path(args))
+Read for weights (`--load`, val, pred, INT8, export, fine-tuning): those files, and any parameter dictionary
+weights.py recognises (`.params` of NVIDIA's original recipe or GluonCV, torchvision/timm `.safetensors` or
+`.npz`), converted to the network's layout, stem width and precision:
+
+    path = checkpoint.find_weights(args)                 # --load, else best, else last state
+    checkpoint.load_weights(net, path, args)             # any format, logged: what was recognised/converted
+    state = checkpoint.read_state(checkpoint.last_state_path(args))     # .params, .trainer, .meta
 """
+import collections
+import hashlib
 import json
 import logging
 import os
 import tempfile
+import zipfile
 
 import mxnet as mx
 import numpy as np
 
 import logs
-from errors import RecipeError
+import weights
+from errors import RecipeError, mxnet_message
 
 log = logging.getLogger(__name__)
+
+WEIGHT_SUFFIXES = ('.params', '.safetensors', '.npz')
+
+# A .state file's contents: parameters by name (NDArrays), the optimizer state (bytes), the meta dict, and
+# {rank: {name: numpy array}} of every worker's batchnorm statistics (empty with one worker).
+State = collections.namedtuple('State', 'params trainer meta worker_statistics')
 
 
 def last_state_path(args):
     return logs.in_workspace(args, f'{args.model_prefix}_last.state')
+
+
+def previous_state_path(args):
+    return logs.in_workspace(args, f'{args.model_prefix}_prev.state')
 
 
 def best_params_path(args):
@@ -39,10 +60,28 @@ def epoch_params_path(args, epoch):
     return logs.in_workspace(args, f'{args.model_prefix}_{epoch:04d}.params')
 
 
+def clean_workspace(args):
+    """Remove the half-written temporaries of a run killed during a write (its outputs only)."""
+    folder = logs.in_workspace(args, '.')
+    removed = logs.remove_stale_temporaries(folder, (f'{args.model_prefix}_', 'report.json'))
+    if removed:
+        log.info('Removed %d temporary files left by an interrupted write: %s', len(removed), ', '.join(removed))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Writing
+
+
 def save_params(net, path):
     """Gluon parameter file, written atomically."""
     with logs.atomic_path(path) as tmp:
         net.save_parameters(tmp)
+
+
+def nonfinite_parameters(net):
+    """Names of the parameters holding NaN or infinite values (one pass over the weights: cheap per save)."""
+    return [name for name, param in net._collect_params_with_prefix().items()
+            if not np.isfinite(param._reduce().asnumpy()).all()]
 
 
 def trainer_state_bytes(trainer):
@@ -67,60 +106,146 @@ def bytes_array(data):
     return mx.nd.array(np.frombuffer(data, dtype=np.uint8), dtype='uint8')
 
 
-def save_state(path, net, trainer, meta):
-    """One file with everything an exact resume needs: parameters (by their save_parameters names), the
-    gluon.Trainer's optimizer state and `meta` as JSON, written atomically."""
+def checksum(arrays):
+    """SHA-256 over the names and bytes of every array but 'checksum' itself, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        if name != 'checksum':
+            value = arrays[name].asnumpy()
+            digest.update(name.encode() + str(value.dtype).encode() + str(value.shape).encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()
+
+
+def save_state(path, net, trainer, meta, previous=None, worker_statistics=None):
+    """One file with everything an exact resume needs: parameters (by their save_parameters names), every
+    worker's batchnorm statistics (`worker_statistics`: {rank: {name: array}}), the gluon.Trainer's optimizer
+    state, `meta` as JSON and a checksum; written atomically, the replaced file kept as `previous`."""
     arrays = {f'param:{name}': p._reduce() for name, p in net._collect_params_with_prefix().items()}
+    for rank, statistics in (worker_statistics or {}).items():
+        arrays.update({f'rank{rank}:{name}': mx.nd.array(value) for name, value in statistics.items()})
     arrays['trainer'] = bytes_array(trainer_state_bytes(trainer))
-    arrays['meta'] = bytes_array(json.dumps(meta).encode())
-    with logs.atomic_path(path) as tmp:
+    arrays['meta'] = bytes_array(json.dumps(logs.finite_or_none(meta)).encode())
+    arrays['checksum'] = bytes_array(checksum(arrays).encode())
+    with logs.atomic_path(path, previous=previous) as tmp:
         mx.nd.save(tmp, arrays)
 
 
-def read_state(path):
-    """(parameters by name, trainer state bytes, meta dict) of a .state file; clear errors if it is not one."""
+# ----------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def read_state(path, fallback=None):
+    """The State of a .state file, its checksum verified; a truncated or corrupt file is a RecipeError that
+    names `fallback` (the previous state) when it exists."""
+    def damaged(reason):
+        keep = f'; the previous good state is {fallback}: resume from it with --load {fallback}' \
+            if fallback and os.path.exists(fallback) else ''
+        return RecipeError(f'{path} is damaged ({reason}){keep}')
     try:
         arrays = mx.nd.load(path)
     except mx.base.MXNetError as e:
-        raise RecipeError(f'{path} is not a readable checkpoint (truncated or corrupt?): '
-                          f'{str(e).splitlines()[0]}') from e
-    if not isinstance(arrays, dict) or 'meta' not in arrays or 'trainer' not in arrays:
-        raise RecipeError(f'{path} is not a .state file written by this recipe')
+        raise damaged(f'truncated or corrupt: {mxnet_message(e)}') from None
+    if not isinstance(arrays, dict) or not {'meta', 'trainer', 'checksum'} <= set(arrays):
+        raise RecipeError(f'{path} is not a .state file written by this version of the recipe')
+    if arrays['checksum'].asnumpy().tobytes().decode() != checksum(arrays):
+        raise damaged('its checksum does not match its contents')
     params = {name[len('param:'):]: value for name, value in arrays.items() if name.startswith('param:')}
     meta = json.loads(arrays['meta'].asnumpy().tobytes().decode())
-    return params, arrays['trainer'].asnumpy().tobytes(), meta
+    statistics = {}
+    for name, value in arrays.items():
+        if name.startswith('rank'):
+            rank, _, param = name[len('rank'):].partition(':')
+            statistics.setdefault(int(rank), {})[param] = value.asnumpy()
+    return State(params, arrays['trainer'].asnumpy().tobytes(), meta, statistics)
 
 
-def load_params_into(net, params, ctx, source):
-    """Copy named arrays into the network's parameters, casting dtypes; clear error on a mismatch."""
+def read_arrays(path):
+    """name -> numpy array of a weights file: `.params` (MXNet `save_parameters` / `mx.nd.save` dictionary),
+    `.state` (this recipe's training state), `.safetensors` (the safetensors package's NumPy API, no
+    PyTorch) or `.npz`. A missing, truncated or corrupt file, a file without parameter names, or another
+    suffix is a RecipeError whose message names the file and the reason (never MXNet's traceback text)."""
+    path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in WEIGHT_SUFFIXES + ('.state',):
+        raise RecipeError(f'{path}: unknown weights format {suffix or "(no suffix)"!r}; expected one of '
+                          f'{", ".join(WEIGHT_SUFFIXES + (".state",))} (a PyTorch .pth/.pt pickle needs PyTorch: '
+                          'save it as .safetensors first)')
+    if not os.path.isfile(path):
+        raise RecipeError(f'weights file {path} does not exist')
+    if suffix == '.state':
+        return {name: value.asnumpy() for name, value in read_state(path).params.items()}
+    reader = {'.params': read_params_file, '.safetensors': read_safetensors, '.npz': read_npz}[suffix]
+    arrays = reader(path)
+    if not arrays:
+        raise RecipeError(f'{path} holds no arrays')
+    return arrays
+
+
+def read_params_file(path):
+    try:
+        loaded = mx.nd.load(path)
+    except mx.base.MXNetError as e:
+        raise RecipeError(f'{path} is not a readable MXNet parameter file (truncated or corrupt?): '
+                          f'{mxnet_message(e)}') from None
+    if not isinstance(loaded, dict):
+        raise RecipeError(f'{path} holds a list of {len(loaded)} arrays without names, not a parameter '
+                          'dictionary (save it with save_parameters or mx.nd.save of a dict)')
+    return {name: value.asnumpy() for name, value in loaded.items()}
+
+
+def read_safetensors(path):
+    from safetensors.numpy import load_file
+    try:
+        return dict(load_file(path))
+    except Exception as e:     # SafetensorError (header, truncation), TypeError/ValueError (dtypes)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if 'bf16' in reason.lower() or 'bfloat16' in reason.lower():
+            raise RecipeError(f'{path} holds bfloat16 tensors, which NumPy (and so this reader) cannot represent: '
+                              'save the weights as float32') from None
+        raise RecipeError(f'{path} is not a readable .safetensors file (truncated or corrupt?): {reason}') from None
+
+
+def read_npz(path):
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RecipeError(f'{path} is not a readable .npz archive of arrays (truncated or corrupt?): '
+                          f'{reason}') from None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loading into a network
+
+
+def load_params_into(net, params, ctx):
+    """Copy {name: array} with exactly the network's names and shapes into its parameters (initialised or
+    not), on the devices `ctx`, in the parameters' dtypes."""
     own = net._collect_params_with_prefix()
-    missing = sorted(set(own) - set(params))
-    unexpected = sorted(set(params) - set(own))
-    if missing or unexpected:
-        raise RecipeError(f'{source} does not match this network ({len(missing)} parameters missing, e.g. '
-                          f'{missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]}): check --arch, '
-                          '--num-layers, --num-classes and --image-shape')
-    for name, param in own.items():
-        value = params[name]
-        if param.shape is not None and all(param.shape) and tuple(param.shape) != value.shape:
-            raise RecipeError(f'{source}: parameter {name} has shape {value.shape}, the network expects '
-                              f'{param.shape}: check --num-classes, --image-shape and the layouts')
-        param._load_init(value.astype(param.dtype), ctx)
+    for name, value in params.items():
+        value = value if isinstance(value, mx.nd.NDArray) else mx.nd.array(value, dtype=value.dtype)
+        own[name]._load_init(value.astype(own[name].dtype), ctx)
 
 
-def load_weights(net, path, ctx):
-    """Weights from a .params or .state file into an initialised-or-not network."""
-    if not os.path.exists(path):
-        raise RecipeError(f'checkpoint {path} does not exist')
-    if path.endswith('.state'):
-        params, _, _ = read_state(path)
-    else:
-        try:
-            params = mx.nd.load(path)
-        except mx.base.MXNetError as e:
-            raise RecipeError(f'{path} is not a readable parameter file: {str(e).splitlines()[0]}') from e
-    load_params_into(net, params, ctx, path)
-    log.info('Loaded weights from %s', path)
+def load_weights(net, path, args, finetune=False):
+    """Weights of any format read_arrays reads and weights.py recognises into `net`, converted to its
+    layout, stem width and precision; one log line says what was recognised and converted, another which
+    input normalisation the weights expect when it is not this run's. With `finetune`, a classifier of
+    another width than the network's is left out, so the network's keeps its fresh initialisation."""
+    arrays = read_arrays(path)
+    origin = weights.recognise(arrays)
+    classes = net._collect_params_with_prefix()['output.weight'].shape[0]
+    new_classifier = finetune and origin.num_classes not in (None, classes)
+    params, description = weights.convert(arrays, net, new_classifier=new_classifier, source=path)
+    load_params_into(net, params, args.contexts)
+    log.info('Loaded %s', description)
+    expected = weights.normalisation(origin)
+    if not (np.allclose(expected['mean'], args.rgb_mean) and np.allclose(expected['std'], args.rgb_std)):
+        log.warning('These weights were trained with input mean %s and std %s, this run normalises with %s and '
+                    '%s: for the same preprocessing pass %s', expected['mean'], expected['std'],
+                    tuple(args.rgb_mean), tuple(args.rgb_std), expected['flags'])
 
 
 def find_weights(args):
@@ -129,25 +254,27 @@ def find_weights(args):
     for path in candidates:
         if os.path.exists(path):
             return path
-    raise RecipeError(f'no trained weights: {" or ".join(candidates)} not found. Pass --load with a '
-                      '.params or .state file (this mode refuses to run on random weights)')
+    raise RecipeError(f'no trained weights: {" or ".join(candidates)} not found. Pass --load with a weights '
+                      'file (this mode refuses to run on random weights)')
 
 
 def training_start(args, net):
-    """Where training starts: (meta of a resumed state or None, trainer state bytes or None), with the
-    weights of --load or of the workspace's last state (automatic resume) already in `net`."""
-    path = args.load
-    if path is None and os.path.exists(last_state_path(args)):
-        path = last_state_path(args)
+    """Where training starts: the State to resume, or None for a new run, with the weights already in `net`.
+    The workspace's last state is resumed when it exists (with --finetune too, so an interrupted fine-tuning
+    run continues); else --load gives the weights of a new run (with --finetune every layer but a classifier
+    of another width); else the fresh initialisation stays."""
+    last = last_state_path(args)
+    resume = os.path.exists(last) and (args.load is None or args.finetune)
+    if resume or (args.load and args.load.endswith('.state') and not args.finetune):
+        path = last if resume else args.load
         log.info('Resuming from %s', path)
-    if path is None:
-        return None, None
-    if not os.path.exists(path):
-        raise RecipeError(f'--load {path}: no such file')
-    if path.endswith('.state'):
-        params, trainer_state, meta = read_state(path)
-        load_params_into(net, params, args.contexts, path)
-        log.info('Loaded %s: epoch %d, iteration %d', path, meta['epoch'], meta['iteration'])
-        return meta, trainer_state
-    load_weights(net, path, args.contexts)
-    return None, None
+        state = read_state(path, fallback=previous_state_path(args))
+        load_params_into(net, weights.convert(state.params, net, source=path)[0], args.contexts)
+        log.info('Loaded %s: epoch %d, iteration %d', path, state.meta['epoch'], state.meta['iteration'])
+        return state
+    if args.load is None:
+        return None
+    if not os.path.exists(args.load):
+        raise RecipeError(f'--load {args.load}: no such file')
+    load_weights(net, args.load, args, finetune=args.finetune)
+    return None

@@ -36,7 +36,7 @@ import mxnet as mx
 import numpy as np
 
 import flags
-from errors import RecipeError
+from errors import RecipeError, mxnet_message
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,8 @@ def add_data_aug_args(parser):
         '--random-mirror and the area and aspect-ratio flags, and refuses the others')
     group.add_argument('--data-mxnet-threads', type=flags.integer(minimum=1), default=40,
                        help='number of threads for data decoding for mxnet data backend')
-    group.add_argument('--random-mirror', type=int, default=1, choices=(0, 1), help='if or not randomly flip horizontally')
+    group.add_argument('--random-mirror', type=int, default=1, choices=(0, 1),
+                       help='if or not randomly flip horizontally')
     group.add_argument('--min-random-aspect-ratio', type=flags.optional_float, default=0.75,
                        help='min value of aspect ratio, either None or a positive value')
     group.add_argument('--max-random-aspect-ratio', type=flags.finite_float, default=1.33,
@@ -119,7 +120,8 @@ def add_data_aug_args(parser):
     group.add_argument('--min-random-area', type=flags.finite_float, default=0.08,
                        help='min area to crop in random resized crop, whose range is [0, 1] (the original '
                             'used 0.05 here and 0.08 in DALI; both now use this flag)')
-    group.add_argument('--random-resized-crop', type=int, default=1, choices=(0, 1), help='whether to use random resized crop')
+    group.add_argument('--random-resized-crop', type=int, default=1, choices=(0, 1),
+                       help='whether to use random resized crop')
     for flag, kind, default, text in NATIVE_AUGMENTATIONS:
         group.add_argument(flag, type=kind, default=default, help=text)
     return group
@@ -279,7 +281,7 @@ def undecodable_message(records, first, count, error):
     bad = find_undecodable(records, first, count)
     where = f'record {bad} of {records.rec_path} cannot be decoded' if bad is not None else \
         f'decoding {records.rec_path} failed'
-    first_line = str(error).strip().splitlines()[-1][:200]
+    first_line = mxnet_message(error)[:200]
     return f'{where} ({first_line}). Rebuild the dataset with scripts/prepare_dataset.py, which skips ' \
            'unreadable images'
 
@@ -446,7 +448,7 @@ def load_image(path, args):
         with open(path, 'rb') as f:
             image = mx.image.imdecode(f.read(), to_rgb=1)
     except (OSError, mx.base.MXNetError) as e:
-        raise RecipeError(f'cannot read image {path}: {str(e).splitlines()[0]}') from e
+        raise RecipeError(f'cannot read image {path}: {mxnet_message(e)}') from e
     height, width = args.image_shape[1:]
     image = mx.image.resize_short(image, args.data_val_resize)
     image, _ = mx.image.center_crop(image, (width, height))

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 # Optimizers whose MXNet implementation takes a momentum argument.
 MOMENTUM_OPTIMIZERS = ('sgd', 'nag', 'signum', 'dcasgd', 'lbsgd')
+# Below this loss scale every step has overflowed for a long time (16 halvings from 2**16): divergence.
+LOSS_SCALE_FLOOR = 1.0
 
 
 def add_fit_args(parser):
@@ -72,6 +74,14 @@ def add_fit_args(parser):
                             '0: no .params files. <prefix>_last.state is always written')
     group.add_argument('--begin-epoch', type=flags.integer(minimum=0), default=None,
                        help='start from this epoch (with --load of a .params file, or to shift the schedule)')
+    group.add_argument('--finetune', action='store_true',
+                       help='start a new task from --load weights (any format checkpoint.py reads): a '
+                            'classifier of another width than --num-classes is re-initialised, every other '
+                            'layer loaded; epoch 0, fresh optimizer. Without it a class-count mismatch is an '
+                            'error')
+    group.add_argument('--backbone-lr-mult', type=flags.real(minimum=0, maximum=1), default=1.0,
+                       help='learning rate of every layer but the classifier, as a multiple of the schedule\'s '
+                            '(e.g. 0.1 when fine-tuning: the pretrained layers move less than the new head)')
     return group
 
 
@@ -125,21 +135,33 @@ def mixup_weights(seed, epoch, iteration, rank, part, size, alpha):
 
 class DynamicLossScale:
     """Loss scaling for --dtype float16 without AMP: multiply the loss so small float16 gradients survive,
-    skip the step and halve the scale when a gradient overflows, double it after `interval` clean steps."""
+    skip the step and halve the scale when a gradient overflows, double it after `interval` clean steps.
+    A scale below `floor` means every step overflows (a NaN loss does): the run has diverged."""
 
-    def __init__(self, scale=2.0 ** 16, interval=2000):
+    def __init__(self, scale=2.0 ** 16, interval=2000, floor=1.0):
         self.scale = scale
         self.interval = interval
+        self.floor = floor
         self.clean_steps = 0
         self.skipped = 0
 
     def overflowed(self, params):
-        """Check the (already all-reduced) gradients and update the scale; True means skip this step."""
-        grads = [g for p in params if p.grad_req != 'null' for g in p.list_grad()]
-        finite = mx.nd.ones((1,), ctx=grads[0].context)
-        for i in range(0, len(grads), 200):
-            chunk = grads[i:i + 200]
-            mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=finite)
+        """Check the (already all-reduced) gradients and update the scale; True means skip this step.
+
+        After the all-reduce every device of every worker holds the same gradient sums, so one copy per
+        parameter is checked, on the first device; multi_all_finite reads all its inputs as the first one's
+        type, so float16 (convolution, dense) and float32 (batchnorm) gradients are checked in separate calls.
+        The host reads the answer (one synchronisation per step): the update that follows depends on it."""
+        groups = {}
+        for param in params:
+            if param.grad_req != 'null':
+                grad = param.list_grad()[0]
+                groups.setdefault(grad.dtype, []).append(grad)
+        finite = mx.nd.ones((1,), ctx=next(iter(groups.values()))[0].context)
+        for group in groups.values():
+            for i in range(0, len(group), 200):
+                chunk = group[i:i + 200]
+                mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=finite)
         if finite.asscalar() == 0:
             self.scale /= 2
             self.clean_steps = 0
@@ -151,6 +173,12 @@ class DynamicLossScale:
             self.scale *= 2
             self.clean_steps = 0
         return False
+
+    def state(self):
+        return {'scale': self.scale, 'clean_steps': self.clean_steps, 'skipped': self.skipped}
+
+    def restore(self, state):
+        self.scale, self.clean_steps, self.skipped = state['scale'], state['clean_steps'], state['skipped']
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -185,6 +213,10 @@ class TrainingStep:
         if args.optimizer in MOMENTUM_OPTIMIZERS:
             optimizer_params['momentum'] = args.mom
         params = net.collect_params()
+        if args.backbone_lr_mult != 1:
+            for name, param in net._collect_params_with_prefix().items():
+                if not name.startswith('output.'):
+                    param.lr_mult = args.backbone_lr_mult
         try:
             if world.horovod is not None:
                 self.gluon_trainer = world.horovod.DistributedTrainer(params, args.optimizer, optimizer_params)
@@ -238,7 +270,40 @@ class TrainingStep:
             self.gluon_trainer.allreduce_grads()
             if not self.loss_scale.overflowed(self.net.collect_params().values()):
                 self.gluon_trainer.update(local_batch * self.loss_scale.scale)
+        scale = self.current_loss_scale()
+        if scale is not None and scale < LOSS_SCALE_FLOOR:
+            raise RecipeError(f'the loss scale fell below {LOSS_SCALE_FLOOR:g} at epoch {epoch} iteration '
+                              f'{iteration}: every step overflows, so the training has diverged (a NaN loss does '
+                              'that). Lower --lr or add --warmup-epochs, and resume from the last state')
         return mx.nd.add_n(*[loss.mean().as_in_context(self.contexts[0]) for loss in losses]) / len(losses)
+
+    def current_loss_scale(self):
+        """The loss scale in use (host value, no synchronisation), or None without loss scaling."""
+        if self.loss_scale is not None:
+            return self.loss_scale.scale
+        if self.amp_scaling:
+            return self.gluon_trainer._amp_loss_scaler.loss_scale
+        return None
+
+    def scaler_state(self):
+        """What a resume needs of the loss scaler (ours, or AMP's), or None."""
+        if self.loss_scale is not None:
+            return self.loss_scale.state()
+        if self.amp_scaling:
+            scaler = self.gluon_trainer._amp_loss_scaler
+            return {'scale': scaler.loss_scale, 'next_scale': scaler._next_loss_scale,
+                    'unskipped': scaler._unskipped}
+        return None
+
+    def restore_scaler(self, state):
+        if state is None:
+            return
+        if self.loss_scale is not None:
+            self.loss_scale.restore(state)
+        elif self.amp_scaling:
+            scaler = self.gluon_trainer._amp_loss_scaler
+            scaler._loss_scale, scaler._next_loss_scale, scaler._unskipped = \
+                state['scale'], state['next_scale'], state['unskipped']
 
     @property
     def skips_bad_steps(self):
@@ -335,19 +400,17 @@ def train(args, net, world, get_loaders, dllogger):
     `get_loaders(args, rank, workers, train=..., val=...)` once the state to start from, and so the seed
     that orders the data, is known."""
     stop = StopRequest()
-    meta, trainer_state = checkpoint.training_start(args, net)
+    state = checkpoint.training_start(args, net)
     step = TrainingStep(args, net, world)
-    if meta is not None:
-        if meta.get('seed') is not None and meta['seed'] != args.seed:
-            log.info('Using the seed of the resumed run, %d', meta['seed'])
-            args.seed = meta['seed']
-        checkpoint.restore_trainer_state(step.gluon_trainer, trainer_state)
-        if step.loss_scale is not None and meta.get('loss_scale'):
-            step.loss_scale.scale = meta['loss_scale']
     if world.horovod is not None:
         world.horovod.broadcast_parameters(net.collect_params(), root_rank=0)
-    meta = meta or {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
-                    'loss_sum': 0.0, 'loss_count': 0}
+    if state is None:
+        meta = {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
+                'loss_sum': 0.0, 'loss_count': 0}
+    else:
+        meta = state.meta
+        resume(args, net, step, world, state)
+        dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': meta['iteration']})
     train_loader, val_loader = get_loaders(args, world.rank, world.size, train=True,
                                            val=args.mode == 'train_val')
     if args.mode == 'train_val' and val_loader is None:
@@ -361,13 +424,15 @@ def train(args, net, world, get_loaders, dllogger):
         log.info('Starting epoch %d', epoch)
         next_batch, durations, stopped = train_epoch(args, step, train_loader, epoch, start_batch, meta,
                                                      dllogger, stop)
+        check_parameters(args, net, world, epoch, next_batch)
+        loss_sum, loss_count = world.allreduce_sum([meta['loss_sum'], meta['loss_count']])
         if stopped:
-            meta.update(epoch=epoch, iteration=next_batch)
+            # The state holds the sums of every worker; rank 0 alone takes them back on resume.
+            meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
             write_state(args, net, step, meta, world)
             log.info('Stopped at epoch %d iteration %d; the next run resumes from %s', epoch, next_batch,
                      checkpoint.last_state_path(args))
             return meta
-        loss_sum, loss_count = world.allreduce_sum([meta['loss_sum'], meta['loss_count']])
         steady = logs.steady_durations(durations)
         metrics = {'train.loss': loss_sum / max(loss_count, 1),
                    'train.ips': train_loader.batch_size * world.size / float(np.mean(steady))}
@@ -388,6 +453,78 @@ def train(args, net, world, get_loaders, dllogger):
     return meta
 
 
+def resume(args, net, step, world, state):
+    """Continue a saved run (a checkpoint.State): its seed, optimizer state (with this run's --wd and --mom),
+    loss scaler, this worker's batchnorm statistics and loss sums, and its position in images seen."""
+    meta = state.meta
+    if meta.get('seed') is not None and meta['seed'] != args.seed:
+        log.info('Using the seed of the resumed run, %d', meta['seed'])
+        args.seed = meta['seed']
+    checkpoint.restore_trainer_state(step.gluon_trainer, state.trainer)
+    optimizer = step.gluon_trainer._optimizer
+    for flag, attribute in (('wd', 'wd'), ('mom', 'momentum')):
+        if hasattr(optimizer, attribute) and getattr(optimizer, attribute) != getattr(args, flag):
+            log.info('--%s %g (the resumed state had %g): using the flag', flag, getattr(args, flag),
+                     getattr(optimizer, attribute))
+            setattr(optimizer, attribute, getattr(args, flag))
+    step.restore_scaler(meta.get('loss_scaler'))
+    restore_worker_statistics(net, world, state.worker_statistics, meta.get('workers', 1))
+    if world.rank != 0:
+        meta['loss_sum'], meta['loss_count'] = 0.0, 0
+    saved_batch = meta.get('global_batch', args.batch_size)
+    if saved_batch != args.batch_size and meta['iteration']:
+        images = meta['iteration'] * saved_batch
+        meta['iteration'] = images // args.batch_size
+        log.warning('Resuming with a global batch of %d (the state was written with %d): continuing at '
+                    'iteration %d of epoch %d, after the same %d images; the batches differ from an '
+                    'uninterrupted run', args.batch_size, saved_batch, meta['iteration'], meta['epoch'],
+                    meta['iteration'] * args.batch_size)
+
+
+def worker_statistics(net, world):
+    """{rank: {name: array}} of every worker's batchnorm running statistics (they differ between workers:
+    each normalises its own batches); None with one worker. A collective: every worker must call it."""
+    if world.size == 1:
+        return None
+    own = [(name, p) for name, p in net._collect_params_with_prefix().items() if p.grad_req == 'null']
+    flat = np.concatenate([p._reduce().asnumpy().astype(np.float32).ravel() for _, p in own])
+    rows = world.gather(flat)
+    statistics = {}
+    for rank, row in enumerate(rows):
+        offset, statistics[rank] = 0, {}
+        for name, param in own:
+            size = int(np.prod(param.shape))
+            statistics[rank][name] = row[offset:offset + size].reshape(param.shape)
+            offset += size
+    return statistics
+
+
+def restore_worker_statistics(net, world, statistics, saved_workers):
+    """This worker's own batchnorm statistics from the state, so a multi-worker resume is exact."""
+    if world.size == 1:
+        return
+    if saved_workers != world.size or world.rank not in statistics:
+        log.warning('The state holds batchnorm statistics of %d workers, this run has %d: every worker starts '
+                    "from rank 0's (the resume is not exact)", saved_workers, world.size)
+        return
+    own = net._collect_params_with_prefix()
+    for name, value in statistics[world.rank].items():
+        own[name].set_data(mx.nd.array(value, dtype=own[name].dtype))
+
+
+def check_parameters(args, net, world, epoch, iteration):
+    """Stop with a clear error, before anything is written, when a parameter holds NaN or inf: a
+    diverged run must never overwrite its last good checkpoint. Every worker takes the same decision."""
+    bad = checkpoint.nonfinite_parameters(net)
+    if world.allreduce_sum([len(bad)])[0] == 0:
+        return
+    total = len(net._collect_params_with_prefix())
+    raise RecipeError(f'the parameters became NaN or infinite ({len(bad)} of {total} arrays, e.g. '
+                      f'{bad[0] if bad else "on another worker"}) by epoch {epoch} iteration {iteration}: training '
+                      f'diverged and stopped without writing a checkpoint. The last good state is '
+                      f'{checkpoint.last_state_path(args)} (if it exists); lower --lr or add --warmup-epochs')
+
+
 def save_epoch_checkpoints(args, net, epoch, metrics, meta, world):
     """<prefix>_NNNN.params every --save-frequency epochs and <prefix>_best.params on a new best top-1."""
     if world.rank != 0 or args.save_frequency == 0:
@@ -405,11 +542,18 @@ def save_epoch_checkpoints(args, net, epoch, metrics, meta, world):
 
 
 def write_state(args, net, step, meta, world):
+    """<prefix>_last.state (rank 0 writes it, with every worker's batchnorm statistics), the one it replaces
+    kept as <prefix>_prev.state."""
+    statistics = worker_statistics(net, world)
     if world.rank != 0:
         return
-    meta = dict(meta, seed=args.seed,
-                loss_scale=step.loss_scale.scale if step.loss_scale is not None else None)
-    checkpoint.save_state(checkpoint.last_state_path(args), net, step.gluon_trainer, meta)
+    meta = dict(meta, seed=args.seed, loss_scaler=step.scaler_state(), global_batch=args.batch_size,
+                workers=world.size, preprocessing={
+                    'rgb_mean': list(args.rgb_mean), 'rgb_std': list(args.rgb_std),
+                    'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
+                    'data_val_resize': args.data_val_resize})
+    checkpoint.save_state(checkpoint.last_state_path(args), net, step.gluon_trainer, meta,
+                          previous=checkpoint.previous_state_path(args), worker_statistics=statistics)
 
 
 def training_summary(history):

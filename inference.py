@@ -37,7 +37,7 @@ import checkpoint
 import flags
 import logs
 from data import batches, load_image
-from errors import RecipeError
+from errors import RecipeError, mxnet_message
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def inference_network(args, net, world, get_loaders):
         source = None
     else:
         source = checkpoint.find_weights(args)
-        checkpoint.load_weights(net, source, args.contexts)
+        checkpoint.load_weights(net, source, args)
     if args.quantize:
         return int8_network(args, net, source, world, get_loaders)
     return fused_float32(args, net)
@@ -288,7 +288,7 @@ def int8_network(args, net, source, world, get_loaders):
                                              ctx=args.contexts[0])
     except (AssertionError, mx.base.MXNetError, ValueError) as e:
         raise RecipeError(f'the saved INT8 model {prefix}-symbol.json / -0000.params cannot be loaded '
-                          f'({str(e).splitlines()[0][:200]}): delete {prefix}.json to calibrate again') from e
+                          f'({mxnet_message(e)[:200]}): delete {prefix}.json to calibrate again') from e
     block.hybridize(static_alloc=True, static_shape=True)
     return block
 
@@ -353,7 +353,7 @@ def export(args, net, world, get_loaders):
         raise RecipeError('--mode export writes the float32 network (ONNX has no MXNet INT8 operators); the INT8 '
                           f'model is saved by --mode val --quantize int8 as {args.model_prefix}_int8-symbol.json')
     source = checkpoint.find_weights(args)
-    checkpoint.load_weights(net, source, args.contexts)
+    checkpoint.load_weights(net, source, args)
     if world.rank != 0:
         return {}
     net.cast('float32')

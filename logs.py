@@ -22,14 +22,23 @@ import contextlib
 import datetime
 import json
 import logging
+import math
 import os
 import platform
+import re
 import resource
+import shutil
 import sys
 import tempfile
 import time
 
+import mxnet as mx
 import tqdm
+
+from errors import RecipeError, mxnet_message
+
+# What atomic_path's temporary files are called: '.' + the output's name + '.' + mkstemp's 8 characters.
+TEMPORARY_NAME = re.compile(r'^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$')
 
 # Units of the metrics the recipe logs, declared once as METADATA records at the start of the file.
 METRIC_UNITS = {
@@ -84,9 +93,12 @@ class DLLogger:
         stamped = {'timestamp': str(now),
                    'datetime': datetime.datetime.fromtimestamp(now).strftime('%Y-%m-%d %H:%M:%S.%f'),
                    'elapsedtime': str(now - self.start)}
-        stamped.update(record)
+        stamped.update(finite_or_none(record))
         if self.file is not None:
-            self.file.write('DLLL ' + json.dumps(stamped) + '\n')
+            try:
+                self.file.write('DLLL ' + json.dumps(stamped, allow_nan=False) + '\n')
+            except OSError as e:
+                raise RecipeError(f'could not write the DLLogger file {self.file.name}: {e.strerror or e}') from e
 
     def log(self, step, data):
         """One LOG record; `step` is "PARAMETER", a list of ints, or [] for the summary."""
@@ -106,15 +118,35 @@ class DLLogger:
 
 
 def read_dllogger(path):
-    """The LOG records of a DLLogger file, as dicts (METADATA records and other lines are skipped)."""
+    """The LOG records of a DLLogger file, as dicts (METADATA records and other lines are skipped).
+
+    A resumed run appends a 'RESUME' record naming the epoch and iteration it continues from; the records
+    the interrupted run logged past that point (it ran on after its last checkpoint) are superseded by the
+    resumed run's and left out here, so every step appears once."""
     records = []
     with open(path) as f:
         for line in f:
             if line.startswith('DLLL '):
                 record = json.loads(line[5:])
-                if record.get('type') == 'LOG':
-                    records.append(record)
+                if record.get('type') != 'LOG':
+                    continue
+                if record['step'] == 'RESUME':
+                    position = (record['data']['epoch'], record['data']['iteration'])
+                    records = [r for r in records if not logged_after(r['step'], position)]
+                records.append(record)
     return records
+
+
+def logged_after(step, position):
+    """Whether a record of `step` belongs past (epoch, iteration) `position` of training."""
+    if isinstance(step, str):
+        return False
+    if len(step) == 0:
+        return True
+    epoch, iteration = position
+    if len(step) == 1:
+        return step[0] >= epoch
+    return (step[0], step[1]) > (epoch, iteration)
 
 
 def setup_logging(log_path=None, rank=0):
@@ -136,23 +168,98 @@ def setup_logging(log_path=None, rank=0):
 
 
 @contextlib.contextmanager
-def atomic_path(path):
-    """Yield a temporary path next to `path`; on success it is renamed over `path` (with the permissions a
-    plain open() would give), on failure removed. Readers and crashes see the old file or the new one,
-    never half of one."""
+def atomic_path(path, previous=None):
+    """Yield a temporary path next to `path`; on success it is flushed to disk and renamed over `path` (with
+    the permissions a plain open() would give), on failure removed. Readers and crashes see the old file or
+    the new one, never half of one. With `previous`, the file being replaced is kept under that name (a hard
+    link made before the rename, so `path` exists at every moment). A failed write (full disk, file-size
+    limit, read-only folder) is a RecipeError naming the file; the old file stays as it was."""
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
-    os.close(fd)
+    tmp = None
     try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
+        os.close(fd)
         yield tmp
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
+        sync_file(tmp)
+        if previous is not None and os.path.exists(path):
+            keep(path, previous)
         os.replace(tmp, path)
+        sync_file(folder)
+    except (OSError, mx.base.MXNetError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else mxnet_message(e)
+        raise RecipeError(f'could not write {path}: {reason}. Free space or fix the permissions of {folder}; '
+                          'the previous version of the file is unchanged') from e
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
+
+
+def sync_file(path):
+    """fsync a file or a folder (a folder's entry list: makes a rename in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def keep(path, previous):
+    """Atomically make `previous` another name of `path`'s current content."""
+    # Named like atomic_path's temporaries ('.' + name + 8 characters + '.tmp'), so a kill leaves nothing
+    # that remove_stale_temporaries would not clean.
+    folder, name = os.path.split(previous)
+    staging = os.path.join(folder, f'.{name}.prevlink.tmp')
+    if os.path.exists(staging):
+        os.remove(staging)
+    try:
+        os.link(path, staging)
+    except OSError:       # a filesystem without hard links: a copy does the same, more slowly
+        shutil.copyfile(path, staging)
+    os.replace(staging, previous)
+
+
+def remove_stale_temporaries(folder, prefixes):
+    """Delete the temporary files atomic_path leaves behind when a process is killed mid-write, for outputs
+    whose names start with one of `prefixes`; returns their names."""
+    removed = []
+    if not os.path.isdir(folder):
+        return removed
+    for name in os.listdir(folder):
+        match = TEMPORARY_NAME.match(name)
+        if match and match.group('target').startswith(prefixes):
+            os.remove(os.path.join(folder, name))
+            removed.append(name)
+    return removed
+
+
+def check_workspace(folder):
+    """RecipeError unless `folder` is (or can be made) a writable directory: checked before any work, so a
+    run never computes for hours and then fails to save."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise RecipeError(f'--workspace {folder} is a file, not a folder: pass a folder path')
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix='.write-check.')
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise RecipeError(f'--workspace {folder} is not writable ({e.strerror or e}): pass a folder you can '
+                          'write to') from e
+
+
+def finite_or_none(value):
+    """`value` with every NaN or infinite float inside it replaced by None (JSON null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
 
 
 def in_workspace(args, path):
@@ -161,8 +268,9 @@ def in_workspace(args, path):
 
 
 def write_json(path, obj):
+    """Strict JSON, written atomically; NaN and infinite floats become null."""
     with atomic_path(path) as tmp, open(tmp, 'w') as f:
-        f.write(json.dumps(obj, indent=2, allow_nan=False) + '\n')
+        f.write(json.dumps(finite_or_none(obj), indent=2, allow_nan=False) + '\n')
 
 
 def library_versions(all_known=False):
@@ -194,7 +302,6 @@ def cpuinfo_field(name):
 
 def hardware():
     """CPU model and count, memory and GPU names: what a throughput number needs next to it."""
-    import mxnet as mx
     info = {'cpu': cpuinfo_field('model name') or platform.processor() or platform.machine(),
             'cpu_count': os.cpu_count(), 'gpus': mx.context.num_gpus()}
     try:

@@ -36,6 +36,7 @@ import time
 import mxnet as mx
 import numpy as np
 
+import checkpoint
 import dali
 import data
 import fit
@@ -172,7 +173,11 @@ def run(args):
     """Everything after parsing: world, hardware, checks, model, then the mode."""
     args.start_time = time.time()
     world = workers.World(args.kv_store)
+    for folder in {args.workspace, args.logdir or args.workspace}:
+        logs.check_workspace(folder)
     logs.setup_logging(logs.in_workspace(args, args.log), world.rank)
+    if world.rank == 0:
+        checkpoint.clean_workspace(args)
     workers.resolve_hardware(args, world)
     data.resolve_backend(args)
     inference.check_inference_flags(args)

@@ -1,13 +1,14 @@
 """Weights from anywhere: recognise a parameter dictionary of a supported origin and convert it to this
 recipe's network.
 
-One responsibility: names, shapes, layouts and dtypes of parameter dictionaries. Which file to load, and
-loading the result into the network, belong to the checkpoint code. Usage:
+One responsibility: names, shapes, layouts and dtypes of parameter dictionaries. Reading the files
+(checkpoint.read_arrays) and loading the result into the network (checkpoint.load_weights) belong to
+checkpoint.py. Usage:
 
-    import models, weights
+    import checkpoint, models, weights
 
     net = models.get_model(num_layers=50, num_classes=10)             # any layout, dtype, stem width
-    arrays = weights.read_arrays('resnet50_v1b.params')               # .params, .safetensors or .npz
+    arrays = checkpoint.read_arrays('resnet50_v1b.params')            # .params, .safetensors or .npz
     params, description = weights.convert(arrays, net, new_classifier=True, source='resnet50_v1b.params')
     log.info('%s', description)                                       # what was recognised and converted
     norm = weights.normalisation(weights.recognise(arrays))
@@ -33,9 +34,7 @@ stem, a depth or class-count mismatch) is a RecipeError that says what was found
 """
 import collections
 import dataclasses
-import os
 import re
-import zipfile
 
 import numpy as np
 from mxnet.gluon import nn
@@ -43,7 +42,6 @@ from mxnet.gluon import nn
 import models
 from errors import RecipeError
 
-SUFFIXES = ('.params', '.safetensors', '.npz')
 BATCHNORM_STATS = ('gamma', 'beta', 'running_mean', 'running_var')
 CLASSIFIER = ('output.weight', 'output.bias')
 ORIGINS = {'recipe': "this recipe's", 'nvidia': "NVIDIA's original recipe", 'gluoncv': 'GluonCV',
@@ -53,83 +51,6 @@ DEPTH_OF = {(kind, units): depth for depth, (kind, units) in models.RESNET_DEPTH
 # mean, std on 0-255 RGB
 NVIDIA_NORMALISATION = ((123.68, 116.779, 103.939), (58.393, 57.12, 57.375))
 IMAGENET_NORMALISATION = ((123.675, 116.28, 103.53), (58.395, 57.12, 57.375))   # (0.485, ...) x 255
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Reading files
-
-
-def read_arrays(path):
-    """name -> numpy array of a `.params` (MXNet `save_parameters` / `mx.nd.save` dictionary),
-    `.safetensors` (read with the safetensors package's NumPy API, no PyTorch) or `.npz` file.
-
-    A missing, truncated or corrupt file, a file without parameter names, or another suffix is a
-    RecipeError whose message names the file and the reason (never MXNet's traceback text)."""
-    path = os.fspath(path)
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix not in SUFFIXES:
-        hint = (" (.state files are this recipe's training state: the checkpoint code reads them)"
-                if suffix == '.state' else '')
-        raise RecipeError(f'{path}: unknown weights format {suffix or "(no suffix)"!r}{hint}; expected one of '
-                          f'{", ".join(SUFFIXES)} (a PyTorch .pth/.pt pickle needs PyTorch: save it as '
-                          '.safetensors first)')
-    if not os.path.isfile(path):
-        raise RecipeError(f'weights file {path} does not exist')
-    reader = {'.params': _read_params, '.safetensors': _read_safetensors, '.npz': _read_npz}[suffix]
-    arrays = reader(path)
-    if not arrays:
-        raise RecipeError(f'{path} holds no arrays')
-    return arrays
-
-
-def _read_params(path):
-    import mxnet as mx
-    try:
-        loaded = mx.nd.load(path)
-    except mx.base.MXNetError as e:
-        raise RecipeError(f'{path} is not a readable MXNet parameter file (truncated or corrupt?): '
-                          f'{mxnet_message(e)}') from None
-    if not isinstance(loaded, dict):
-        raise RecipeError(f'{path} holds a list of {len(loaded)} arrays without names, not a parameter '
-                          'dictionary (save it with save_parameters or mx.nd.save of a dict)')
-    return {name: value.asnumpy() for name, value in loaded.items()}
-
-
-def mxnet_message(error):
-    """The meaningful line of an MXNet error, whose text starts with 'Traceback ...' and a C++ file line:
-    'Check failed: fi->Read(data): Invalid NDArray file format' -> 'Invalid NDArray file format'."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    lines = [line for line in lines if not line.startswith(('Traceback', 'File ', '[bt]', 'Stack trace'))]
-    if not lines:
-        return type(error).__name__
-    line = re.sub(r'^\w*(Error|FileSystem):\s*', '', lines[-1])
-    return re.sub(r'^Check failed: [^:]*:\s*', '', line) or lines[-1]
-
-
-def _read_safetensors(path):
-    try:
-        from safetensors.numpy import load_file
-    except ImportError as e:
-        raise RecipeError(f'{path}: reading .safetensors needs the safetensors package (pip install -r '
-                          'requirements.txt)') from e
-    try:
-        return dict(load_file(path))
-    except Exception as e:     # SafetensorError (header, truncation), TypeError/ValueError (dtypes)
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if 'bf16' in reason.lower() or 'bfloat16' in reason.lower():
-            raise RecipeError(f'{path} holds bfloat16 tensors, which NumPy (and so this reader) cannot represent: '
-                              'save the weights as float32') from None
-        raise RecipeError(f'{path} is not a readable .safetensors file (truncated or corrupt?): {reason}') from None
-
-
-def _read_npz(path):
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RecipeError(f'{path} is not a readable .npz archive of arrays (truncated or corrupt?): '
-                          f'{reason}') from None
 
 
 # ----------------------------------------------------------------------------------------------------------

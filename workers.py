@@ -58,6 +58,13 @@ class World:
                                        name=f'sum{len(values)}')
         return total.asnumpy()
 
+    def gather(self, values):
+        """Every worker's float32 vector (all of one length), as the rows of a (workers, N) array."""
+        values = np.asarray(values, dtype=np.float32).reshape(1, -1)
+        if self.size == 1:
+            return values
+        return self.horovod.allgather(mx.nd.array(values), name=f'gather{values.shape[1]}').asnumpy()
+
     def barrier(self):
         """Wait until every worker gets here."""
         self.allreduce_sum([0.0])

@@ -27,6 +27,7 @@ os.environ.setdefault('OMP_NUM_THREADS', str(os.cpu_count() or 1))
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+import checkpoint  # noqa: E402
 import checkpoint_formats as formats  # noqa: E402
 import models  # noqa: E402
 import weights  # noqa: E402
@@ -84,7 +85,7 @@ def main():
         for _ in range(args.rounds):
             for label, path in paths.items():
                 start = time.perf_counter()
-                params, descriptions[label] = weights.convert(weights.read_arrays(path), target, source=label)
+                params, descriptions[label] = weights.convert(checkpoint.read_arrays(path), target, source=label)
                 times[label].append(time.perf_counter() - start)
                 assert len(params) == 267
         report = {label: {'seconds_median': round(statistics.median(t), 3), 'seconds_all': [round(x, 3) for x in t],

@@ -1,6 +1,10 @@
-"""checkpoint.py: the .state round trip, clear errors for corrupt and mismatched files; logs.atomic_path."""
+"""checkpoint.py and logs.py's file safety: the .state round trip, checksums and the previous state, clear
+errors for damaged and mismatched files, fine-tuning loads, atomic writes and their failures."""
+import argparse
 import json
 import os
+import subprocess
+import sys
 
 import mxnet as mx
 import numpy as np
@@ -9,6 +13,8 @@ from mxnet import gluon
 
 import checkpoint
 import logs
+import models
+from conftest import ROOT
 from errors import RecipeError
 
 
@@ -28,10 +34,10 @@ def test_state_round_trip(tmp_path):
     trainer.step(2)
     path = str(tmp_path / 'm_last.state')
     checkpoint.save_state(path, net, trainer, {'epoch': 3, 'iteration': 7})
-    params, trainer_states, meta = checkpoint.read_state(path)
+    params, trainer_states, meta, _ = checkpoint.read_state(path)
     assert meta == {'epoch': 3, 'iteration': 7}
     other = tiny_net()
-    checkpoint.load_params_into(other, params, [mx.cpu()], path)
+    checkpoint.load_params_into(other, params, [mx.cpu()])
     x = mx.nd.random.uniform(shape=(2, 3))
     np.testing.assert_array_equal(net(x).asnumpy(), other(x).asnumpy())
     assert len(trainer_states) > 0
@@ -41,27 +47,135 @@ def test_state_round_trip(tmp_path):
 def test_atomic_write_keeps_old_file_on_failure(tmp_path):
     path = tmp_path / 'report.json'
     logs.write_json(str(path), {'a': 1})
-    with pytest.raises(ValueError):
-        logs.write_json(str(path), {'a': float('nan')})     # strict JSON refuses NaN mid-write
+    with pytest.raises(TypeError):
+        logs.write_json(str(path), {'a': object()})          # not serialisable: fails mid-write
     assert json.loads(path.read_text()) == {'a': 1}
     assert [p.name for p in tmp_path.iterdir()] == ['report.json']   # no temporary left behind
 
 
-def test_corrupt_state_is_a_clear_error(tmp_path):
+def test_nan_metrics_are_stored_as_null(tmp_path):
+    path = tmp_path / 'report.json'
+    logs.write_json(str(path), {'epochs': [{'train.loss': float('nan'), 'val.accuracy': 0.5}],
+                                'summary': {'train.loss': float('inf')}})
+    assert json.loads(path.read_text()) == {'epochs': [{'train.loss': None, 'val.accuracy': 0.5}],
+                                            'summary': {'train.loss': None}}
+
+
+def saved_state(tmp_path, epoch):
+    net = tiny_net()
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    path, previous = str(tmp_path / 'model_last.state'), str(tmp_path / 'model_prev.state')
+    checkpoint.save_state(path, net, trainer, {'epoch': epoch, 'iteration': 0}, previous=previous)
+    return path, previous
+
+
+def test_each_state_keeps_the_one_it_replaces(tmp_path):
+    saved_state(tmp_path, 1)
+    path, previous = saved_state(tmp_path, 2)
+    assert checkpoint.read_state(path).meta['epoch'] == 2 and checkpoint.read_state(previous).meta['epoch'] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['model_last.state', 'model_prev.state']
+
+
+@pytest.mark.parametrize('damage', ['overwrite', 'truncate'])
+def test_damaged_state_is_a_clear_error_naming_the_previous_one(tmp_path, damage):
+    saved_state(tmp_path, 1)
+    path, previous = saved_state(tmp_path, 2)
+    content = bytearray(open(path, 'rb').read())
+    middle = len(content) // 2
+    if damage == 'overwrite':
+        content[middle:middle + 100] = bytes(100)        # silently loaded before checksums
+    else:
+        content = content[:middle]
+    open(path, 'wb').write(bytes(content))
+    with pytest.raises(RecipeError, match=f'{path} is damaged .*previous good state is {previous}: resume from it '
+                                          f'with --load {previous}'):
+        checkpoint.read_state(path, fallback=previous)
+
+
+def test_not_a_state_file_is_a_clear_error(tmp_path):
     path = tmp_path / 'model_last.state'
     path.write_bytes(b'not a checkpoint')
-    with pytest.raises(RecipeError, match='not a readable checkpoint'):
+    with pytest.raises(RecipeError, match='is damaged .truncated or corrupt: Invalid NDArray file format'):
         checkpoint.read_state(str(path))
 
 
+def test_interrupted_writes_leave_nothing_after_the_next_start(tmp_path):
+    stale = ['.model_last.state.k2j4_x9a.tmp', '.model_best.params.abcdefgh.tmp', '.report.json.12345678.tmp',
+             '.model_prev.state.prevlink.tmp']
+    kept = ['.other.abcdefgh.tmp', 'model_last.state', '.model_last.state.tmp']
+    for name in stale + kept:
+        (tmp_path / name).write_bytes(b'x')
+    args = argparse.Namespace(workspace=str(tmp_path), model_prefix='model')
+    checkpoint.clean_workspace(args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+
+
+def test_write_failures_are_clear_errors_and_keep_the_old_file(tmp_path):
+    """A file-size limit (as a full disk does) makes MXNet's writer fail mid-file: one clear error, the
+    previous checkpoint intact, no temporary left."""
+    script = f"""
+import resource, signal, sys
+sys.path.insert(0, {ROOT!r})
+import mxnet as mx
+import logs
+from errors import RecipeError
+path = {str(tmp_path / 'model_last.state')!r}
+mx.nd.save(path, {{'a': mx.nd.ones((10,))}})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    with logs.atomic_path(path) as tmp:
+        mx.nd.save(tmp, {{'a': mx.nd.ones((100000,))}})
+except RecipeError as e:
+    print('error:', e)
+"""
+    result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120)
+    assert result.stdout.startswith(f'error: could not write {tmp_path / "model_last.state"}'), result.stderr
+    assert 'previous version of the file is unchanged' in result.stdout
+    assert mx.nd.load(str(tmp_path / 'model_last.state'))['a'].shape == (10,)
+    assert [p.name for p in tmp_path.iterdir()] == ['model_last.state']
+
+
+def test_workspace_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / 'plain').write_text('x')
+    with pytest.raises(RecipeError, match='is a file, not a folder'):
+        logs.check_workspace(str(tmp_path / 'plain'))
+    with pytest.raises(RecipeError, match='is not writable'):
+        logs.check_workspace(str(tmp_path / 'plain' / 'below'))
+
+
+CPU_ARGS = argparse.Namespace(contexts=[mx.cpu()], rgb_mean=(123.68, 116.779, 103.939), rgb_std=(58.393, 57.12, 57.375))
+
+
+def small_resnet(classes=10, layers=18):
+    net = models.get_model(num_layers=layers, num_classes=classes, image_shape=(3, 32, 32))
+    net.initialize()
+    return net
+
+
 def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
-    net = tiny_net()
     path = str(tmp_path / 'w.params')
-    net.save_parameters(path)
-    other = gluon.nn.HybridSequential()
-    other.add(gluon.nn.Dense(4, in_units=3))
-    other.initialize()
-    with pytest.raises(RecipeError, match='does not match this network'):
-        checkpoint.load_weights(other, path, [mx.cpu()])
+    small_resnet(layers=34).save_parameters(path)
+    args = CPU_ARGS
+    with pytest.raises(RecipeError, match='the network is a ResNet-18: pass --num-layers 34'):
+        checkpoint.load_weights(small_resnet(), path, args)
+    small_resnet(classes=2).save_parameters(path)
+    with pytest.raises(RecipeError, match='2-class classifier, the network 10 classes'):
+        checkpoint.load_weights(small_resnet(), path, args)
 
 
+def test_finetuning_loads_everything_but_a_classifier_of_another_width(tmp_path):
+    source = small_resnet(classes=10)
+    path = str(tmp_path / 'w.params')
+    source.save_parameters(path)
+    target = small_resnet(classes=2)
+    fresh = {n: p.data().asnumpy() for n, p in target._collect_params_with_prefix().items()}
+    args = CPU_ARGS
+    checkpoint.load_weights(target, path, args, finetune=True)
+    loaded = {n: p.data().asnumpy() for n, p in target._collect_params_with_prefix().items()}
+    original = {n: p.data().asnumpy() for n, p in source._collect_params_with_prefix().items()}
+    for name, value in loaded.items():
+        if name.startswith('output.'):
+            np.testing.assert_array_equal(value, fresh[name])          # the new classifier stays fresh
+        else:
+            np.testing.assert_array_equal(value, original[name])

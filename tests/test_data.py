@@ -194,8 +194,9 @@ def test_load_image_uses_validation_preprocessing(tmp_path):
                                rtol=1e-5)
     assert (image[..., 3] == 0).all()
     (tmp_path / 'bad.jpg').write_bytes(b'no')
-    with pytest.raises(RecipeError, match='cannot read image'):
+    with pytest.raises(RecipeError, match='cannot read image') as error:
         data.load_image(str(tmp_path / 'bad.jpg'), args)
+    assert 'Traceback' not in str(error.value) and len(str(error.value).splitlines()) == 1
 
 
 @pytest.mark.parametrize('flags, backend, message', [

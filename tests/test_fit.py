@@ -1,4 +1,4 @@
-"""Unit tests of fit.py's pure parts: schedule, targets, loss scaling."""
+"""fit.py: schedule, targets, loss scaling, and the training step in float16 and on several devices."""
 import math
 
 import mxnet as mx
@@ -7,6 +7,9 @@ import pytest
 from mxnet import gluon
 
 import fit
+import workers
+from conftest import resolved
+from errors import RecipeError
 
 
 # ---- learning rate schedule -------------------------------------------------------------------------------
@@ -87,3 +90,79 @@ def test_dynamic_loss_scale_halves_on_overflow_and_grows():
     param.list_grad()[0][:] = mx.nd.array([1, 2, 3])
     assert not scale.overflowed([param]) and not scale.overflowed([param])
     assert scale.scale == 8.0
+
+
+# ---- the training step with float16 and several devices, on the CPU (twins of the GPU paths) ---------------
+
+class Float16Net(gluon.HybridBlock):
+    """logits = mean over pixels of BatchNorm(x), times a (classes, channels) matrix: only operators MXNet
+    runs in float16 on a CPU (it has no float16 convolution or dense there). After cast('float16') the
+    matrix is float16 and the batchnorm parameters stay float32, as in the recipe's float16 ResNet."""
+
+    def __init__(self, classes=3, channels=4, batchnorm=True):
+        super().__init__()
+        with self.name_scope():
+            self.bn = gluon.nn.BatchNorm(in_channels=channels) if batchnorm else None
+            self.weight = self.params.get('weight', shape=(classes, channels), init=mx.init.Normal(0.5))
+
+    def hybrid_forward(self, F, x, weight):
+        features = F.mean(self.bn(x) if self.bn is not None else x, axis=(2, 3))
+        return F.sum(F.broadcast_mul(features.expand_dims(1), weight.expand_dims(0)), axis=2).astype('float32')
+
+
+def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8):
+    args = resolved(['--batch-size', str(batch), '--lr', '0.1', '--wd', '0', '--label-smoothing', '0.1',
+                     '--num-classes', '3', '--seed', '1', '--kv-store', 'device'])
+    args.dtype, args.contexts = dtype, list(contexts)
+    net.initialize(ctx=args.contexts)
+    if dtype == 'float16':
+        net.cast('float16')
+    return fit.TrainingStep(args, net, workers.World('device'))
+
+
+def batch_of(values, labels, dtype='float32'):
+    return mx.io.DataBatch(data=[mx.nd.array(values, dtype=dtype)], label=[mx.nd.array(labels)])
+
+
+def test_float16_step_with_loss_scaling_skips_overflows_and_grows():
+    """The GPU default (--dtype float16 without AMP): float16 and float32 gradients side by side (they
+    crashed multi_all_finite before), float32 master weights, growth after clean steps, a skipped step on an
+    inf gradient, and the divergence stop at the floor."""
+    mx.random.seed(0)
+    step = step_for(Float16Net(), 'float16')
+    step.loss_scale = fit.DynamicLossScale(scale=8.0, interval=2)
+    rng = np.random.default_rng(0)
+    images, labels = rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)
+    weight = step.net.weight
+    assert np.dtype(weight.dtype) == np.float16 and np.dtype(step.net.bn.gamma.dtype) == np.float32
+    before = weight.data().asnumpy().copy()
+    losses = [float(step.run(batch_of(images, labels, 'float16'), 0, i, 0.1).asscalar()) for i in range(2)]
+    assert all(np.isfinite(losses)) and step.loss_scale.scale == 16.0          # doubled after 2 clean steps
+    assert not np.array_equal(weight.data().asnumpy(), before)
+    assert step.gluon_trainer._updaters[0].states[0][0].dtype == np.float32    # float32 master weights
+    bad = images.copy()
+    bad[0, 0, 0, 0] = np.inf
+    trained = weight.data().asnumpy().copy()
+    step.run(batch_of(bad, labels, 'float16'), 0, 2, 0.1)
+    assert step.loss_scale.scale == 8.0 and step.loss_scale.skipped == 1
+    np.testing.assert_array_equal(weight.data().asnumpy(), trained)             # the step was skipped
+    restored = fit.DynamicLossScale()
+    restored.restore(step.scaler_state())
+    assert restored.state() == {'scale': 8.0, 'clean_steps': 0, 'skipped': 1}
+    step.loss_scale.scale = 1.0
+    with pytest.raises(RecipeError, match='loss scale fell below 1 at epoch 0 iteration 3'):
+        step.run(batch_of(bad, labels, 'float16'), 0, 3, 0.1)
+
+
+def test_two_devices_in_one_process_follow_one_device():
+    """--kv-store device over two CPU contexts: each takes half the batch, gradients are summed over the
+    devices; without batchnorm (whose statistics are per device) the losses equal one device's."""
+    rng = np.random.default_rng(1)
+    batches = [batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)) for _ in range(4)]
+    trajectories = []
+    for contexts in ([mx.cpu(0)], [mx.cpu(0), mx.cpu(1)]):
+        mx.random.seed(5)
+        step = step_for(Float16Net(batchnorm=False), contexts=contexts)
+        trajectories.append([float(step.run(b, 0, i, 0.5).asscalar()) for i, b in enumerate(batches)])
+    np.testing.assert_allclose(trajectories[1], trajectories[0], rtol=1e-5)
+    assert trajectories[0][-1] < trajectories[0][0]

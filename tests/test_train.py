@@ -61,7 +61,7 @@ def test_train_val_outputs(digits, tmp_path):
     assert report['config']['lr'] == 0.1 and report['versions']['mxnet'] == '1.9.1'
     assert [e['epoch'] for e in report['epochs']] == [0, 1]
     assert 'Starting epoch 1' in (ws / 'log.log').read_text()
-    _, _, meta = checkpoint.read_state(str(ws / 'model_last.state'))
+    meta = checkpoint.read_state(str(ws / 'model_last.state')).meta
     assert meta['epoch'] == 2 and meta['iteration'] == 0 and meta['seed'] == 3
 
 
@@ -79,7 +79,7 @@ def test_exact_resume_after_sigterm(digits, tmp_path, backend):
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 0 and 'Stopped at epoch 0 iteration' in stderr
-    _, _, meta = checkpoint.read_state(str(ws / 'model_last.state'))
+    meta = checkpoint.read_state(str(ws / 'model_last.state')).meta
     assert meta['epoch'] == 0 and 0 < meta['iteration'] < 8
     result = run(digits, ws, *flags)
     assert 'Resuming from' in result.stderr
@@ -100,8 +100,10 @@ def test_exact_resume_after_kill(digits, tmp_path):
     run(digits, ws, *flags)
     resumed = [r for r in metrics_without_speed(epoch_records(ws))]
     whole = metrics_without_speed(epoch_records(tmp_path / 'whole'))
-    assert resumed[0] == whole[0] and resumed[-2:] == whole[-2:]   # epoch 1 was logged once more, identically
+    assert resumed[0] == whole[0] and resumed[-2:] == whole[-2:]
     assert [r['epoch'] for r in resumed] == [0, 1, 2]
+    steps = [r['step'] for r in logs.read_dllogger(str(log_file)) if isinstance(r['step'], list)]
+    assert len(steps) == len({tuple(s) for s in steps})        # the killed run's epoch-1 records superseded
 
 
 @pytest.fixture(scope='module')
@@ -139,6 +141,21 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_state(digits, tmp_p
     assert result.returncode == 2
     assert 'the training loss became nan at epoch 1 iteration' in result.stderr
     assert (ws / 'model_last.state').read_bytes() == before
+
+
+def test_diverged_parameters_never_overwrite_checkpoints(digits, tmp_path):
+    """A huge learning rate can leave the loss finite while the weights turn NaN: the run stops with a clear
+    error naming the epoch, and the last good state and best weights stay as they were."""
+    ws = tmp_path / 'ws'
+    run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
+    before = {name: (ws / name).read_bytes() for name in ('model_last.state', 'model_best.params')}
+    result = run(digits, ws, '--num-epochs', '2', '--data-backend', 'synthetic', '--lr', '1e6', '--warmup-epochs',
+                 '0', check=False)
+    assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+    assert 'NaN or infinite' in result.stderr or 'training loss became' in result.stderr
+    assert 'epoch 1' in result.stderr.splitlines()[-1]
+    assert {name: (ws / name).read_bytes() for name in before} == before
+    assert not (ws / 'model_prev.state').exists() or checkpoint.read_state(str(ws / 'model_prev.state'))
 
 
 def test_test_io_reports_images_per_second(digits, tmp_path):
@@ -182,6 +199,41 @@ def test_two_horovod_workers_follow_one_worker(digits, tmp_path):
     assert one[-1] < one[0] and two[-1] < two[0]
 
 
+def horovod_workers(root):
+    """The train.py processes horovodrun started below `root` (a psutil.Process)."""
+    return [p for p in root.children(recursive=True)
+            if len(p.cmdline()) > 1 and p.cmdline()[1].endswith('train.py')]
+
+
+@pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+def test_two_workers_resume_exactly(digits, tmp_path):
+    """Each worker keeps its own batchnorm statistics (no sync BN): a resumed 2-worker run must restore every
+    worker's, and the epoch's loss sums of both, to match the uninterrupted run exactly."""
+    import psutil
+    flags = ['--num-epochs', '2', '--data-backend', 'synthetic', '--kv-store', 'horovod', '--disp-batches', '1']
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    whole = subprocess.run(['horovodrun', '-np', '2', '--gloo'] + train_cmd(digits, tmp_path / 'whole', *flags),
+                           capture_output=True, text=True, env=env)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    ws = tmp_path / 'parts'
+    launcher = subprocess.Popen(['horovodrun', '-np', '2', '--gloo'] + train_cmd(digits, ws, *flags),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    log_file = ws / 'dllogger_log.log'
+    while not (log_file.exists() and '"step": [0, 2]' in log_file.read_text()):
+        assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+        time.sleep(0.05)
+    for worker in horovod_workers(psutil.Process(launcher.pid)):
+        worker.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, stderr[-3000:]
+    meta = checkpoint.read_state(str(ws / 'model_last.state')).meta
+    assert meta['epoch'] == 0 and 0 < meta['iteration'] < 4 and meta['workers'] == 2
+    resumed = subprocess.run(['horovodrun', '-np', '2', '--gloo'] + train_cmd(digits, ws, *flags),
+                             capture_output=True, text=True, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert metrics_without_speed(epoch_records(ws)) == metrics_without_speed(epoch_records(tmp_path / 'whole'))
+
+
 def test_predict_image_and_folder(digits, trained, tmp_path):
     folder = tmp_path / 'images'
     folder.mkdir()
@@ -202,6 +254,18 @@ def test_predict_image_and_folder(digits, trained, tmp_path):
     names = {'zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine'}
     assert {t['name'] for t in top} <= names        # from the classes.json next to the data
     assert by_image['a.jpg']['top'] == by_image['b.jpg']['top']
+
+
+def test_finetuning_from_a_checkpoint_of_other_classes(digits, trained, tmp_path):
+    weights = trained / 'model_best.params'
+    flags = ['--load', weights, '--num-classes', '2', '--data-backend', 'synthetic', '--num-epochs', '1']
+    refused = run(digits, tmp_path / 'refused', *flags, check=False)
+    assert refused.returncode == 2 and '10-class classifier, the network 2 classes' in refused.stderr
+    result = run(digits, tmp_path / 'tuned', *flags, '--finetune', '--backbone-lr-mult', '0.1')
+    assert 'classifier left out for a new one (10 -> 2 classes)' in result.stderr
+    assert [r['step'] for r in epoch_records(tmp_path / 'tuned')] == [[0]]       # a new run: epoch 0
+    meta = checkpoint.read_state(str(tmp_path / 'tuned' / 'model_last.state')).meta
+    assert meta['preprocessing']['rgb_mean'] == [123.68, 116.779, 103.939]
 
 
 def test_predict_refuses_random_weights(digits, tmp_path):
