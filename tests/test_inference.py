@@ -9,6 +9,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+import checkpoint_formats as formats
 import data
 import logs
 import train
@@ -134,6 +135,37 @@ def test_export_to_symbol_and_onnx_matches_on_real_images(digits, model, tmp_pat
                                          str(folder / 'model-0000.params'))
     np.testing.assert_allclose(onnx_logits, block(images).asnumpy(), atol=1e-4)
     assert (onnx_logits.argmax(1) == 2).mean() >= 0.6
+
+
+def test_val_pred_int8_and_export_of_foreign_formats(digits, model, tmp_path):
+    """The trained model rewritten as NVIDIA's original recipe (float32 fused names; float16 `_net.` OHWI with
+    a 4-channel stem) and as torchvision .safetensors: each evaluates like the recipe's own file, INT8 and
+    pred run on them, and their ONNX export passes the onnxruntime parity check."""
+    from safetensors.numpy import save_file
+    own = {name: value.asnumpy() for name, value in mx.nd.load(str(model / 'model_best.params')).items()}
+    files = {'nvidia.params': formats.nvidia_arrays(own, fused=True),
+             'nvidia_fp16.params': formats.nvidia_arrays(own, float16=True, fused=True),
+             'torchvision.safetensors': formats.torch_style_arrays(own, torchvision=True)}
+    for name, arrays in files.items():
+        if name.endswith('.params'):
+            mx.nd.save(str(tmp_path / name), {k: mx.nd.array(v, dtype=v.dtype) for k, v in arrays.items()})
+        else:
+            save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp_path / name))
+    train_py(digits, tmp_path / 'own', '--mode', 'val', '--load', model / 'model_best.params')
+    reference = summary(tmp_path / 'own')['val.accuracy']
+    for name in files:
+        result = train_py(digits, tmp_path / f'val-{name}', '--mode', 'val', '--load', tmp_path / name)
+        assert 'Loaded ' + str(tmp_path / name) in result.stderr
+        accuracy = summary(tmp_path / f'val-{name}')['val.accuracy']
+        assert accuracy == reference if 'fp16' not in name else abs(accuracy - reference) <= 0.01
+    assert 'These weights were trained with input mean (123.675' in result.stderr   # torchvision's: said
+    image = next((digits / 'images' / 'val' / 'digit_7').iterdir())
+    pred = train_py(digits, tmp_path / 'pred', '--mode', 'pred', '--load', tmp_path / 'nvidia_fp16.params',
+                    '--data-pred', image, '--quantize', 'int8', '--calib-batches', '2')
+    assert ' 1. ' in pred.stdout
+    train_py(digits, tmp_path / 'export', '--mode', 'export', '--load', tmp_path / 'nvidia_fp16.params')
+    assert json.loads((tmp_path / 'export' / 'report.json').read_text())['summary'][
+        'onnxruntime_max_difference'] < 1e-4
 
 
 def test_inference_flags_are_checked(digits, model, tmp_path):
