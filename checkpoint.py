@@ -248,6 +248,37 @@ def load_weights(net, path, args, finetune=False):
                     tuple(args.rgb_mean), tuple(args.rgb_std), expected['flags'])
 
 
+def worker_statistics(net, world):
+    """{rank: {name: array}} of every worker's batchnorm running statistics (they differ between workers:
+    each normalises its own batches); None with one worker. A collective: every worker must call it."""
+    if world.size == 1:
+        return None
+    own = [(name, p) for name, p in net._collect_params_with_prefix().items() if p.grad_req == 'null']
+    flat = np.concatenate([p._reduce().asnumpy().astype(np.float32).ravel() for _, p in own])
+    rows = world.gather(flat)
+    statistics = {}
+    for rank, row in enumerate(rows):
+        offset, statistics[rank] = 0, {}
+        for name, param in own:
+            size = int(np.prod(param.shape))
+            statistics[rank][name] = row[offset:offset + size].reshape(param.shape)
+            offset += size
+    return statistics
+
+
+def restore_worker_statistics(net, world, statistics, saved_workers):
+    """This worker's own batchnorm statistics from the state, so a multi-worker resume is exact."""
+    if world.size == 1:
+        return
+    if saved_workers != world.size or world.rank not in statistics:
+        log.warning('The state holds batchnorm statistics of %d workers, this run has %d: every worker starts '
+                    "from rank 0's (the resume is not exact)", saved_workers, world.size)
+        return
+    own = net._collect_params_with_prefix()
+    for name, value in statistics[world.rank].items():
+        own[name].set_data(mx.nd.array(value, dtype=own[name].dtype))
+
+
 def find_weights(args):
     """The checkpoint evaluation and prediction use: --load, else the workspace's best, else its last state."""
     candidates = [args.load] if args.load else [best_params_path(args), last_state_path(args)]

@@ -28,6 +28,7 @@ import checkpoint
 import flags
 import inference
 import logs
+import losses
 from data import batches
 from errors import RecipeError
 
@@ -35,8 +36,6 @@ log = logging.getLogger(__name__)
 
 # Optimizers whose MXNet implementation takes a momentum argument.
 MOMENTUM_OPTIMIZERS = ('sgd', 'nag', 'signum', 'dcasgd', 'lbsgd')
-# Below this loss scale every step has overflowed for a long time (16 halvings from 2**16): divergence.
-LOSS_SCALE_FLOOR = 1.0
 
 
 def add_fit_args(parser):
@@ -111,76 +110,6 @@ def learning_rate(progress, base_lr, num_epochs, warmup_epochs=0, schedule='cosi
     return base_lr * factor ** segment * 0.5 * (1 + math.cos(math.pi * (progress - start) / (end - start)))
 
 
-def smoothed_one_hot(labels, num_classes, smoothing):
-    """Dense targets: 1 - smoothing + smoothing/K for the label, smoothing/K elsewhere."""
-    off = smoothing / num_classes
-    return mx.nd.one_hot(labels, num_classes, on_value=1 - smoothing + off, off_value=off)
-
-
-def mixup(images, targets, lam):
-    """Per-sample mixup: sample i is blended with sample B-1-i with weight lam[i] (an NDArray of shape (B,))."""
-    lam_images = lam.reshape((-1,) + (1,) * (images.ndim - 1)).astype(images.dtype)
-    mixed_images = lam_images * images + (1 - lam_images) * images[::-1]
-    lam_targets = lam.reshape((-1, 1))
-    mixed_targets = lam_targets * targets + (1 - lam_targets) * targets[::-1]
-    return mixed_images, mixed_targets
-
-
-def mixup_weights(seed, epoch, iteration, rank, part, size, alpha):
-    """The Beta(alpha, alpha) draws of one device's batch, a function of where in training we are, so a
-    resumed run draws exactly what an uninterrupted one would."""
-    rng = np.random.default_rng([seed, epoch, iteration, rank, part])
-    return rng.beta(alpha, alpha, size=size).astype(np.float32)
-
-
-class DynamicLossScale:
-    """Loss scaling for --dtype float16 without AMP: multiply the loss so small float16 gradients survive,
-    skip the step and halve the scale when a gradient overflows, double it after `interval` clean steps.
-    A scale below `floor` means every step overflows (a NaN loss does): the run has diverged."""
-
-    def __init__(self, scale=2.0 ** 16, interval=2000, floor=1.0):
-        self.scale = scale
-        self.interval = interval
-        self.floor = floor
-        self.clean_steps = 0
-        self.skipped = 0
-
-    def overflowed(self, params):
-        """Check the (already all-reduced) gradients and update the scale; True means skip this step.
-
-        After the all-reduce every device of every worker holds the same gradient sums, so one copy per
-        parameter is checked, on the first device; multi_all_finite reads all its inputs as the first one's
-        type, so float16 (convolution, dense) and float32 (batchnorm) gradients are checked in separate calls.
-        The host reads the answer (one synchronisation per step): the update that follows depends on it."""
-        groups = {}
-        for param in params:
-            if param.grad_req != 'null':
-                grad = param.list_grad()[0]
-                groups.setdefault(grad.dtype, []).append(grad)
-        finite = mx.nd.ones((1,), ctx=next(iter(groups.values()))[0].context)
-        for group in groups.values():
-            for i in range(0, len(group), 200):
-                chunk = group[i:i + 200]
-                mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=finite)
-        if finite.asscalar() == 0:
-            self.scale /= 2
-            self.clean_steps = 0
-            self.skipped += 1
-            log.info('float16 gradient overflow: step skipped, loss scale lowered to %g', self.scale)
-            return True
-        self.clean_steps += 1
-        if self.clean_steps == self.interval:
-            self.scale *= 2
-            self.clean_steps = 0
-        return False
-
-    def state(self):
-        return {'scale': self.scale, 'clean_steps': self.clean_steps, 'skipped': self.skipped}
-
-    def restore(self, state):
-        self.scale, self.clean_steps, self.skipped = state['scale'], state['clean_steps'], state['skipped']
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The step
 
@@ -230,18 +159,18 @@ class TrainingStep:
         if self.amp_scaling:
             from mxnet.contrib import amp
             amp.init_trainer(self.gluon_trainer)
-        self.loss_scale = DynamicLossScale() if args.dtype == 'float16' and not args.amp else None
+        self.loss_scale = losses.DynamicLossScale() if args.dtype == 'float16' and not args.amp else None
 
     def inputs_and_targets(self, images, labels, epoch, iteration, part):
         """(images, targets) as the loss wants them: the labels sparse or as smoothed one-hot vectors, and
         with mixup both the images and the targets blended."""
         if self.sparse_labels:
             return images, labels
-        targets = smoothed_one_hot(labels, self.args.num_classes, self.args.label_smoothing)
+        targets = losses.smoothed_one_hot(labels, self.args.num_classes, self.args.label_smoothing)
         if self.args.mixup > 0:
-            lam = mixup_weights(self.args.seed, epoch, iteration, self.world.rank, part, labels.shape[0],
+            lam = losses.mixup_weights(self.args.seed, epoch, iteration, self.world.rank, part, labels.shape[0],
                                 self.args.mixup)
-            images, targets = mixup(images, targets, mx.nd.array(lam, ctx=images.context))
+            images, targets = losses.mixup(images, targets, mx.nd.array(lam, ctx=images.context))
         return images, targets
 
     def run(self, batch, epoch, iteration, lr):
@@ -250,18 +179,18 @@ class TrainingStep:
         images = gluon.utils.split_and_load(batch.data[0], self.contexts, even_split=True)
         labels = gluon.utils.split_and_load(batch.label[0], self.contexts, even_split=True)
         with autograd.record():
-            losses = []
+            device_losses = []
             for part, (x, y) in enumerate(zip(images, labels)):
                 x, target = self.inputs_and_targets(x, y, epoch, iteration, part)
-                losses.append(self.loss(self.net(x), target))
+                device_losses.append(self.loss(self.net(x), target))
             if self.amp_scaling:
                 from mxnet.contrib import amp
-                with amp.scale_loss(losses, self.gluon_trainer) as scaled:
+                with amp.scale_loss(device_losses, self.gluon_trainer) as scaled:
                     autograd.backward(scaled)
             elif self.loss_scale is not None:
-                autograd.backward([loss * self.loss_scale.scale for loss in losses])
+                autograd.backward([loss * self.loss_scale.scale for loss in device_losses])
             else:
-                autograd.backward(losses)
+                autograd.backward(device_losses)
         local_batch = batch.data[0].shape[0]
         if self.loss_scale is None:
             self.gluon_trainer.step(local_batch)
@@ -271,11 +200,12 @@ class TrainingStep:
             if not self.loss_scale.overflowed(self.net.collect_params().values()):
                 self.gluon_trainer.update(local_batch * self.loss_scale.scale)
         scale = self.current_loss_scale()
-        if scale is not None and scale < LOSS_SCALE_FLOOR:
-            raise RecipeError(f'the loss scale fell below {LOSS_SCALE_FLOOR:g} at epoch {epoch} iteration '
-                              f'{iteration}: every step overflows, so the training has diverged (a NaN loss does '
-                              'that). Lower --lr or add --warmup-epochs, and resume from the last state')
-        return mx.nd.add_n(*[loss.mean().as_in_context(self.contexts[0]) for loss in losses]) / len(losses)
+        if scale is not None and scale < losses.LOSS_SCALE_FLOOR:
+            raise RecipeError(f'the loss scale fell below {losses.LOSS_SCALE_FLOOR:g} at epoch {epoch} '
+                              f'iteration {iteration}: every step overflows, so the training has diverged (a NaN '
+                              'loss does that). Lower --lr or add --warmup-epochs, and resume from the last state')
+        means = [loss.mean().as_in_context(self.contexts[0]) for loss in device_losses]
+        return mx.nd.add_n(*means) / len(means)
 
     def current_loss_scale(self):
         """The loss scale in use (host value, no synchronisation), or None without loss scaling."""
@@ -348,7 +278,7 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     the device busy (no per-iteration sync) yet catches a NaN within an iteration."""
     iterations = args.benchmark_iters or loader.num_batches
     global_batch = loader.batch_size * step.world.size
-    durations, losses, previous = [], EpochLoss(meta), None
+    durations, epoch_loss, previous = [], EpochLoss(meta), None
     bar = logs.progress_bar(iterations - start_batch, f'Epoch {epoch}', step.world.rank == 0)
     tick = window_start = time.time()
     iteration = start_batch
@@ -359,7 +289,7 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
                            args.lr_schedule, args.lr_steps, args.lr_factor)
         loss = step.run(batch, epoch, iteration, lr)
         if previous is not None:
-            losses.add(previous.asscalar(), epoch, iteration - 1, step)
+            epoch_loss.add(previous.asscalar(), epoch, iteration - 1, step)
         previous = loss
         now = time.time()
         durations.append(now - tick)
@@ -368,14 +298,14 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
         if done % args.disp_batches == 0:
             ips = args.disp_batches * global_batch / (now - window_start)
             window_start = now
-            dllogger.log((epoch, done), {'train.loss': losses.window_mean(), 'train.ips': ips, 'train.lr': lr})
+            dllogger.log((epoch, done), {'train.loss': epoch_loss.window_mean(), 'train.ips': ips, 'train.lr': lr})
         bar.set_postfix_str(f'{global_batch / max(np.mean(durations[-20:]), 1e-9):.1f} img/s', refresh=False)
         bar.update(1)
         if stop_agreed(stop, step.world, done, args.disp_batches) and done < iterations:
             stopped = True
             break
     if previous is not None:
-        losses.add(previous.asscalar(), epoch, iteration, step)
+        epoch_loss.add(previous.asscalar(), epoch, iteration, step)
     bar.close()
     return iteration + 1, durations, stopped
 
@@ -468,7 +398,7 @@ def resume(args, net, step, world, state):
                      getattr(optimizer, attribute))
             setattr(optimizer, attribute, getattr(args, flag))
     step.restore_scaler(meta.get('loss_scaler'))
-    restore_worker_statistics(net, world, state.worker_statistics, meta.get('workers', 1))
+    checkpoint.restore_worker_statistics(net, world, state.worker_statistics, meta.get('workers', 1))
     if world.rank != 0:
         meta['loss_sum'], meta['loss_count'] = 0.0, 0
     saved_batch = meta.get('global_batch', args.batch_size)
@@ -479,37 +409,6 @@ def resume(args, net, step, world, state):
                     'iteration %d of epoch %d, after the same %d images; the batches differ from an '
                     'uninterrupted run', args.batch_size, saved_batch, meta['iteration'], meta['epoch'],
                     meta['iteration'] * args.batch_size)
-
-
-def worker_statistics(net, world):
-    """{rank: {name: array}} of every worker's batchnorm running statistics (they differ between workers:
-    each normalises its own batches); None with one worker. A collective: every worker must call it."""
-    if world.size == 1:
-        return None
-    own = [(name, p) for name, p in net._collect_params_with_prefix().items() if p.grad_req == 'null']
-    flat = np.concatenate([p._reduce().asnumpy().astype(np.float32).ravel() for _, p in own])
-    rows = world.gather(flat)
-    statistics = {}
-    for rank, row in enumerate(rows):
-        offset, statistics[rank] = 0, {}
-        for name, param in own:
-            size = int(np.prod(param.shape))
-            statistics[rank][name] = row[offset:offset + size].reshape(param.shape)
-            offset += size
-    return statistics
-
-
-def restore_worker_statistics(net, world, statistics, saved_workers):
-    """This worker's own batchnorm statistics from the state, so a multi-worker resume is exact."""
-    if world.size == 1:
-        return
-    if saved_workers != world.size or world.rank not in statistics:
-        log.warning('The state holds batchnorm statistics of %d workers, this run has %d: every worker starts '
-                    "from rank 0's (the resume is not exact)", saved_workers, world.size)
-        return
-    own = net._collect_params_with_prefix()
-    for name, value in statistics[world.rank].items():
-        own[name].set_data(mx.nd.array(value, dtype=own[name].dtype))
 
 
 def check_parameters(args, net, world, epoch, iteration):
@@ -544,7 +443,7 @@ def save_epoch_checkpoints(args, net, epoch, metrics, meta, world):
 def write_state(args, net, step, meta, world):
     """<prefix>_last.state (rank 0 writes it, with every worker's batchnorm statistics), the one it replaces
     kept as <prefix>_prev.state."""
-    statistics = worker_statistics(net, world)
+    statistics = checkpoint.worker_statistics(net, world)
     if world.rank != 0:
         return
     meta = dict(meta, seed=args.seed, loss_scaler=step.scaler_state(), global_batch=args.batch_size,

@@ -7,6 +7,7 @@ import pytest
 from mxnet import gluon
 
 import fit
+import losses
 import workers
 from conftest import resolved
 from errors import RecipeError
@@ -56,7 +57,7 @@ def test_no_warmup():
 # ---- targets ----------------------------------------------------------------------------------------------
 
 def test_label_smoothing_targets():
-    targets = fit.smoothed_one_hot(mx.nd.array([2, 0]), 1000, 0.1).asnumpy()
+    targets = losses.smoothed_one_hot(mx.nd.array([2, 0]), 1000, 0.1).asnumpy()
     assert targets[0, 2] == pytest.approx(0.9001)
     assert targets[0, 0] == pytest.approx(0.0001)
     assert targets.sum(axis=1) == pytest.approx([1, 1])
@@ -64,18 +65,18 @@ def test_label_smoothing_targets():
 
 def test_mixup_pairs_reversed_batch():
     images = mx.nd.array(np.arange(3 * 2).reshape(3, 2, 1, 1))
-    targets = fit.smoothed_one_hot(mx.nd.array([0, 1, 2]), 3, 0.0)
+    targets = losses.smoothed_one_hot(mx.nd.array([0, 1, 2]), 3, 0.0)
     lam = mx.nd.array([1.0, 0.5, 0.25])
-    mixed_images, mixed_targets = fit.mixup(images, targets, lam)
+    mixed_images, mixed_targets = losses.mixup(images, targets, lam)
     np.testing.assert_allclose(mixed_images.asnumpy()[:, :, 0, 0], [[0, 1], [2, 3], [0.25 * 4 + 0.75 * 0,
                                                                                      0.25 * 5 + 0.75 * 1]])
     np.testing.assert_allclose(mixed_targets.asnumpy(), [[1, 0, 0], [0, 1, 0], [0.75, 0, 0.25]])
 
 
 def test_mixup_weights_are_a_function_of_position():
-    a = fit.mixup_weights(7, 3, 11, 0, 0, 8, 0.2)
-    assert np.array_equal(a, fit.mixup_weights(7, 3, 11, 0, 0, 8, 0.2))
-    assert not np.array_equal(a, fit.mixup_weights(7, 3, 12, 0, 0, 8, 0.2))
+    a = losses.mixup_weights(7, 3, 11, 0, 0, 8, 0.2)
+    assert np.array_equal(a, losses.mixup_weights(7, 3, 11, 0, 0, 8, 0.2))
+    assert not np.array_equal(a, losses.mixup_weights(7, 3, 12, 0, 0, 8, 0.2))
     assert ((a >= 0) & (a <= 1)).all()
 
 
@@ -84,7 +85,7 @@ def test_mixup_weights_are_a_function_of_position():
 def test_dynamic_loss_scale_halves_on_overflow_and_grows():
     param = gluon.Parameter('w', shape=(3,))
     param.initialize()
-    scale = fit.DynamicLossScale(scale=8.0, interval=2)
+    scale = losses.DynamicLossScale(scale=8.0, interval=2)
     param.list_grad()[0][:] = mx.nd.array([1, np.inf, 0])
     assert scale.overflowed([param]) and scale.scale == 4.0 and scale.skipped == 1
     param.list_grad()[0][:] = mx.nd.array([1, 2, 3])
@@ -130,14 +131,14 @@ def test_float16_step_with_loss_scaling_skips_overflows_and_grows():
     inf gradient, and the divergence stop at the floor."""
     mx.random.seed(0)
     step = step_for(Float16Net(), 'float16')
-    step.loss_scale = fit.DynamicLossScale(scale=8.0, interval=2)
+    step.loss_scale = losses.DynamicLossScale(scale=8.0, interval=2)
     rng = np.random.default_rng(0)
     images, labels = rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)
     weight = step.net.weight
     assert np.dtype(weight.dtype) == np.float16 and np.dtype(step.net.bn.gamma.dtype) == np.float32
     before = weight.data().asnumpy().copy()
-    losses = [float(step.run(batch_of(images, labels, 'float16'), 0, i, 0.1).asscalar()) for i in range(2)]
-    assert all(np.isfinite(losses)) and step.loss_scale.scale == 16.0          # doubled after 2 clean steps
+    values = [float(step.run(batch_of(images, labels, 'float16'), 0, i, 0.1).asscalar()) for i in range(2)]
+    assert all(np.isfinite(values)) and step.loss_scale.scale == 16.0          # doubled after 2 clean steps
     assert not np.array_equal(weight.data().asnumpy(), before)
     assert step.gluon_trainer._updaters[0].states[0][0].dtype == np.float32    # float32 master weights
     bad = images.copy()
@@ -146,7 +147,7 @@ def test_float16_step_with_loss_scaling_skips_overflows_and_grows():
     step.run(batch_of(bad, labels, 'float16'), 0, 2, 0.1)
     assert step.loss_scale.scale == 8.0 and step.loss_scale.skipped == 1
     np.testing.assert_array_equal(weight.data().asnumpy(), trained)             # the step was skipped
-    restored = fit.DynamicLossScale()
+    restored = losses.DynamicLossScale()
     restored.restore(step.scaler_state())
     assert restored.state() == {'scale': 8.0, 'clean_steps': 0, 'skipped': 1}
     step.loss_scale.scale = 1.0

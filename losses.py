@@ -1,0 +1,89 @@
+"""What the loss sees: label-smoothed targets, mixup, and dynamic loss scaling for float16.
+
+    targets = losses.smoothed_one_hot(labels, num_classes, 0.1)
+    images, targets = losses.mixup(images, targets, lam)          # lam from losses.mixup_weights(...)
+    scale = losses.DynamicLossScale()                              # --dtype float16 without AMP
+    if not scale.overflowed(params): trainer.update(batch * scale.scale)
+
+fit.TrainingStep uses them; they are pure functions of their inputs (mixup draws of the position in
+training), so a resumed run computes what an uninterrupted one would.
+"""
+import logging
+
+import mxnet as mx
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+# Below this loss scale every step has overflowed for a long time (16 halvings from 2**16): divergence.
+LOSS_SCALE_FLOOR = 1.0
+
+
+def smoothed_one_hot(labels, num_classes, smoothing):
+    """Dense targets: 1 - smoothing + smoothing/K for the label, smoothing/K elsewhere."""
+    off = smoothing / num_classes
+    return mx.nd.one_hot(labels, num_classes, on_value=1 - smoothing + off, off_value=off)
+
+
+def mixup(images, targets, lam):
+    """Per-sample mixup: sample i is blended with sample B-1-i with weight lam[i] (an NDArray of shape (B,))."""
+    lam_images = lam.reshape((-1,) + (1,) * (images.ndim - 1)).astype(images.dtype)
+    mixed_images = lam_images * images + (1 - lam_images) * images[::-1]
+    lam_targets = lam.reshape((-1, 1))
+    mixed_targets = lam_targets * targets + (1 - lam_targets) * targets[::-1]
+    return mixed_images, mixed_targets
+
+
+def mixup_weights(seed, epoch, iteration, rank, part, size, alpha):
+    """The Beta(alpha, alpha) draws of one device's batch, a function of where in training we are, so a
+    resumed run draws exactly what an uninterrupted one would."""
+    rng = np.random.default_rng([seed, epoch, iteration, rank, part])
+    return rng.beta(alpha, alpha, size=size).astype(np.float32)
+
+
+class DynamicLossScale:
+    """Loss scaling for --dtype float16 without AMP: multiply the loss so small float16 gradients survive,
+    skip the step and halve the scale when a gradient overflows, double it after `interval` clean steps.
+    A scale below `floor` means every step overflows (a NaN loss does): the run has diverged."""
+
+    def __init__(self, scale=2.0 ** 16, interval=2000, floor=1.0):
+        self.scale = scale
+        self.interval = interval
+        self.floor = floor
+        self.clean_steps = 0
+        self.skipped = 0
+
+    def overflowed(self, params):
+        """Check the (already all-reduced) gradients and update the scale; True means skip this step.
+
+        After the all-reduce every device of every worker holds the same gradient sums, so one copy per
+        parameter is checked, on the first device; multi_all_finite reads all its inputs as the first one's
+        type, so float16 (convolution, dense) and float32 (batchnorm) gradients are checked in separate calls.
+        The host reads the answer (one synchronisation per step): the update that follows depends on it."""
+        groups = {}
+        for param in params:
+            if param.grad_req != 'null':
+                grad = param.list_grad()[0]
+                groups.setdefault(grad.dtype, []).append(grad)
+        finite = mx.nd.ones((1,), ctx=next(iter(groups.values()))[0].context)
+        for group in groups.values():
+            for i in range(0, len(group), 200):
+                chunk = group[i:i + 200]
+                mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=finite)
+        if finite.asscalar() == 0:
+            self.scale /= 2
+            self.clean_steps = 0
+            self.skipped += 1
+            log.info('float16 gradient overflow: step skipped, loss scale lowered to %g', self.scale)
+            return True
+        self.clean_steps += 1
+        if self.clean_steps == self.interval:
+            self.scale *= 2
+            self.clean_steps = 0
+        return False
+
+    def state(self):
+        return {'scale': self.scale, 'clean_steps': self.clean_steps, 'skipped': self.skipped}
+
+    def restore(self, state):
+        self.scale, self.clean_steps, self.skipped = state['scale'], state['clean_steps'], state['skipped']
