@@ -36,6 +36,7 @@ import numpy as np
 import checkpoint
 import flags
 import logs
+import models
 from data import batches, load_image
 from errors import RecipeError, mxnet_message
 
@@ -347,31 +348,66 @@ def calibrate(args, net, get_loaders):
 # Export
 
 
-def export(args, net, world, get_loaders):
-    """--mode export: symbol+params and ONNX of the trained network in <workspace>/export (rank 0 only)."""
+def export(args, world, get_loaders):
+    """--mode export: symbol+params and ONNX of the trained weights in <workspace>/export (rank 0 only), as
+    the portable network. Every file is written under a temporary name and renamed only when all three
+    exist, so a failure leaves no partial export behind."""
     if args.quantize:
         raise RecipeError('--mode export writes the float32 network (ONNX has no MXNet INT8 operators); the INT8 '
                           f'model is saved by --mode val --quantize int8 as {args.model_prefix}_int8-symbol.json')
     source = checkpoint.find_weights(args)
+    net, shape = portable_network(args)
     checkpoint.load_weights(net, source, args)
     if world.rank != 0:
         return {}
-    net.cast('float32')
     folder = os.path.join(args.workspace, 'export')
     os.makedirs(folder, exist_ok=True)
     prefix = os.path.join(folder, args.model_prefix)
-    shape = input_shape(args)
-    net(mx.nd.zeros((1,) + shape, ctx=args.contexts[0]))       # the hybridized graph exists after one call
-    export_block(net, prefix)
-    onnx_path = prefix + '.onnx'
-    with logs.atomic_path(onnx_path) as path:
-        write_onnx(prefix + '-symbol.json', prefix + '-0000.params', shape, path)
-    log.info('Exported %s to %s-symbol.json, %s-0000.params and %s', source, prefix, prefix, onnx_path)
-    outputs = {'symbol': prefix + '-symbol.json', 'params': prefix + '-0000.params', 'onnx': onnx_path,
+    partial = os.path.join(folder, f'.{args.model_prefix}.partial')
+    files = {'-symbol.json': prefix + '-symbol.json', '-0000.params': prefix + '-0000.params',
+             '.onnx': prefix + '.onnx'}
+    try:
+        net(mx.nd.zeros((1,) + shape))            # the hybridized graph exists after one call
+        net.export(partial, 0)
+        write_onnx(partial + '-symbol.json', partial + '-0000.params', shape, partial + '.onnx')
+        for suffix, path in files.items():
+            os.replace(partial + suffix, path)
+    except (NotImplementedError, AttributeError, KeyError, mx.base.MXNetError) as e:
+        raise RecipeError(f'exporting {source} failed ({type(e).__name__}: {mxnet_message(e)[:200]}); nothing '
+                          'was written') from e
+    finally:
+        for suffix in files:
+            if os.path.exists(partial + suffix):
+                os.remove(partial + suffix)
+    log.info('Exported %s to %s', source, ', '.join(files.values()))
+    outputs = {'symbol': files['-symbol.json'], 'params': files['-0000.params'], 'onnx': files['.onnx'],
                'weights': source}
     if args.data_val or args.data_backend == 'synthetic':
-        outputs['onnxruntime_max_difference'] = check_onnx(args, net, onnx_path, get_loaders)
+        outputs['onnxruntime_max_difference'] = check_onnx(args, net, files['.onnx'], get_loaders)
     return outputs
+
+
+def portable_network(args):
+    """(network, input shape) of what export writes: the run's architecture in float32 with NCHW layers, 3
+    input channels and no fused kernels, on the CPU: what ONNX and every runtime take, whatever layouts,
+    precision, stem width and kernels the weights were trained with (checkpoint.load_weights converts
+    them). The input stays in --input-layout; a 4th input channel, zeros in this recipe's data, is dropped."""
+    options = dict(models.model_options(args), dtype='float32', conv_layout='NCHW', batchnorm_layout='NCHW',
+                   pooling_layout='NCHW', fuse_bn_relu=False, fuse_bn_add_relu=False,
+                   image_shape=(3,) + tuple(args.image_shape[1:]), device='cpu')
+    net = models.get_model(**options)
+    net.initialize(ctx=mx.cpu())
+    net.hybridize(static_alloc=True, static_shape=True)
+    height, width = args.image_shape[1:]
+    return net, ((height, width, 3) if args.input_layout == 'NHWC' else (3, height, width))
+
+
+def portable_images(images, args):
+    """A batch of the run's input (any dtype, 3 or 4 channels) as the portable network takes it."""
+    images = images.as_in_context(mx.cpu()).astype('float32')
+    if args.image_shape[0] == 4:
+        images = images[:, :, :, :3] if args.input_layout == 'NHWC' else images[:, :3]
+    return images
 
 
 def export_block(block, prefix):
@@ -411,9 +447,9 @@ def check_onnx(args, net, onnx_path, get_loaders):
         log.info('onnxruntime is not installed: the ONNX model was checked by onnx.checker only')
         return None
     _, loader = get_loaders(args, 0, 1, train=False, val=True)
-    images = next(iter(loader.epoch(0))).data[0].astype('float32')
+    images = portable_images(next(iter(loader.epoch(0))).data[0], args)
     session = onnxruntime.InferenceSession(onnx_path, providers=['CPUExecutionProvider'])
     onnx_logits = session.run(None, {session.get_inputs()[0].name: images.asnumpy()})[0]
-    difference = float(np.abs(onnx_logits - net(images.as_in_context(args.contexts[0])).asnumpy()).max())
+    difference = float(np.abs(onnx_logits - net(images).asnumpy()).max())
     log.info('onnxruntime and MXNet agree within %.2g on %d validation images', difference, len(images))
     return difference

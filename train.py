@@ -149,7 +149,7 @@ def run_mode(args, net, world, dllogger):
         measure_loader(args, world, dllogger)
         return
     if args.mode == 'export':
-        summary = inference.export(args, net, world, get_loaders)
+        summary = inference.export(args, world, get_loaders)
         logs.write_report(args, world.rank, world.size, [], summary)
         return
     if args.mode in ('val', 'pred'):

@@ -90,8 +90,9 @@ def main():
     results = {'batch_size': args.batch_size, 'images': sum(real for _, _, real in batches),
                'cores': os.cpu_count()}
 
-    # In this order: export and INT8 calibration need the unfused network, which float32 inference then fuses.
-    exported = inference.export(args, net, world, train.get_loaders)
+    # In this order: INT8 calibration needs the unfused network, which float32 inference then fuses.
+    exported = inference.export(args, world, train.get_loaders)
+    checkpoint.load_weights(net, checkpoint.find_weights(args), args)
     engines = {}
     try:
         import onnxruntime

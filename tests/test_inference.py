@@ -9,12 +9,16 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+import checkpoint
 import checkpoint_formats as formats
 import data
+import inference
 import logs
+import models
 import train
 import workers
 from conftest import ROOT, digits_flags, resolved
+from errors import RecipeError
 
 MODEL = ['--num-layers', '18', '--seed', '4', '--data-backend', 'mxnet', '--data-val-resize', '36']
 
@@ -75,8 +79,6 @@ def test_int8_network_runs_in_int8_from_input_to_logits(digits, model):
 
 def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_path):
     """--mode val/pred in float32 on the CPU run oneDNN's fused graph: same logits as the trained network."""
-    import inference
-    import models
     args = resolved(digits_flags(digits) + MODEL + ['--mode', 'val', '--load', str(model / 'model_best.params')])
     files = sorted((digits / 'images' / 'val' / 'digit_4').iterdir())[:8]
     images = mx.nd.concat(*[data.load_image(str(f), args) for f in files], dim=0)
@@ -175,3 +177,49 @@ def test_inference_flags_are_checked(digits, model, tmp_path):
                            (['--mode', 'export'], 'refuses to run on random weights')):
         result = train_py(digits, tmp_path / 'w', *flags, check=False)
         assert result.returncode == 2 and message in result.stderr, result.stderr[-1500:]
+
+
+GPU_RUN = ['--num-layers', '18', '--num-classes', '10', '--image-shape', '4,32,32', '--data-backend', 'synthetic',
+           '--num-examples', '64', '--batch-size', '8', '--mode', 'export', '--dtype', 'float16',
+           '--conv-layout', 'NHWC', '--batchnorm-layout', 'NHWC', '--pooling-layout', 'NHWC',
+           '--fuse-bn-relu', '1', '--fuse-bn-add-relu', '1', '--seed', '1']
+
+
+def gpu_checkpoint(path):
+    """A checkpoint as a GPU run writes it (float16, OHWI convolution weights, 4-channel stem), built on the
+    CPU by shape inference alone (no NHWC convolution runs here)."""
+    net = models.get_model(num_layers=18, num_classes=10, image_shape=(4, 32, 32), dtype='float16', device='gpu',
+                           conv_layout='NHWC', batchnorm_layout='NHWC', pooling_layout='NHWC')
+    net.initialize(mx.init.Xavier())
+    net.save_parameters(str(path))
+
+
+def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
+    """Export of a GPU run's configuration and checkpoint writes the portable network: float32, NCHW, 3 input
+    channels, computing what the float32 network with the same weights computes."""
+    onnxruntime = pytest.importorskip('onnxruntime')
+    gpu_checkpoint(tmp_path / 'model_best.params')
+    args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
+    args.device = 'gpu'
+    outputs = inference.export(args, workers.World('device'), train.get_loaders)
+    assert outputs['onnxruntime_max_difference'] < 1e-4
+    session = onnxruntime.InferenceSession(outputs['onnx'], providers=['CPUExecutionProvider'])
+    assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
+    cpu = models.get_model(num_layers=18, num_classes=10, image_shape=(3, 32, 32))
+    cpu.initialize()
+    checkpoint.load_weights(cpu, str(tmp_path / 'model_best.params'), resolved([]))
+    x = np.random.default_rng(0).normal(size=(2, 3, 32, 32)).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {'data': x})[0], cpu(mx.nd.array(x)).asnumpy(), atol=1e-4)
+    assert sorted(os.listdir(tmp_path / 'export')) == ['model-0000.params', 'model-symbol.json', 'model.onnx']
+
+
+def test_failed_export_writes_nothing(tmp_path, monkeypatch):
+    gpu_checkpoint(tmp_path / 'model_best.params')
+
+    def unsupported(*args):
+        raise NotImplementedError('no ONNX conversion for this operator')
+    monkeypatch.setattr(inference, 'write_onnx', unsupported)
+    with pytest.raises(RecipeError, match='exporting .*NotImplementedError: no ONNX conversion.*nothing was written'):
+        inference.export(resolved(GPU_RUN + ['--workspace', str(tmp_path)]), workers.World('device'),
+                         train.get_loaders)
+    assert os.listdir(tmp_path / 'export') == []
