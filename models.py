@@ -190,6 +190,14 @@ class Stack(HybridBlock):
         return x
 
 
+def batchnorm_kwargs(block):
+    """The operator arguments of a batchnorm block without `act_type`: NVIDIA's MXNet build keeps an `act_type`
+    in nn.BatchNorm._kwargs (stock MXNet has none). Passed on as it is, it would collide with the
+    act_type='relu' of the fused kernel ("got multiple values for keyword argument"), reach
+    BatchNormAddRelu, which takes no act_type, and turn a composed block's BatchNorm into a fused one."""
+    return {key: value for key, value in block._kwargs.items() if key != 'act_type'}
+
+
 class BatchNormReLU(nn.BatchNorm):
     """relu(batchnorm(x)) with `kernel` 'composed' (two ops), 'nvidia' (BatchNorm act_type='relu', NVIDIA's build)
     or 'onednn' (contrib.BatchNormWithReLU, CPU). Same parameters as nn.BatchNorm."""
@@ -202,13 +210,12 @@ class BatchNormReLU(nn.BatchNorm):
         return 'batchnorm'   # Gluon names parameters after the class: keep the names of nn.BatchNorm
 
     def hybrid_forward(self, F, x, gamma, beta, running_mean, running_var):
+        kwargs = batchnorm_kwargs(self)
         if self.kernel == 'nvidia':
-            return F.BatchNorm(x, gamma, beta, running_mean, running_var, act_type='relu', name='fwd',
-                               **self._kwargs)
+            return F.BatchNorm(x, gamma, beta, running_mean, running_var, act_type='relu', name='fwd', **kwargs)
         if self.kernel == 'onednn':
-            return F.contrib.BatchNormWithReLU(x, gamma, beta, running_mean, running_var, name='fwd',
-                                               **self._kwargs)
-        normalised = F.BatchNorm(x, gamma, beta, running_mean, running_var, name='fwd', **self._kwargs)
+            return F.contrib.BatchNormWithReLU(x, gamma, beta, running_mean, running_var, name='fwd', **kwargs)
+        normalised = F.BatchNorm(x, gamma, beta, running_mean, running_var, name='fwd', **kwargs)
         # Activation, not F.relu: in MXNet 1.9.1 `relu` has no oneDNN kernel, so each one reordered its input
         # out of oneDNN's blocked layout and back (ResNet-50 224px float32 inference 9 -> 16 img/s), and
         # neither the float32 nor the INT8 graph passes fuse it into the convolution (INT8 1.9x -> 2.8x).
@@ -227,10 +234,11 @@ class BatchNormAddReLU(nn.BatchNorm):
         return 'batchnorm'   # Gluon names parameters after the class: keep the names of nn.BatchNorm
 
     def hybrid_forward(self, F, x, addend, gamma, beta, running_mean, running_var):
+        kwargs = batchnorm_kwargs(self)
         if self.kernel == 'nvidia':
             return F.BatchNormAddRelu(data=x, addend=addend, gamma=gamma, beta=beta, moving_mean=running_mean,
-                                      moving_var=running_var, name='fwd', **self._kwargs)
-        normalised = F.BatchNorm(x, gamma, beta, running_mean, running_var, name='fwd', **self._kwargs)
+                                      moving_var=running_var, name='fwd', **kwargs)
+        normalised = F.BatchNorm(x, gamma, beta, running_mean, running_var, name='fwd', **kwargs)
         return F.Activation(normalised + addend, act_type='relu')   # not F.relu: see BatchNormReLU
 
 

@@ -318,6 +318,60 @@ def test_fused_requests_this_mxnet_cannot_honour(monkeypatch):
     assert {b.kernel for b in blocks_of(net, models.BatchNormAddReLU)} == {'nvidia'}
 
 
+class NvidiaKernels:
+    """CPU stand-ins for the operators of NVIDIA's MXNet build, with its signatures: BatchNorm takes an
+    act_type, BatchNormAddRelu does not. Each records the keywords it gets and computes with stock ops."""
+
+    def __init__(self):
+        self.calls = []
+        self.batchnorm = mx.nd.BatchNorm
+
+    def BatchNorm(self, x, gamma, beta, mean, var, act_type=None, **kwargs):
+        self.calls.append(('BatchNorm', dict(kwargs, act_type=act_type)))
+        out = self.batchnorm(x, gamma, beta, mean, var, **kwargs)
+        return mx.nd.Activation(out, act_type=act_type) if act_type else out
+
+    def BatchNormAddRelu(self, data, addend, gamma, beta, moving_mean, moving_var, **kwargs):
+        if 'act_type' in kwargs:
+            raise TypeError("BatchNormAddRelu() got an unexpected keyword argument 'act_type'")
+        self.calls.append(('BatchNormAddRelu', kwargs))
+        out = self.batchnorm(data, gamma, beta, moving_mean, moving_var, **kwargs)
+        return mx.nd.Activation(out + addend, act_type='relu')
+
+
+@pytest.mark.parametrize('stored_act_type', ['absent', None, 'relu'])
+def test_nvidia_fused_blocks_whatever_batchnorm_kwargs_hold(monkeypatch, stored_act_type):
+    """NVIDIA's build keeps act_type in nn.BatchNorm._kwargs: the fused blocks must neither pass it twice nor
+    hand it to BatchNormAddRelu, and must compute what the composed blocks compute."""
+    kernels = NvidiaKernels()
+    monkeypatch.setattr(mx.nd, 'BatchNorm', kernels.BatchNorm)
+    monkeypatch.setattr(mx.nd, 'BatchNormAddRelu', kernels.BatchNormAddRelu, raising=False)
+    x, addend = images((2, 4, 3, 3), seed=1) - 0.5, images((2, 4, 3, 3), seed=2) - 0.5
+    for cls, inputs in ((models.BatchNormReLU, (x,)), (models.BatchNormAddReLU, (x, addend))):
+        blocks = [cls(kernel, in_channels=4) for kernel in ('nvidia', 'composed')]
+        for block in blocks:
+            block.initialize()
+            rng = np.random.RandomState(3)
+            for param in (block.gamma, block.beta, block.running_mean, block.running_var):
+                param.set_data(mx.nd.array(rng.uniform(0.5, 1.5, param.shape)))
+            if stored_act_type != 'absent':
+                block._kwargs['act_type'] = stored_act_type
+        kernels.calls.clear()
+        fused = blocks[0](*inputs)
+        name, kwargs = kernels.calls[0]
+        if cls is models.BatchNormReLU:
+            assert name == 'BatchNorm' and kwargs['act_type'] == 'relu'
+        else:
+            assert name == 'BatchNormAddRelu' and 'act_type' not in kwargs
+        assert {k: v for k, v in kwargs.items() if k != 'act_type'} == \
+            dict(name='fwd', **{k: v for k, v in blocks[0]._kwargs.items() if k != 'act_type'})
+        kernels.calls.clear()
+        composed = blocks[1](*inputs)
+        assert [call[1]['act_type'] for call in kernels.calls] == [None]   # a plain BatchNorm, then the ReLU
+        assert_close(fused, composed)
+        assert fused.min() >= 0 and (fused == 0).sum() > 0
+
+
 def test_capability_probe_matches_the_installed_mxnet():
     available = models.fused_ops_available()
     assert available['nvidia_bn_add_relu'] == hasattr(mx.nd, 'BatchNormAddRelu')

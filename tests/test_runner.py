@@ -1,11 +1,15 @@
-"""runner: the derived train.py command lines of the seed README's commands (without launching), and a
-real two-worker CPU run on the demo dataset."""
+"""runner: the derived train.py command lines of the seed README's commands (without launching), per-node
+GPU ids, flag ranges and user errors reported once, and real two-worker CPU runs on the demo dataset (training,
+a worker's user error, SIGTERM / SIGUSR1 through the runner, resume)."""
 import importlib.machinery
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -125,3 +129,151 @@ def test_two_cpu_workers_train_on_the_demo_dataset(digits, tmp_path):
     assert records[0]['data']['batch_size'] == 32 and records[0]['data']['kv_store'] == 'horovod'
     epoch = [r for r in records if r['step'] == [0]][0]['data']
     assert epoch['val.accuracy'] > 0 and (tmp_path / 'model_last.state').exists()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Flag ranges, per-node GPU ids, user errors once
+
+HOROVOD = pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+RUN_ENV = dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' + os.environ['PATH'])
+
+
+@pytest.mark.parametrize('argv', [['-n', '0'], ['-n', '-2'], ['-l', '-1'], ['-l', '0'], ['-l', 'nan'], ['-b', '0'],
+                                  ['-e', '0'], ['--stop-timeout', '0']])
+def test_numeric_flags_are_range_checked_at_parse_time(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        runner.parse_args(argv)
+    assert exit_.value.code == 2 and 'error:' in capsys.readouterr().err
+
+
+def dry_run(monkeypatch, capsys, argv, gpus=8):
+    """(exit status, train.py flags as a dict of last values, stderr) of `runner --dry-run argv` on a mocked
+    machine with `gpus` GPUs."""
+    monkeypatch.setattr(runner, 'machine_gpus', lambda: gpus)
+    monkeypatch.setattr(runner, 'fused_kernels_available', lambda: True)
+    code = runner.main(argv + ['--dry-run'])
+    out, err = capsys.readouterr()
+    if code:
+        return code, {}, err
+    flags = out.strip().splitlines()[-1].split()
+    values = {flag: flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag.startswith('--')}
+    return code, values, err
+
+
+def test_gpu_ids_are_per_node(monkeypatch, capsys, tmp_path):
+    for name in ('SLURM_NTASKS_PER_NODE', 'SLURM_TASKS_PER_NODE', 'SLURM_LOCALID'):
+        monkeypatch.delenv(name, raising=False)
+    eight = '0,1,2,3,4,5,6,7'
+    code, flags, _ = dry_run(monkeypatch, capsys, ['-n', '16', '-H', 'a:8,b:8'])
+    assert code == 0 and flags['--gpus'] == eight and flags['--batch-size'] == str(16 * 192)
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('a slots=8\nb slots=8\n')
+    assert dry_run(monkeypatch, capsys, ['-n', '16', '--hostfile', str(hostfile)])[1]['--gpus'] == eight
+    assert dry_run(monkeypatch, capsys, ['-n', '12', '-H', 'a:4,b:4,c:4'])[1]['--gpus'] == '0,1,2,3'
+    assert dry_run(monkeypatch, capsys, ['-n', '4'])[1]['--gpus'] == '0,1,2,3'
+    monkeypatch.setenv('SLURM_NTASKS_PER_NODE', '8')
+    assert dry_run(monkeypatch, capsys, ['-n', '16', '--launcher', 'slurm'])[1]['--gpus'] == eight
+    monkeypatch.delenv('SLURM_NTASKS_PER_NODE')
+    monkeypatch.setenv('SLURM_TASKS_PER_NODE', '4(x3),2')
+    assert dry_run(monkeypatch, capsys, ['-n', '14', '--launcher', 'slurm'])[1]['--gpus'] == '0,1,2,3'
+    monkeypatch.delenv('SLURM_TASKS_PER_NODE')
+    monkeypatch.setenv('SLURM_LOCALID', '3')   # SLURM says nothing more: this node's GPUs
+    assert dry_run(monkeypatch, capsys, ['-n', '16', '--launcher', 'slurm'])[1]['--gpus'] == eight
+
+
+@pytest.mark.parametrize('argv,env,message', [
+    (['-n', '16', '-H', 'a:16'], {}, 'asks for 16 workers on one node but this machine has 8 GPUs'),
+    (['-n', '16', '-H', 'a:8'], {}, '-n 16 but -H a:8 has 8 slots'),
+    (['-n', '16', '-H', 'a,b'], {}, 'expected host:slots'),
+    (['-n', '16', '--hostfile', '/nonexistent/hosts'], {}, '--hostfile /nonexistent/hosts'),
+    (['-n', '32', '--launcher', 'slurm'], {'SLURM_TASKS_PER_NODE': '16(x2)'}, 'SLURM runs 16 tasks on this node'),
+    (['-n', '9'], {}, '-n 9 but this machine has 8 GPUs')])
+def test_node_requests_beyond_the_gpus_are_refused(monkeypatch, capsys, argv, env, message):
+    for name in ('SLURM_NTASKS_PER_NODE', 'SLURM_TASKS_PER_NODE', 'SLURM_LOCALID'):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, _, err = dry_run(monkeypatch, capsys, argv)
+    assert code == 2 and err.count('error:') == 1 and message in err, err
+
+
+def run_runner(argv, timeout=120):
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'runner')] + argv, capture_output=True, text=True,
+                          env=RUN_ENV, timeout=timeout)
+
+
+def test_user_errors_before_launch_come_out_once(digits):
+    rec = str(digits / 'rec')
+    for argv, message in [(['--data-root', '/nonexistent'], "training data '/nonexistent/train.rec' not found"),
+                          (['--data-root', rec, '--no-such-flag'], 'unrecognized arguments: --no-such-flag'),
+                          (['--data-root', rec, '--num-layers', 'x'], "argument --num-layers"),
+                          (['--data-root', rec, '--mode', 'val', '--data-val', '/nonexistent/v.rec'],
+                           "validation data '/nonexistent/v.rec' not found")]:
+        start = time.time()
+        result = run_runner(['-n', '2', '-b', '16', '--image-shape', '3,32,32', '--data-val-resize', '32'] + argv)
+        output = result.stdout + result.stderr
+        assert result.returncode == 2 and output.count('error:') == 1 and message in result.stderr, output
+        assert 'Traceback' not in output and 'horovodrun' not in output
+        assert time.time() - start < 30   # nothing was launched
+    result = run_runner(['-n', '2', '--data-root', '/nonexistent', '--dry-run'])   # a dry run reads no files
+    assert result.returncode == 0 and result.stdout.splitlines()[-1].startswith('horovodrun')
+
+
+def demo_argv(digits, workspace, examples=256, extra=()):
+    return ['-n', '2', '-b', '16', '-e', '1', '--data-root', str(digits / 'rec'), '--data-backend', 'dali-cpu',
+            '--image-shape', '3,32,32', '--num-classes', '10', '--data-val-resize', '32', '--num-layers', '18',
+            '--num-examples', str(examples), '--workspace', str(workspace), '--dali-threads', '1',
+            '--dali-validation-threads', '1'] + list(extra)
+
+
+@HOROVOD
+def test_a_worker_user_error_after_launch_comes_out_once(digits, tmp_path):
+    result = run_runner(demo_argv(digits, tmp_path, extra=['--optimizer', 'nosuch']))
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert output.count('error:') == 1 and 'error: --optimizer nosuch' in result.stderr
+    assert 'Traceback' not in output and 'RuntimeError' not in output
+
+
+def interrupted_run(argv, signum, timeout=90):
+    """Start the runner, send `signum` after the first iteration's log line; returns (exit status, output,
+    seconds from the signal to the exit, the runner's descendants and its train.py workers seen just before
+    the signal)."""
+    import psutil
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, 'runner')] + argv, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=RUN_ENV, start_new_session=True)
+    watchdog = threading.Timer(timeout, lambda: os.killpg(process.pid, signal.SIGKILL))
+    watchdog.start()
+    lines, descendants, workers, sent = [], [], [], None
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if sent is None and 'Iteration:' in line:
+                descendants = psutil.Process(process.pid).children(recursive=True)
+                workers = [p for p in descendants if p.cmdline()[1:2] == [os.path.join(ROOT, 'train.py')]]
+                sent = time.time()
+                process.send_signal(signum)
+        code = process.wait()
+    finally:
+        watchdog.cancel()
+    return code, ''.join(lines), time.time() - (sent or time.time()), descendants, workers
+
+
+@HOROVOD
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGUSR1])
+def test_signal_to_the_runner_stops_every_worker_with_the_state_written(digits, tmp_path, signum):
+    import psutil
+    import checkpoint
+    argv = demo_argv(digits, tmp_path, examples=1024, extra=['--disp-batches', '1'])
+    code, output, seconds, descendants, workers = interrupted_run(argv, signum)
+    assert code == 0 and seconds < 20, output[-3000:]
+    assert 'Traceback' not in output and 'Stopped at epoch 0' in output and len(workers) == 2
+    print(f'signal {signum}: exit {seconds:.1f} s after it')
+    left = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, left
+    _, _, meta = checkpoint.read_state(str(tmp_path / 'model_last.state'))
+    assert meta['epoch'] == 0 and meta['iteration'] > 0
+    code, output, _, descendants, _ = interrupted_run(argv, signal.SIGTERM)   # the next run resumes
+    assert code == 0 and 'Resuming from' in output, output[-3000:]
+    assert checkpoint.read_state(str(tmp_path / 'model_last.state'))[2]['iteration'] > meta['iteration']
+    assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
