@@ -2,7 +2,7 @@
 
 train.py builds everything this needs and calls, for --mode train and train_val:
 
-    meta = fit.train(args, net, world, train.get_loaders, dllogger)   # meta['history']: per-epoch metrics
+    meta = fit.train(args, net, world, train.get_loaders, dllogger, fit.StopRequest())   # meta['history']
 
 What happens, in order:
 1. The state to start from (checkpoint.training_start): --load FILE (a .params file or a .state file), else
@@ -324,12 +324,11 @@ def stop_agreed(stop, world, done, every):
 # The run
 
 
-def train(args, net, world, get_loaders, dllogger):
+def train(args, net, world, get_loaders, dllogger, stop):
     """--mode train / train_val: the epoch loop with validation and checkpoints; returns the checkpoint
     meta (its 'history' holds the metrics of every epoch). The loaders come from
     `get_loaders(args, rank, workers, train=..., val=...)` once the state to start from, and so the seed
-    that orders the data, is known."""
-    stop = StopRequest()
+    that orders the data, is known. `stop` (a StopRequest) says when a signal asked the run to stop."""
     state = checkpoint.training_start(args, net)
     step = TrainingStep(args, net, world)
     if world.horovod is not None:

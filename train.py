@@ -143,7 +143,7 @@ def measure_loader(args, world, dllogger):
     dllogger.log((), {f'{args.test_io_mode}.ips': float(np.mean(rates))})
 
 
-def run_mode(args, net, world, dllogger):
+def run_mode(args, net, world, dllogger, stop):
     """Run args.mode (or --test-io) on `net`, write report.json and the DLLogger summary."""
     if args.test_io:
         measure_loader(args, world, dllogger)
@@ -160,7 +160,7 @@ def run_mode(args, net, world, dllogger):
     if args.mode == 'val':
         summary, history = inference.evaluate(args, net, world, get_loaders, dllogger)
     else:
-        history = fit.train(args, net, world, get_loaders, dllogger)['history']
+        history = fit.train(args, net, world, get_loaders, dllogger, stop)['history']
         summary = fit.training_summary(history)
     logs.write_report(args, world.rank, world.size, history, summary)
     mx.nd.waitall()
@@ -172,6 +172,8 @@ def run_mode(args, net, world, dllogger):
 def run(args):
     """Everything after parsing: world, hardware, checks, model, then the mode."""
     args.start_time = time.time()
+    # Training catches SIGTERM/SIGUSR1 from the start, so a signal during start-up stops it cleanly too.
+    stop = fit.StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
     world = workers.World(args.kv_store)
     for folder in {args.workspace, args.logdir or args.workspace}:
         logs.check_workspace(folder)
@@ -191,7 +193,7 @@ def run(args):
         workers.resolve_seed(args, world)
         net.initialize(ctx=args.contexts)
         net.hybridize(static_alloc=True, static_shape=True)
-        run_mode(args, net, world, dllogger)
+        run_mode(args, net, world, dllogger, stop)
     finally:
         dllogger.close()
 
