@@ -1,5 +1,11 @@
-"""fit.py: schedule, targets, loss scaling, and the training step in float16 and on several devices."""
+"""fit.py and losses.py: schedule, targets, loss scaling, and the training step in float16, on several devices
+and on several workers."""
+import json
 import math
+import os
+import shutil
+import subprocess
+import sys
 
 import mxnet as mx
 import numpy as np
@@ -8,8 +14,8 @@ from mxnet import gluon
 
 import fit
 import losses
-import workers
-from conftest import resolved
+from conftest import ROOT
+from float16_twin import Float16Net, batch_of, step_for
 from errors import RecipeError
 
 
@@ -95,36 +101,6 @@ def test_dynamic_loss_scale_halves_on_overflow_and_grows():
 
 # ---- the training step with float16 and several devices, on the CPU (twins of the GPU paths) ---------------
 
-class Float16Net(gluon.HybridBlock):
-    """logits = mean over pixels of BatchNorm(x), times a (classes, channels) matrix: only operators MXNet
-    runs in float16 on a CPU (it has no float16 convolution or dense there). After cast('float16') the
-    matrix is float16 and the batchnorm parameters stay float32, as in the recipe's float16 ResNet."""
-
-    def __init__(self, classes=3, channels=4, batchnorm=True):
-        super().__init__()
-        with self.name_scope():
-            self.bn = gluon.nn.BatchNorm(in_channels=channels) if batchnorm else None
-            self.weight = self.params.get('weight', shape=(classes, channels), init=mx.init.Normal(0.5))
-
-    def hybrid_forward(self, F, x, weight):
-        features = F.mean(self.bn(x) if self.bn is not None else x, axis=(2, 3))
-        return F.sum(F.broadcast_mul(features.expand_dims(1), weight.expand_dims(0)), axis=2).astype('float32')
-
-
-def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8):
-    args = resolved(['--batch-size', str(batch), '--lr', '0.1', '--wd', '0', '--label-smoothing', '0.1',
-                     '--num-classes', '3', '--seed', '1', '--kv-store', 'device'])
-    args.dtype, args.contexts = dtype, list(contexts)
-    net.initialize(ctx=args.contexts)
-    if dtype == 'float16':
-        net.cast('float16')
-    return fit.TrainingStep(args, net, workers.World('device'))
-
-
-def batch_of(values, labels, dtype='float32'):
-    return mx.io.DataBatch(data=[mx.nd.array(values, dtype=dtype)], label=[mx.nd.array(labels)])
-
-
 def test_float16_step_with_loss_scaling_skips_overflows_and_grows():
     """The GPU default (--dtype float16 without AMP): float16 and float32 gradients side by side (they
     crashed multi_all_finite before), float32 master weights, growth after clean steps, a skipped step on an
@@ -167,3 +143,17 @@ def test_two_devices_in_one_process_follow_one_device():
         trajectories.append([float(step.run(b, 0, i, 0.5).asscalar()) for i, b in enumerate(batches)])
     np.testing.assert_allclose(trajectories[1], trajectories[0], rtol=1e-5)
     assert trajectories[0][-1] < trajectories[0][0]
+
+
+@pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+def test_an_overflow_on_one_worker_skips_the_step_on_every_worker(tmp_path):
+    """2 Gloo workers in float16: rank 1 alone meets an inf; after the all-reduce both skip that step, halve
+    the same scale and keep identical weights."""
+    output = tmp_path / 'workers.json'
+    result = subprocess.run(['horovodrun', '-np', '2', '--gloo', sys.executable,
+                             os.path.join(ROOT, 'tests', 'float16_twin.py'), str(output)],
+                            capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = json.loads(output.read_text())
+    assert [(r['scale'], r['skipped'], r['clean_steps']) for r in ranks] == [(4.0, 1.0, 1.0)] * 2   # 8 halved
+    assert ranks[0]['weight'] == ranks[1]['weight']
