@@ -115,20 +115,27 @@ def test_dry_run_prints_command():
 
 
 @pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
-def test_two_cpu_workers_train_on_the_demo_dataset(digits, tmp_path):
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '16', '-e', '1', '--data-root',
-         str(digits / 'rec'), '--data-backend', 'dali-cpu', '--image-shape', '3,32,32', '--num-classes', '10',
-         '--data-val-resize', '32', '--num-layers', '18', '--num-examples', '256', '--workspace', str(tmp_path),
-         '--dali-threads', '1', '--dali-validation-threads', '1'],
-        capture_output=True, text=True, env=dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' +
-                                                 os.environ['PATH']))
-    assert result.returncode == 0, result.stderr[-3000:]
-    import logs
-    records = logs.read_dllogger(str(tmp_path / 'dllogger_log.log'))
-    assert records[0]['data']['batch_size'] == 32 and records[0]['data']['kv_store'] == 'horovod'
-    epoch = [r for r in records if r['step'] == [0]][0]['data']
-    assert epoch['val.accuracy'] > 0 and (tmp_path / 'model_last.state').exists()
+def test_two_cpu_workers_on_one_node_and_on_two_nodes_train_alike(digits, tmp_path):
+    """Two workers on this machine, then the same two as two "nodes": horovodrun takes localhost and
+    127.0.0.1 for two hosts, so each worker has local rank 0 (the multi-node path, per-node GPU ids) and the
+    run must follow the one-node run."""
+    epochs = []
+    for name, hosts in (('one', []), ('two', ['-H', 'localhost:1,127.0.0.1:1'])):
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '16', '-e', '1', *hosts, '--data-root',
+             str(digits / 'rec'), '--data-backend', 'dali-cpu', '--image-shape', '3,32,32', '--num-classes', '10',
+             '--data-val-resize', '32', '--num-layers', '18', '--num-examples', '256', '--seed', '5',
+             '--workspace', str(tmp_path / name), '--dali-threads', '1', '--dali-validation-threads', '1'],
+            capture_output=True, text=True, env=dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' +
+                                                     os.environ['PATH']))
+        assert result.returncode == 0, result.stderr[-3000:]
+        import logs
+        records = logs.read_dllogger(str(tmp_path / name / 'dllogger_log.log'))
+        assert records[0]['data']['batch_size'] == 32 and records[0]['data']['kv_store'] == 'horovod'
+        epoch = [r for r in records if r['step'] == [0]][0]['data']
+        assert epoch['val.accuracy'] > 0 and (tmp_path / name / 'model_last.state').exists()
+        epochs.append({k: v for k, v in epoch.items() if not k.endswith(('ips', 'latency_avg'))})
+    assert epochs[1] == pytest.approx(epochs[0], rel=1e-6)
 
 
 # --------------------------------------------------------------------------------------------------------
