@@ -1,0 +1,241 @@
+#!/usr/bin/env python
+"""Acceptance pass of every GPU path: the first command to run in NVIDIA's MXNet container.
+
+    python scripts/gpu_check.py                      # all GPUs of this machine
+    python scripts/gpu_check.py --gpus 2 -o gpu_check.json
+    python scripts/gpu_check.py --device cpu         # the CPU twins of the same paths (what CI runs)
+
+Each check is a short run of the recipe (ResNet-18 at 32x32 on a small set: seconds, not minutes) and a
+test of its outcome. On GPUs:
+
+    float16        the default GPU run: float16 with float32 master weights and dynamic loss scaling,
+                   NHWC convolution/batchnorm/pooling, NVIDIA's fused batchnorm kernels where MXNet has them
+    amp            --amp: float32 weights, AMP float16 with its loss scaler
+    dali-gpu       DALI decoding on the GPU (nvJPEG) of a real JPEG RecordIO set (the digits, made here)
+    kvstore-device one process driving every GPU (--kv-store device)
+    horovod        one Horovod worker per GPU (NCCL)
+    export         ONNX of the float16 run's checkpoint, checked against MXNet with onnxruntime
+
+With --device cpu each check runs its CPU twin, the same recipe code on this CPU: float16 -> the recipe's
+float16 step on CPU-capable operators with 2 Gloo workers and an inf on one of them (tests/float16_twin.py);
+amp -> bfloat16 AMP (needs AVX-512, else reported as skipped); dali-gpu -> dali-cpu; kvstore-device -> the
+step over two CPU contexts against one (pytest); horovod -> 2 Gloo workers; export -> ONNX of a checkpoint
+written in the GPU layout. Prints a table (check, verdict, seconds, detail) and writes JSON with -o.
+Exit status 0 when every check passes (or is skipped for a stated reason), 1 otherwise, 2 without a GPU and
+without --device cpu.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+SMALL = ['-b', '16', '-e', '1', '--num-layers', '18', '--image-shape', '3,32,32', '--num-classes', '10',
+         '--data-val-resize', '32', '--num-examples', '128', '--seed', '1', '--disp-batches', '2']
+CHECKS = ('float16', 'amp', 'dali-gpu', 'kvstore-device', 'horovod', 'export')
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--device', default='gpu', choices=['gpu', 'cpu'],
+                        help='gpu: check the GPU paths; cpu: run their CPU twins')
+    parser.add_argument('--gpus', type=int, default=None, help='GPUs to use (default: all)')
+    parser.add_argument('--only', default=','.join(CHECKS), help='comma-separated checks to run')
+    parser.add_argument('--workdir', default=None, help='where runs and data go (default: a temporary folder)')
+    parser.add_argument('-o', '--output', default=None, help='write the results as JSON here')
+    return parser.parse_args(argv)
+
+
+def run(command, timeout=900):
+    """(exit status, stdout + stderr) of a command with the venv's tools on PATH."""
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', ''))
+    try:
+        result = subprocess.run([str(c) for c in command], cwd=ROOT, capture_output=True, text=True, env=env,
+                                timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124, f'timed out after {timeout} s'
+    return result.returncode, result.stdout + result.stderr
+
+
+def runner(*argv):
+    return [sys.executable, os.path.join(ROOT, 'runner'), *argv]
+
+
+def last_error(output):
+    lines = [line for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if 'error' in line.lower()]
+    return (errors or lines or ['no output'])[-1][-300:]
+
+
+def epoch_metrics(workspace):
+    import logs
+    records = logs.read_dllogger(os.path.join(workspace, 'dllogger_log.log'))
+    return [r['data'] for r in records if isinstance(r['step'], list) and len(r['step']) == 1]
+
+
+def trained(workspace, status, output):
+    """(passed, detail) of a training run: exit 0, finite loss, a state written."""
+    if status != 0:
+        return False, last_error(output)
+    metrics = epoch_metrics(workspace)
+    loss = metrics[-1].get('train.loss') if metrics else None
+    if loss is None or loss != loss or not os.path.exists(os.path.join(workspace, 'model_last.state')):
+        return False, f'no finite training loss or no state (loss {loss})'
+    return True, f'train.loss {loss:.4f}, {metrics[-1].get("train.ips", 0):.1f} img/s'
+
+
+def digits_dataset(workdir):
+    """The demo digits as RecordIO (made once per workdir): real JPEGs for the DALI checks."""
+    folder = os.path.join(workdir, 'digits')
+    if not os.path.exists(os.path.join(folder, 'rec', 'val.idx')):
+        for command in ([sys.executable, os.path.join(HERE, 'make_demo_dataset.py'), os.path.join(folder, 'images')],
+                        [sys.executable, os.path.join(HERE, 'prepare_dataset.py'), os.path.join(folder, 'images'),
+                         os.path.join(folder, 'rec'), '--names', os.path.join(folder, 'images', 'names.txt')]):
+            status, output = run(command)
+            if status:
+                raise RuntimeError(f'could not build the digits dataset: {last_error(output)}')
+    return os.path.join(folder, 'rec')
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The checks: each returns (passed, detail), or (None, reason) when it cannot run here
+
+
+def check_float16(options, workdir):
+    if options.device == 'cpu':
+        output_file = os.path.join(workdir, 'float16_twin.json')
+        status, output = run(['horovodrun', '-np', '2', '--gloo', sys.executable,
+                              os.path.join(ROOT, 'tests', 'float16_twin.py'), output_file])
+        if status:
+            return False, last_error(output)
+        with open(output_file) as f:
+            ranks = json.load(f)
+        same = ranks[0]['weight'] == ranks[1]['weight'] and all(r['skipped'] == 1 for r in ranks)
+        return same, f'2 workers, inf on rank 1: skipped {[r["skipped"] for r in ranks]}, scale ' \
+                     f'{[r["scale"] for r in ranks]}, weights {"equal" if same else "DIFFER"}'
+    workspace = os.path.join(workdir, 'float16')
+    status, output = run(runner('-n', '1', *SMALL, '--image-shape', '4,32,32', '--data-backend', 'synthetic',
+                                '--workspace', workspace))
+    passed, detail = trained(workspace, status, output)
+    fused = '--fuse-bn-relu 1' in output
+    return passed, f'{detail}; NHWC layers, fused batchnorm kernels {"on" if fused else "off (not in this MXNet)"}'
+
+
+def check_amp(options, workdir):
+    workspace = os.path.join(workdir, 'amp')
+    status, output = run(runner('-n', '1', *SMALL, '--data-backend', 'synthetic', '--amp', '--dtype', 'float32',
+                                '--workspace', workspace))
+    if options.device == 'cpu' and status == 2 and 'needs an AVX-512 CPU' in output:
+        return None, 'bfloat16 needs AVX-512: skipped on this CPU'
+    return trained(workspace, status, output)
+
+
+def check_dali(options, workdir):
+    backend = 'dali-gpu' if options.device == 'gpu' else 'dali-cpu'
+    workspace = os.path.join(workdir, backend)
+    status, output = run(runner('-n', '1', *SMALL, '--data-backend', backend, '--data-root',
+                                digits_dataset(workdir), '--workspace', workspace, '--dali-threads', '2'))
+    passed, detail = trained(workspace, status, output)
+    return passed, f'{backend}: {detail}'
+
+
+def check_kvstore_device(options, workdir):
+    if options.device == 'cpu':
+        status, output = run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                              os.path.join(ROOT, 'tests', 'test_fit.py'), '-k', 'two_devices'])
+        return status == 0, 'two CPU contexts follow one (tests/test_fit.py)' if status == 0 else last_error(output)
+    workspace = os.path.join(workdir, 'kvstore-device')
+    status, output = run(runner('-n', str(options.gpus), '--kv-store', 'device', *SMALL, '--data-backend',
+                                'synthetic', '--workspace', workspace))
+    return trained(workspace, status, output)
+
+
+def check_horovod(options, workdir):
+    workers = 2 if options.device == 'cpu' else options.gpus
+    workspace = os.path.join(workdir, 'horovod')
+    status, output = run(runner('-n', str(workers), *SMALL, '--data-backend', 'synthetic', '--workspace', workspace))
+    passed, detail = trained(workspace, status, output)
+    return passed, f'{workers} workers ({"Gloo" if options.device == "cpu" else "NCCL"}): {detail}'
+
+
+def check_export(options, workdir):
+    source = os.path.join(workdir, 'float16', 'model_last.state')
+    if options.device == 'cpu':
+        source = os.path.join(workdir, 'gpu_layout.params')
+        gpu_layout_checkpoint(source)
+    if not os.path.exists(source):
+        return None, 'needs the float16 check first'
+    workspace = os.path.join(workdir, 'export')
+    status, output = run(runner('-n', '1', '--mode', 'export', '--load', source, *SMALL, '--image-shape', '4,32,32',
+                                '--data-backend', 'synthetic', '--workspace', workspace))
+    if status:
+        return False, last_error(output)
+    with open(os.path.join(workspace, 'report.json')) as f:
+        difference = json.load(f)['summary'].get('onnxruntime_max_difference')
+    passed = difference is not None and difference < 1e-3
+    return passed, f'ONNX float32 NCHW, onnxruntime vs MXNet max |difference| {difference}'
+
+
+def gpu_layout_checkpoint(path):
+    """A checkpoint as a float16 GPU run writes it (OHWI weights, 4-channel stem), by shape inference alone."""
+    import mxnet as mx
+    import models
+    net = models.get_model(num_layers=18, num_classes=10, image_shape=(4, 32, 32), dtype='float16', device='gpu',
+                           conv_layout='NHWC', batchnorm_layout='NHWC', pooling_layout='NHWC')
+    net.initialize(mx.init.Xavier())
+    net.save_parameters(path)
+
+
+RUNS = {'float16': check_float16, 'amp': check_amp, 'dali-gpu': check_dali,
+        'kvstore-device': check_kvstore_device, 'horovod': check_horovod, 'export': check_export}
+
+
+def verdict(passed):
+    return {True: 'PASS', False: 'FAIL', None: 'SKIP'}[passed]
+
+
+def main(argv=None):
+    options = parse_args(argv)
+    wanted = [name for name in options.only.split(',') if name]
+    unknown = sorted(set(wanted) - set(CHECKS))
+    if unknown:
+        print(f'error: unknown checks {", ".join(unknown)}: choose from {", ".join(CHECKS)}', file=sys.stderr)
+        return 2
+    import mxnet as mx
+    gpus = mx.context.num_gpus()
+    if options.device == 'gpu' and gpus == 0:
+        print('error: no GPU found: this script checks the GPU paths; run it with --device cpu for their CPU '
+              'twins', file=sys.stderr)
+        return 2
+    options.gpus = options.gpus or gpus
+    workdir = options.workdir or tempfile.mkdtemp(prefix='gpu_check.')
+    os.makedirs(workdir, exist_ok=True)
+    results = []
+    for name in CHECKS:
+        if name not in wanted:
+            continue
+        start = time.time()
+        try:
+            passed, detail = RUNS[name](options, workdir)
+        except Exception as e:     # a check that breaks is a failed check, and the others still run
+            passed, detail = False, f'{type(e).__name__}: {e}'
+        results.append({'check': name, 'verdict': verdict(passed), 'seconds': round(time.time() - start, 1),
+                        'detail': detail})
+        print(f'{name:15s} {results[-1]["verdict"]:5s} {results[-1]["seconds"]:7.1f} s  {detail}', flush=True)
+    report = {'device': options.device, 'gpus': options.gpus if options.device == 'gpu' else 0,
+              'workdir': workdir, 'results': results}
+    print(json.dumps(report))
+    if options.output:
+        with open(options.output, 'w') as f:
+            json.dump(report, f, indent=2)
+    return 0 if all(r['verdict'] != 'FAIL' for r in results) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
