@@ -30,7 +30,13 @@ Semantics shared by every backend:
 import io
 import logging
 import os
+import shutil
 import struct
+import tempfile
+import threading
+import warnings
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import mxnet as mx
 import numpy as np
@@ -220,11 +226,20 @@ def get_loaders(args, rank=0, num_workers=1, train=True, val=True):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# RecordIO files: checks done once before training
+# RecordIO files: read record by record, checked as they are read
+
+# Start-up checks read this many record headers (evenly spaced, first and last included): a small dataset is
+# checked whole before training, a large one gets each batch's records checked as they are read.
+STARTUP_CHECKS = 256
 
 
 class RecordFile:
-    """A .rec file and its .idx, checked: the index offsets point at records, labels are in range."""
+    """A .rec file and its .idx. Opening it parses the index (one numpy call, not a Python loop: 1.28 M
+    entries in well under a second) and checks STARTUP_CHECKS records; `read` checks every record it returns
+    (the index lands on a record header, the label is an integer in [0, num_classes)), so a bad record fails
+    with its file and index before its batch reaches the network. Records are read with positioned reads
+    (os.pread releases the GIL, so a background thread can read ahead; no mmap, whose page faults would hold
+    the GIL and stall on a network filesystem)."""
 
     def __init__(self, rec_path, idx_path, num_classes, what):
         if not rec_path or not os.path.exists(rec_path):
@@ -233,49 +248,96 @@ class RecordFile:
         if not os.path.exists(idx_path):
             raise RecipeError(f'{what} index {idx_path!r} not found: make it with scripts/prepare_dataset.py '
                               '(or im2rec.py) next to the .rec, or pass --data-{train,val}-idx')
-        self.rec_path, self.idx_path, self.what = rec_path, idx_path, what
+        self.rec_path, self.idx_path, self.what, self.num_classes = rec_path, idx_path, what, num_classes
         self.offsets = read_index(idx_path)
         if len(self.offsets) == 0:
             raise RecipeError(f'{what} index {idx_path} lists no records')
-        self.labels = self._read_labels()
-        bad = np.flatnonzero((self.labels < 0) | (self.labels >= num_classes) | (self.labels != np.floor(
-            self.labels)))
-        if len(bad):
-            raise RecipeError(f'{what} record {int(bad[0])} of {rec_path} has label {self.labels[bad[0]]:g}, outside '
-                              f'[0, {num_classes}) ({len(bad)} such records): check --num-classes')
+        self.size = os.path.getsize(rec_path)
+        outside = np.flatnonzero((self.offsets < 0) | (self.offsets + 32 > self.size))
+        if len(outside):
+            self._not_a_record(int(outside[0]))
+        self.fd = os.open(rec_path, os.O_RDONLY)
+        self.read(np.unique(np.linspace(0, len(self) - 1, min(len(self), STARTUP_CHECKS)).astype(np.int64)))
 
     def __len__(self):
         return len(self.offsets)
 
-    def _read_labels(self):
-        """Each record's label from its header, after checking the .idx offsets land on record headers."""
-        size = os.path.getsize(self.rec_path)
-        labels = np.empty(len(self.offsets), dtype=np.float64)
-        with open(self.rec_path, 'rb') as f:
-            for i, offset in enumerate(self.offsets):
-                f.seek(offset)
-                head = f.read(8 + 24)
-                if offset >= size or len(head) < 32 or struct.unpack('<I', head[:4])[0] != RECORD_MAGIC:
-                    raise RecipeError(f'{self.what} index {self.idx_path} does not match {self.rec_path}: entry {i} '
-                                      f'(offset {offset}) is not a record. Rebuild the index with the data')
-                flag, label = struct.unpack('<If', head[8:16])
-                labels[i] = label if flag == 0 else np.nan
-        return labels
+    def __del__(self):
+        if getattr(self, 'fd', None) is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __getstate__(self):
+        raise TypeError('RecordFile holds an open file; open it again in the other process')
+
+    def _not_a_record(self, index):
+        raise RecipeError(f'{self.what} index {self.idx_path} does not match {self.rec_path}: entry {index} '
+                          f'(offset {int(self.offsets[index])}) is not a record. Rebuild the index with the data')
+
+    def read(self, indices, whole=False):
+        """(list of bytes, float32 labels) for the records `indices`: the encoded images, or with whole=True
+        the complete records as stored (header and padding included, ready to be written to another .rec)."""
+        payloads, labels = [], np.empty(len(indices), np.float32)
+        for n, index in enumerate(indices):
+            offset = int(self.offsets[index])
+            head = os.pread(self.fd, 32, offset)
+            if len(head) < 32:
+                self._not_a_record(index)
+            magic, length, flag, label = struct.unpack('<IIIf', head[:16])
+            length, continued = length & ((1 << 29) - 1), length >> 29
+            if magic != RECORD_MAGIC or offset + 8 + length > self.size or length < 24 + 4 * flag:
+                self._not_a_record(index)
+            labels[n] = label if flag == 0 else np.nan
+            if continued:      # rare: a payload containing the magic word is stored in parts
+                record, payload = self._read_parts(index, offset)
+                payloads.append(record if whole else payload[24 + 4 * flag:])
+            elif whole:
+                payloads.append(os.pread(self.fd, 8 + (length + 3) // 4 * 4, offset))
+            else:
+                payloads.append(os.pread(self.fd, length - 24 - 4 * flag, offset + 32 + 4 * flag))
+        bad = np.flatnonzero(~((labels >= 0) & (labels < self.num_classes) & (labels == np.floor(labels))))
+        if len(bad):
+            raise RecipeError(f'{self.what} record {int(indices[bad[0]])} of {self.rec_path} has label '
+                              f'{labels[bad[0]]:g}, outside [0, {self.num_classes}): check --num-classes')
+        return payloads, labels
+
+    def _read_parts(self, index, offset):
+        """(stored bytes, joined payload) of a record written in parts (upper 3 bits of the length: 1 first,
+        2 middle, 3 last); the parts are joined with the magic word that split them."""
+        start, parts = offset, []
+        while True:
+            head = os.pread(self.fd, 8, offset)
+            magic, length = struct.unpack('<II', head) if len(head) == 8 else (0, 0)
+            if magic != RECORD_MAGIC:
+                self._not_a_record(index)
+            parts.append(os.pread(self.fd, length & ((1 << 29) - 1), offset + 8))
+            offset += 8 + ((length & ((1 << 29) - 1)) + 3) // 4 * 4
+            if length >> 29 in (0, 3):
+                break
+        return os.pread(self.fd, offset - start, start), struct.pack('<I', RECORD_MAGIC).join(parts)
 
 
 def read_index(idx_path):
-    """Byte offsets of the records, in index order, from an im2rec-style .idx (key<TAB>offset lines)."""
+    """Byte offsets of the records, in index order, from an im2rec-style .idx (key<TAB>offset lines): one
+    numpy parse of the whole file; a file it cannot parse is read again line by line to name the bad line."""
+    with open(idx_path, 'rb') as f:
+        text = f.read()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', DeprecationWarning)
+        numbers = np.fromstring(text, dtype=np.int64, sep=' ') if text.strip() else np.empty(0, np.int64)
+    lines = text.count(b'\n') + (0 if text.endswith(b'\n') or not text else 1)
+    if len(numbers) == 2 * lines:
+        return numbers[1::2].copy()
     offsets = []
-    with open(idx_path) as f:
-        for number, line in enumerate(f, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            try:
-                offsets.append(int(fields[1]))
-            except (IndexError, ValueError):
-                raise RecipeError(f'{idx_path} line {number} is not "key<TAB>offset": {line.strip()!r}') from None
-    return offsets
+    for number, line in enumerate(text.decode(errors='replace').splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        try:
+            offsets.append(int(fields[1]))
+        except (IndexError, ValueError):
+            raise RecipeError(f'{idx_path} line {number} is not "key<TAB>offset": {line.strip()!r}') from None
+    return np.array(offsets, dtype=np.int64)
 
 
 def read_record(f, offset):
@@ -287,23 +349,25 @@ def read_record(f, offset):
     return flag, label, payload[24 + 4 * flag:]
 
 
-def find_undecodable(records, first, count):
-    """Index of the first record in [first, first + count) whose image does not fully decode, else None.
-    Pillow is strict about truncated files, as DALI's and OpenCV's decoders are."""
+def find_undecodable(records, indices):
+    """The first of the records `indices` whose image does not fully decode, else None. Pillow is strict
+    about truncated files, as DALI's and OpenCV's decoders are."""
     from PIL import Image
-    with open(records.rec_path, 'rb') as f:
-        for index in range(first, min(first + count, len(records))):
-            try:
-                with Image.open(io.BytesIO(read_record(f, records.offsets[index])[2])) as image:
-                    image.load()
-            except Exception:  # Pillow raises many types for bad data; any of them means undecodable
-                return index
+    for index in indices:
+        try:
+            with Image.open(io.BytesIO(records.read([index])[0][0])) as image:
+                image.load()
+        except RecipeError:
+            raise
+        except Exception:  # Pillow raises many types for bad data; any of them means undecodable
+            return int(index)
     return None
 
 
-def undecodable_message(records, first, count, error):
-    """A RecipeError message for a decoder failure: which record, and what to do."""
-    bad = find_undecodable(records, first, count)
+def undecodable_message(records, indices, error):
+    """A RecipeError message for a decoder failure among the records `indices` (those in flight): which
+    record, and what to do."""
+    bad = find_undecodable(records, indices)
     where = f'record {bad} of {records.rec_path} cannot be decoded' if bad is not None else \
         f'decoding {records.rec_path} failed'
     first_line = str(error).strip().splitlines()[-1][:200]
@@ -312,12 +376,69 @@ def undecodable_message(records, first, count, error):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Shared batch shaping
+# Which records a worker reads: the epoch order and the shards
 
 
 def epoch_seed(seed, *keys):
     """A 31-bit seed from --seed (None: 0) and integer keys such as (epoch, rank)."""
     return int(np.random.SeedSequence([seed or 0, *keys]).generate_state(1)[0] & 0x7fffffff)
+
+
+ORDER_STREAM = 0x0de5   # keys the order's random stream apart from the augmentation streams
+
+
+def epoch_order(total, count, seed, epoch):
+    """The training order of epoch `epoch`: `count` record indices, a fresh permutation of range(total) that
+    depends on (seed, epoch) alone (further permutations follow when count > total). numpy's permutation of
+    1.28 M indices takes about 30 ms."""
+    passes = [np.random.default_rng([seed or 0, epoch, p, ORDER_STREAM]).permutation(total)
+              for p in range(-(-count // total))]
+    return (np.concatenate(passes) if len(passes) > 1 else passes[0])[:count]
+
+
+class TrainingShard:
+    """Worker `rank`'s training batches: the epoch order dealt round-robin over the workers, so sample j of
+    batch i is order[(i * batch_size + j) * workers + rank] and a global batch (batch i of every worker) is a
+    contiguous slice of the order, the same records for any number of workers. Every worker makes
+    num_batches = ceil(ceil(count / workers) / batch_size) steps; positions past `count` are filler (records
+    from the start of the order), at the end of the batch and counted in its pad."""
+
+    def __init__(self, total, count, rank, num_workers, batch_size, seed):
+        self.total, self.count, self.rank, self.num_workers = total, count, rank, num_workers
+        self.batch_size, self.seed = batch_size, seed
+        self.num_batches = -(-(-(-count // num_workers)) // batch_size)
+        self.real_samples = len(range(rank, count, num_workers))
+        self._cached = (None, None)
+
+    def order(self, epoch):
+        if self._cached[0] != epoch:
+            self._cached = (epoch, epoch_order(self.total, self.count, self.seed, epoch))
+        return self._cached[1]
+
+    def batch(self, epoch, index):
+        """(record indices, pad) of batch `index` of `epoch`."""
+        positions = (index * self.batch_size + np.arange(self.batch_size)) * self.num_workers + self.rank
+        pad = int((positions >= self.count).sum())
+        return self.order(epoch)[positions % self.count], pad
+
+
+class SequentialShard:
+    """Validation: records [total*r//W, total*(r+1)//W) in file order (the split of shard_size); the last
+    batch is filled with the shard's last record and its pad reported."""
+
+    def __init__(self, total, rank, num_workers, batch_size):
+        self.first, self.end = (total * rank) // num_workers, (total * (rank + 1)) // num_workers
+        self.batch_size = batch_size
+        self.real_samples = self.end - self.first
+        self.num_batches = -(-self.real_samples // batch_size)
+
+    def batch(self, epoch, index):
+        positions = self.first + index * self.batch_size + np.arange(self.batch_size)
+        return np.minimum(positions, self.end - 1), int((positions >= self.end).sum())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shared batch shaping
 
 
 def finish_images(images, args):
@@ -336,7 +457,7 @@ def filler_pad(batch_index, batch_size, real_samples):
 
 
 def shard_size(total, rank, num_workers):
-    """Records in shard `rank` of DALI's contiguous split: [total*r//W, total*(r+1)//W)."""
+    """Records in shard `rank` of the contiguous split: [total*r//W, total*(r+1)//W)."""
     return (total * (rank + 1)) // num_workers - (total * rank) // num_workers
 
 
@@ -346,8 +467,21 @@ def record_iter_shard_size(total, rank, num_workers):
     return max(0, min(total, (rank + 1) * step) - rank * step)
 
 
+# The native training loader hands ImageRecordIter chunks of about this many images, written in the epoch's
+# order to a temporary .rec (ImageRecordIter reads a file in file order and cannot seek: with an index it
+# sorts the entries by offset, see README). One iterator per chunk costs about 0.1 s to create, hidden by
+# building the next chunk while this one is read; a resume decodes at most one chunk's leading batches.
+CHUNK_IMAGES = 512
+
+
 class RecordLoader:
-    """--data-backend mxnet: MXNet's C++ ImageRecordIter (decode and augmentation on CPU threads)."""
+    """--data-backend mxnet: MXNet's C++ ImageRecordIter (decode and augmentation on CPU threads).
+
+    Training reads the records of TrainingShard itself and feeds them to ImageRecordIter in chunks of
+    ceil(CHUNK_IMAGES / batch) batches, one iterator per chunk with an augmentation seed from (seed, epoch,
+    rank, chunk): batch k of an epoch is fixed, and `epoch(e, k)` starts at k's chunk (exact resume, at most
+    a chunk's leading batches decoded in vain). Validation reads the file in order with ImageRecordIter's own
+    split."""
 
     def __init__(self, args, rank, num_workers, training):
         self.args, self.rank, self.num_workers, self.training = args, rank, num_workers, training
@@ -357,64 +491,120 @@ class RecordLoader:
         self.records = RecordFile(rec, idx, args.num_classes, what)
         if training:
             self.num_examples = args.num_examples or len(self.records)
-            self.num_batches = -(-(-(-self.num_examples // num_workers)) // self.batch_size)
+            self.shard = TrainingShard(len(self.records), self.num_examples, rank, num_workers, self.batch_size,
+                                       args.seed)
+            self.num_batches = self.shard.num_batches
+            self.chunk_batches = max(1, -(-CHUNK_IMAGES // self.batch_size))
+            self.workdir = tempfile.mkdtemp(prefix='rn50-chunks-')
+            weakref.finalize(self, shutil.rmtree, self.workdir, True)
         else:
             self.num_examples = len(self.records)
             self.num_batches = -(-record_iter_shard_size(self.num_examples, rank, num_workers) // self.batch_size)
 
-    def _iterator(self, seed):
+    def _common(self):
         args = self.args
-        common = dict(path_imgrec=self.records.rec_path, path_imgidx=self.records.idx_path,
-                      data_shape=(3,) + tuple(args.image_shape[1:]), batch_size=self.batch_size,
-                      label_width=1, preprocess_threads=args.data_mxnet_threads,
-                      mean_r=args.rgb_mean[0], mean_g=args.rgb_mean[1], mean_b=args.rgb_mean[2],
-                      std_r=args.rgb_std[0], std_g=args.rgb_std[1], std_b=args.rgb_std[2],
-                      num_parts=self.num_workers, part_index=self.rank)
-        if not self.training:
-            # round_batch: the last batch is filled from the start and its pad is right (without it,
-            # ImageRecordIter reports pad 0 and garbage labels for the partial batch).
-            return mx.io.ImageRecordIter(resize=args.data_val_resize, rand_crop=False, rand_mirror=False,
-                                         shuffle=False, round_batch=True, **common)
+        return dict(data_shape=(3,) + tuple(args.image_shape[1:]), batch_size=self.batch_size,
+                    label_width=1, preprocess_threads=args.data_mxnet_threads, verbose=False,
+                    mean_r=args.rgb_mean[0], mean_g=args.rgb_mean[1], mean_b=args.rgb_mean[2],
+                    std_r=args.rgb_std[0], std_g=args.rgb_std[1], std_b=args.rgb_std[2])
+
+    def _training_iterator(self, path, seed):
+        args = self.args
+        low, high = aspect_ratio_range(args)
         return mx.io.ImageRecordIter(
-            shuffle=True, seed=seed, seed_aug=seed ^ 1,  # augmentation seed: fixed per epoch too
-            round_batch=True, rand_crop=args.random_crop,
+            path_imgrec=path, shuffle=False, round_batch=False, seed_aug=seed, rand_crop=args.random_crop,
             rand_mirror=args.random_mirror, random_resized_crop=args.random_resized_crop,
             min_random_area=args.min_random_area, max_random_area=args.max_random_area,
-            min_aspect_ratio=aspect_ratio_range(args)[0], max_aspect_ratio=aspect_ratio_range(args)[1],
+            min_aspect_ratio=low, max_aspect_ratio=high,
             random_h=args.max_random_h, random_s=args.max_random_s, random_l=args.max_random_l,
             max_rotate_angle=args.max_random_rotate_angle, max_shear_ratio=args.max_random_shear_ratio,
             max_random_scale=args.max_random_scale, min_random_scale=args.min_random_scale,
             min_crop_size=args.min_crop_size, max_crop_size=args.max_crop_size, brightness=args.brightness,
             contrast=args.contrast, saturation=args.saturation, pca_noise=args.pca_noise, pad=args.pad_size,
-            **common)
+            **self._common())
 
     def epoch(self, epoch, start=0):
-        """The epoch's batches from `start` (see _batches); a decoder failure (ImageRecordIter stops on an
-        undecodable JPEG) becomes a RecipeError naming the record."""
+        """The epoch's batches from `start`. A batch, like those of MXNet's own iterators, is valid until the
+        next one is requested."""
+        if self.training:
+            yield from self._training_batches(epoch, start)
+            return
         try:
-            yield from self._batches(epoch, start)
+            yield from self._validation_batches(start)
         except mx.base.MXNetError as e:
             first = self.rank * -(-len(self.records) // self.num_workers)
             count = record_iter_shard_size(len(self.records), self.rank, self.num_workers)
-            raise RecipeError(undecodable_message(self.records, first, count, e)) from e
+            raise RecipeError(undecodable_message(self.records, range(first, first + count), e)) from e
 
-    def _batches(self, epoch, start):
-        """The iterator for this epoch's seed, fast-forwarded to `start`, and restarted (same seed) if this
-        shard runs out before num_batches: batches past the shard's end are filler. A batch, like those of
-        MXNet's own iterators, is valid until the next one is requested."""
-        iterator = self._iterator(epoch_seed(self.args.seed, epoch))
-        produced, first_pass = 0, True
-        while True:
-            for batch in iterator:
-                if produced >= start:
-                    pad = batch.pad if first_pass else self.batch_size
-                    yield mx.io.DataBatch(data=[finish_images(batch.data[0], self.args)], label=batch.label,
-                                          pad=pad)
-                produced += 1
-                if produced == self.num_batches:
-                    return
-            iterator.reset()
-            first_pass = False
+    def _chunk(self, epoch, chunk):
+        """(ImageRecordIter over a temporary .rec with the chunk's records in order, its path, their
+        indices): run in a background thread, so the next chunk is read (and starts decoding) meanwhile."""
+        first = chunk * self.chunk_batches
+        batches = range(first, min(first + self.chunk_batches, self.num_batches))
+        indices = np.concatenate([self.shard.batch(epoch, i)[0] for i in batches])
+        path = os.path.join(self.workdir, f'e{epoch}-c{chunk}-{threading.get_ident()}.rec')
+        with open(path, 'wb') as f:
+            for begin in range(0, len(indices), 256):
+                f.write(b''.join(self.records.read(indices[begin:begin + 256], whole=True)[0]))
+        try:
+            iterator = self._training_iterator(path, epoch_seed(self.args.seed, epoch, self.rank, chunk))
+        except mx.base.MXNetError as e:
+            os.remove(path)
+            raise RecipeError(undecodable_message(self.records, indices, e)) from e
+        return iterator, path, indices
+
+    def _training_batches(self, epoch, start):
+        if start >= self.num_batches:
+            return
+        pool = ThreadPoolExecutor(1)
+        chunk = start // self.chunk_batches
+        pending = pool.submit(self._chunk, epoch, chunk)
+        try:
+            while pending is not None:
+                iterator, path, indices = pending.result()
+                first = chunk * self.chunk_batches
+                chunk += 1
+                pending = pool.submit(self._chunk, epoch, chunk) \
+                    if chunk * self.chunk_batches < self.num_batches else None
+                try:
+                    for index, batch in enumerate(iterator, first):
+                        if index >= start:
+                            yield mx.io.DataBatch(data=[finish_images(batch.data[0], self.args)],
+                                                  label=batch.label, pad=self.shard.batch(epoch, index)[1])
+                except mx.base.MXNetError as e:
+                    raise RecipeError(undecodable_message(self.records, indices, e)) from e
+                finally:
+                    del iterator
+                    os.remove(path)
+        finally:
+            if pending is not None:     # abandoned or failed: drop the chunk read ahead
+                try:
+                    os.remove(pending.result()[1])
+                except Exception:  # its own error is not ours to report here
+                    pass
+            pool.shutdown(wait=True)
+
+    def _validation_batches(self, start):
+        """ImageRecordIter in file order over its part of the file; round_batch fills the last batch from
+        the start and reports its pad (without it, ImageRecordIter reports pad 0 and garbage labels). Labels
+        are checked batch by batch."""
+        iterator = mx.io.ImageRecordIter(
+            path_imgrec=self.records.rec_path, path_imgidx=self.records.idx_path, resize=self.args.data_val_resize,
+            rand_crop=False, rand_mirror=False, shuffle=False, round_batch=True, num_parts=self.num_workers,
+            part_index=self.rank, **self._common())
+        first = self.rank * -(-len(self.records) // self.num_workers)
+        for index, batch in enumerate(iterator):
+            if index == self.num_batches:
+                return
+            labels = batch.label[0].asnumpy()[:self.batch_size - batch.pad]
+            bad = np.flatnonzero(~((labels >= 0) & (labels < self.args.num_classes) & (labels == np.floor(labels))))
+            if len(bad):
+                raise RecipeError(f'validation record {first + index * self.batch_size + int(bad[0])} of '
+                                  f'{self.records.rec_path} has label {labels[bad[0]]:g}, outside '
+                                  f'[0, {self.args.num_classes}): check --num-classes')
+            if index >= start:
+                yield mx.io.DataBatch(data=[finish_images(batch.data[0], self.args)], label=batch.label,
+                                      pad=batch.pad)
 
 
 class SyntheticLoader:
