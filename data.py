@@ -474,6 +474,12 @@ def record_iter_shard_size(total, rank, num_workers):
 CHUNK_IMAGES = 512
 
 
+def remove_files(prefix):
+    for suffix in ('.rec', '.idx'):
+        if os.path.exists(prefix + suffix):
+            os.remove(prefix + suffix)
+
+
 class RecordLoader:
     """--data-backend mxnet: MXNet's C++ ImageRecordIter (decode and augmentation on CPU threads).
 
@@ -512,7 +518,7 @@ class RecordLoader:
         args = self.args
         low, high = aspect_ratio_range(args)
         return mx.io.ImageRecordIter(
-            path_imgrec=path, shuffle=False, round_batch=False, seed_aug=seed, rand_crop=args.random_crop,
+            path_imgrec=path + '.rec', path_imgidx=path + '.idx', shuffle=False, round_batch=False, seed_aug=seed, rand_crop=args.random_crop,
             rand_mirror=args.random_mirror, random_resized_crop=args.random_resized_crop,
             min_random_area=args.min_random_area, max_random_area=args.max_random_area,
             min_aspect_ratio=low, max_aspect_ratio=high,
@@ -542,14 +548,22 @@ class RecordLoader:
         first = chunk * self.chunk_batches
         batches = range(first, min(first + self.chunk_batches, self.num_batches))
         indices = np.concatenate([self.shard.batch(epoch, i)[0] for i in batches])
-        path = os.path.join(self.workdir, f'e{epoch}-c{chunk}-{threading.get_ident()}.rec')
-        with open(path, 'wb') as f:
+        path = os.path.join(self.workdir, f'e{epoch}-c{chunk}-{threading.get_ident()}')
+        sizes = []
+        with open(path + '.rec', 'wb') as f:
             for begin in range(0, len(indices), 256):
-                f.write(b''.join(self.records.read(indices[begin:begin + 256], whole=True)[0]))
+                stored = self.records.read(indices[begin:begin + 256], whole=True)[0]
+                f.write(b''.join(stored))
+                sizes += map(len, stored)
+        # With an index ImageRecordIter reads batch by batch (without one it decodes a whole read buffer,
+        # up to thousands of small images, before the first batch); its entries are in file order.
+        offsets = np.cumsum([0] + sizes[:-1])
+        with open(path + '.idx', 'w') as f:
+            f.write(''.join(f'{i}\t{offset}\n' for i, offset in enumerate(offsets)))
         try:
             iterator = self._training_iterator(path, epoch_seed(self.args.seed, epoch, self.rank, chunk))
         except mx.base.MXNetError as e:
-            os.remove(path)
+            remove_files(path)
             raise RecipeError(undecodable_message(self.records, indices, e)) from e
         return iterator, path, indices
 
@@ -575,11 +589,11 @@ class RecordLoader:
                     raise RecipeError(undecodable_message(self.records, indices, e)) from e
                 finally:
                     del iterator
-                    os.remove(path)
+                    remove_files(path)
         finally:
             if pending is not None:     # abandoned or failed: drop the chunk read ahead
                 try:
-                    os.remove(pending.result()[1])
+                    remove_files(pending.result()[1])
                 except Exception:  # its own error is not ours to report here
                     pass
             pool.shutdown(wait=True)
