@@ -8,8 +8,9 @@ permutation of the whole file every epoch, a function of (--seed, epoch), dealt 
 ranks) or data.SequentialShard (validation: file order). DALI's own RecordIO reader is not used: it sticks
 to one shard and shuffles within a buffer of at most a few thousand records, so consecutive epochs came out
 in nearly the same order (README, "Data order"), and it cannot start at batch k without decoding batches
-0..k-1. A background thread per pipeline reads the encoded images of the next batches with positioned reads
-(data.RecordFile), checking each record's header and label, and draws the batch's augmentation.
+0..k-1. A background thread per pipeline reads the encoded images of the next batches (data.RecordFile:
+views into an mmap of the .rec, or positioned reads with --dali-dont-use-mmap), checking each record's
+header and label, and draws the batch's augmentation.
 
 Augmentation: the random-resized-crop windows and mirror flags are drawn in numpy from (--seed, epoch, rank,
 batch), with the rule of DALI's random crop (area uniform in --min/max-random-area, aspect ratio
@@ -56,8 +57,7 @@ def add_dali_args(parser):
     group.add_argument('--dali-nvjpeg-height-hint', type=int, default=6430,
                        help='Height hint value for nvJPEG (in pixels)')
     group.add_argument('--dali-dont-use-mmap', action='store_true',
-                       help='accepted for compatibility; records are always read with plain positioned reads '
-                            '(os.pread), which suits network filesystems')
+                       help='Use plain I/O instead of MMAP for datasets (e.g. on network filesystems)')
     return group
 
 
@@ -169,7 +169,7 @@ class DaliLoader:
         self.batch_size = data.per_worker_batch(args, num_workers)
         what = 'training' if training else 'validation'
         rec, idx = (args.data_train, args.data_train_idx) if training else (args.data_val, args.data_val_idx)
-        self.records = data.RecordFile(rec, idx, args.num_classes, what)
+        self.records = data.RecordFile(rec, idx, args.num_classes, what, use_mmap=not args.dali_dont_use_mmap)
         if not training and args.dali_separ_val:
             rank, num_workers = 0, 1   # every worker validates the whole set
         self.rank, self.num_workers = rank, num_workers

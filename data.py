@@ -29,6 +29,7 @@ Semantics shared by every backend:
 """
 import io
 import logging
+import mmap
 import os
 import shutil
 import struct
@@ -237,11 +238,12 @@ class RecordFile:
     """A .rec file and its .idx. Opening it parses the index (one numpy call, not a Python loop: 1.28 M
     entries in well under a second) and checks STARTUP_CHECKS records; `read` checks every record it returns
     (the index lands on a record header, the label is an integer in [0, num_classes)), so a bad record fails
-    with its file and index before its batch reaches the network. Records are read with positioned reads
-    (os.pread releases the GIL, so a background thread can read ahead; no mmap, whose page faults would hold
-    the GIL and stall on a network filesystem)."""
+    with its file and index before its batch reaches the network. Records are read through an mmap (zero
+    copy: the returned views point into the page cache) or, with use_mmap=False, with positioned reads
+    (os.pread, which releases the GIL while it waits: better on a network filesystem, where a page fault in
+    a reading thread would hold the GIL)."""
 
-    def __init__(self, rec_path, idx_path, num_classes, what):
+    def __init__(self, rec_path, idx_path, num_classes, what, use_mmap=True):
         if not rec_path or not os.path.exists(rec_path):
             raise RecipeError(f'{what} data {rec_path!r} not found')
         idx_path = idx_path or os.path.splitext(rec_path)[0] + '.idx'
@@ -257,6 +259,7 @@ class RecordFile:
         if len(outside):
             self._not_a_record(int(outside[0]))
         self.fd = os.open(rec_path, os.O_RDONLY)
+        self.view = memoryview(mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)) if use_mmap else None
         self.read(np.unique(np.linspace(0, len(self) - 1, min(len(self), STARTUP_CHECKS)).astype(np.int64)))
 
     def __len__(self):
@@ -264,8 +267,13 @@ class RecordFile:
 
     def __del__(self):
         if getattr(self, 'fd', None) is not None:
-            os.close(self.fd)
+            os.close(self.fd)       # the mmap, if any, goes with the last view into it
             self.fd = None
+
+    def _bytes(self, length, offset):
+        if self.view is not None:
+            return self.view[offset:offset + length]
+        return os.pread(self.fd, length, offset)
 
     def __getstate__(self):
         raise TypeError('RecordFile holds an open file; open it again in the other process')
@@ -275,15 +283,16 @@ class RecordFile:
                           f'(offset {int(self.offsets[index])}) is not a record. Rebuild the index with the data')
 
     def read(self, indices, whole=False):
-        """(list of bytes, float32 labels) for the records `indices`: the encoded images, or with whole=True
-        the complete records as stored (header and padding included, ready to be written to another .rec)."""
+        """(list of bytes-like, float32 labels) for the records `indices`: the encoded images, or with
+        whole=True the complete records as stored (header and padding included, ready to be written to
+        another .rec)."""
         payloads, labels = [], np.empty(len(indices), np.float32)
         for n, index in enumerate(indices):
             offset = int(self.offsets[index])
-            head = os.pread(self.fd, 32, offset)
+            head = self._bytes(32, offset)
             if len(head) < 32:
                 self._not_a_record(index)
-            magic, length, flag, label = struct.unpack('<IIIf', head[:16])
+            magic, length, flag, label = struct.unpack_from('<IIIf', head)
             length, continued = length & ((1 << 29) - 1), length >> 29
             if magic != RECORD_MAGIC or offset + 8 + length > self.size or length < 24 + 4 * flag:
                 self._not_a_record(index)
@@ -292,9 +301,9 @@ class RecordFile:
                 record, payload = self._read_parts(index, offset)
                 payloads.append(record if whole else payload[24 + 4 * flag:])
             elif whole:
-                payloads.append(os.pread(self.fd, 8 + (length + 3) // 4 * 4, offset))
+                payloads.append(self._bytes(8 + (length + 3) // 4 * 4, offset))
             else:
-                payloads.append(os.pread(self.fd, length - 24 - 4 * flag, offset + 32 + 4 * flag))
+                payloads.append(self._bytes(length - 24 - 4 * flag, offset + 32 + 4 * flag))
         bad = np.flatnonzero(~((labels >= 0) & (labels < self.num_classes) & (labels == np.floor(labels))))
         if len(bad):
             raise RecipeError(f'{self.what} record {int(indices[bad[0]])} of {self.rec_path} has label '
@@ -306,15 +315,15 @@ class RecordFile:
         2 middle, 3 last); the parts are joined with the magic word that split them."""
         start, parts = offset, []
         while True:
-            head = os.pread(self.fd, 8, offset)
+            head = self._bytes(8, offset)
             magic, length = struct.unpack('<II', head) if len(head) == 8 else (0, 0)
             if magic != RECORD_MAGIC:
                 self._not_a_record(index)
-            parts.append(os.pread(self.fd, length & ((1 << 29) - 1), offset + 8))
+            parts.append(bytes(self._bytes(length & ((1 << 29) - 1), offset + 8)))
             offset += 8 + ((length & ((1 << 29) - 1)) + 3) // 4 * 4
             if length >> 29 in (0, 3):
                 break
-        return os.pread(self.fd, offset - start, start), struct.pack('<I', RECORD_MAGIC).join(parts)
+        return bytes(self._bytes(offset - start, start)), struct.pack('<I', RECORD_MAGIC).join(parts)
 
 
 def read_index(idx_path):
@@ -355,7 +364,7 @@ def find_undecodable(records, indices):
     from PIL import Image
     for index in indices:
         try:
-            with Image.open(io.BytesIO(records.read([index])[0][0])) as image:
+            with Image.open(io.BytesIO(bytes(records.read([index])[0][0]))) as image:
                 image.load()
         except RecipeError:
             raise
