@@ -477,10 +477,11 @@ def record_iter_shard_size(total, rank, num_workers):
 
 
 # The native training loader hands ImageRecordIter chunks of about this many images, written in the epoch's
-# order to a temporary .rec (ImageRecordIter reads a file in file order and cannot seek: with an index it
-# sorts the entries by offset, see README). One iterator per chunk costs about 0.1 s to create, hidden by
-# building the next chunk while this one is read; a resume decodes at most one chunk's leading batches.
-CHUNK_IMAGES = 512
+# order to a temporary .rec and .idx (ImageRecordIter cannot follow an order of ours: without shuffle it reads
+# the file in file order whatever the index says, and with shuffle it draws its own order; see README). An
+# iterator costs about 25 ms to create, hidden by building the next chunk while this one is read; a resume
+# decodes at most the chunk's batches before the one asked for (none from a batch of 128 up).
+CHUNK_IMAGES = 128
 
 
 def remove_files(prefix):
@@ -495,8 +496,8 @@ class RecordLoader:
     Training reads the records of TrainingShard itself and feeds them to ImageRecordIter in chunks of
     ceil(CHUNK_IMAGES / batch) batches, one iterator per chunk with an augmentation seed from (seed, epoch,
     rank, chunk): batch k of an epoch is fixed, and `epoch(e, k)` starts at k's chunk (exact resume, at most
-    a chunk's leading batches decoded in vain). Validation reads the file in order with ImageRecordIter's own
-    split."""
+    the chunk's earlier batches decoded in vain). Augmentation is ImageRecordIter's, with all its flags.
+    Validation reads the file in order with ImageRecordIter's own split."""
 
     def __init__(self, args, rank, num_workers, training):
         self.args, self.rank, self.num_workers, self.training = args, rank, num_workers, training

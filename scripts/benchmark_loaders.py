@@ -323,9 +323,10 @@ def compare(args, what):
         print(f'  {backend:8} {name:24} ' + ', '.join(f'{k} {v:.4g}' for k, v in summary.items()))
     if args.baseline and what == 'throughput':
         for backend in BACKENDS:
-            new, old = (statistics.median(v['images_per_s'] for v in results[backend, name])
-                        for name, _ in versions)
-            print(f'  {backend}: this tree / baseline = {new / old:.3f} (target >= 0.95)')
+            new, old = ([v['images_per_s'] for v in results[backend, name]] for name, _ in versions)
+            paired = statistics.median(n / o for n, o in zip(new, old))
+            print(f'  {backend}: this tree / baseline = {statistics.median(new) / statistics.median(old):.3f} '
+                  f'(medians), {paired:.3f} (median of the rounds\' ratios); target >= 0.95')
 
 
 def cpu_name():
