@@ -487,8 +487,8 @@ def record_iter_shard_size(total, rank, num_workers):
 # order to a temporary .rec and .idx (ImageRecordIter cannot follow an order of ours: without shuffle it reads
 # the file in file order whatever the index says, and with shuffle it draws its own order; see README). An
 # iterator costs about 25 ms to create, hidden by building the next chunk while this one is read; a resume
-# decodes at most the chunk's batches before the one asked for (none from a batch of 128 up).
-CHUNK_IMAGES = 128
+# decodes at most the chunk's batches before the one asked for (none from a batch of 256 up).
+CHUNK_IMAGES = 256
 
 
 def remove_files(prefix):
