@@ -184,3 +184,14 @@ def test_random_crops_follow_the_area_and_aspect_rule():
     np.testing.assert_allclose(shapes[-1], [13 / 1000, 1], atol=1e-6)
     assert dali.image_size(b'\xff\xd8\xff\xe0\x00\x04ab\xff\xc0\x00\x11\x08\x01\x77\x01\xf4rest') == (375, 500)
     assert dali.image_size(b'not an image at all') is None
+
+
+def test_unfused_decoder_crops_the_same_windows(tmp_path):
+    """--dali-fuse-decoder 0 decodes whole images and slices the same numpy-drawn windows."""
+    batches = {}
+    for fuse in ('0', '1'):
+        args = unique_label_args(tmp_path / fuse, 'dali-cpu', count=12, batch=4, extra=['--dali-fuse-decoder', fuse])
+        train, _ = data.get_loaders(args, 0, 1, val=False)
+        batches[fuse] = [b.data[0].asnumpy().copy() for b in train.epoch(1)]
+    for fused, unfused in zip(batches['1'], batches['0']):
+        np.testing.assert_allclose(fused, unfused, atol=0.05)
