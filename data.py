@@ -535,8 +535,8 @@ class RecordLoader:
         args = self.args
         low, high = aspect_ratio_range(args)
         return mx.io.ImageRecordIter(
-            path_imgrec=path + '.rec', path_imgidx=path + '.idx', shuffle=False, round_batch=False, seed_aug=seed, rand_crop=args.random_crop,
-            rand_mirror=args.random_mirror, random_resized_crop=args.random_resized_crop,
+            path_imgrec=path + '.rec', path_imgidx=path + '.idx', shuffle=False, round_batch=False, seed_aug=seed,
+            rand_crop=args.random_crop, rand_mirror=args.random_mirror, random_resized_crop=args.random_resized_crop,
             min_random_area=args.min_random_area, max_random_area=args.max_random_area,
             min_aspect_ratio=low, max_aspect_ratio=high,
             random_h=args.max_random_h, random_s=args.max_random_s, random_l=args.max_random_l,
