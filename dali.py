@@ -3,27 +3,44 @@
     python train.py --data-backend dali-cpu --data-train data/train.rec --data-train-idx data/train.idx ...
     python train.py --data-backend dali-cpu --test-io --data-train ...     # DALI throughput alone
 
-Training: DALI's RecordIO reader (sharded by global rank, shuffled), decoding fused with the random crop
-(--dali-fuse-decoder 1: only the crop region is decoded) or full decode then random-resized-crop, resize to
-the image shape, random mirror, normalisation and layout/dtype/4th-channel padding in one
-crop_mirror_normalize. Validation: decode, shorter side to --data-val-resize, center crop. dali-gpu decodes
-with nvJPEG ("mixed") and leaves batches on the GPU; dali-cpu runs a CPU-only pipeline (device_id=None) and
-needs no GPU at all.
+Order: the pipeline is fed by fn.external_source, batch by batch, from records.TrainingShard (training: a fresh
+permutation of the whole file every epoch, a function of (--seed, epoch), dealt round-robin over the global
+ranks) or records.SequentialShard (validation: file order). DALI's own RecordIO reader is not used: it sticks
+to one shard and shuffles within a buffer of at most a few thousand records, so consecutive epochs came out
+in nearly the same order (README, "Data order"), and it cannot start at batch k without decoding batches
+0..k-1. A background thread per pipeline reads the encoded images of the next batches (records.RecordFile:
+views into an mmap of the .rec, or positioned reads with --dali-dont-use-mmap), checking each record's
+header and label, and draws the batch's augmentation.
 
-Each epoch gets a fresh pipeline seeded from (--seed, epoch, rank), so an epoch's batches are fixed and a
-resumed run fast-forwards to the batch it stopped at (it decodes the skipped batches once). --seed thus
-drives DALI too (the original pinned DALI's seed).
+Augmentation: the random-resized-crop windows and mirror flags are drawn in numpy from (--seed, epoch, rank,
+batch), with the rule of DALI's random crop (area uniform in --min/max-random-area, aspect ratio
+log-uniform in the aspect range, 10 attempts, then the whole image clamped to the range), from the image
+size read from the JPEG header. So batch k of an epoch is the same whether the epoch started at 0 or was
+resumed at k, and the pipeline can be kept: it is built once per loader and reset between epochs, not
+rebuilt. With --dali-fuse-decoder 1 only the crop window is decoded (decoders.image_slice); then resize to
+the image shape, mirror, normalisation and layout/dtype/4th-channel padding in one crop_mirror_normalize.
+Validation: decode, shorter side to --data-val-resize, center crop. dali-gpu decodes with nvJPEG ("mixed"),
+one pipeline per device of --gpus (each decodes its slice of the worker's batch); dali-cpu runs a CPU-only
+pipeline (device_id=None) and needs no GPU at all.
 """
+import collections
 import logging
+import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import mxnet as mx
 import numpy as np
 
 import data
 import flags
+import records
 from errors import RecipeError
 
 log = logging.getLogger(__name__)
+
+CROP_ATTEMPTS = 10
+AUGMENT_STREAM = 0xa09   # keys the augmentation's random stream apart from the order's
+READ_AHEAD = 2           # batches read ahead of the pipeline's own prefetch, per pipeline
 
 
 def add_dali_args(parser):
@@ -49,35 +66,158 @@ def add_dali_args(parser):
     return group
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Augmentation draws
+
+JPEG_SOF = {0xc0, 0xc1, 0xc2, 0xc3, 0xc5, 0xc6, 0xc7, 0xc9, 0xca, 0xcb, 0xcd, 0xce, 0xcf}
+
+
+def image_size(encoded):
+    """(height, width) from a JPEG's frame header or a PNG's IHDR, else None (the crop is then drawn for a
+    square image, in relative coordinates)."""
+    if encoded[:2] == b'\xff\xd8':
+        position, end = 2, len(encoded) - 9
+        while position < end:
+            if encoded[position] != 0xff:
+                position += 1
+                continue
+            marker = encoded[position + 1]
+            if marker in JPEG_SOF:
+                height, width = struct.unpack_from('>HH', encoded, position + 5)
+                return (height, width) if height and width else None
+            if marker == 0xff:
+                position += 1
+            elif marker in (0x01, 0xd8) or 0xd0 <= marker <= 0xd7:
+                position += 2
+            else:
+                position += 2 + struct.unpack_from('>H', encoded, position + 2)[0]
+        return None
+    if encoded[:8] == b'\x89PNG\r\n\x1a\n' and len(encoded) >= 24:
+        width, height = struct.unpack_from('>II', encoded, 16)
+        return height, width
+    return None
+
+
+def random_crops(sizes, rng, area_range, ratio_range):
+    """Relative (x, y) anchors and (w, h) shapes of random-resized-crop windows for images of `sizes`
+    ((height, width) rows): the area a uniform fraction of the image, the aspect ratio log-uniform, the
+    first of CROP_ATTEMPTS draws that fits in pixels, else the whole image with its aspect ratio clamped to
+    the range, centered. Always draws the same amount of randomness per image."""
+    height, width = sizes[:, 0:1], sizes[:, 1:2]
+    area = rng.uniform(*area_range, (len(sizes), CROP_ATTEMPTS)) * height * width
+    ratio = np.exp(rng.uniform(np.log(ratio_range[0]), np.log(ratio_range[1]), (len(sizes), CROP_ATTEMPTS)))
+    crop_w, crop_h = np.round(np.sqrt(area * ratio)), np.round(np.sqrt(area / ratio))
+    fits = (crop_w >= 1) & (crop_h >= 1) & (crop_w <= width) & (crop_h <= height)
+    first = fits.argmax(axis=1)
+    rows = np.arange(len(sizes))
+    height, width = height[:, 0], width[:, 0]
+    aspect = width / height
+    whole_w = np.where(aspect > ratio_range[1], np.round(height * ratio_range[1]), width)
+    whole_h = np.where(aspect < ratio_range[0], np.round(width / ratio_range[0]), height)
+    found = fits[rows, first]
+    crop_w = np.where(found, crop_w[rows, first], whole_w)
+    crop_h = np.where(found, crop_h[rows, first], whole_h)
+    position = rng.uniform(0, 1, (len(sizes), 2))
+    x = np.where(found, np.floor(position[:, 0] * (width - crop_w + 1)), np.floor((width - crop_w) / 2))
+    y = np.where(found, np.floor(position[:, 1] * (height - crop_h + 1)), np.floor((height - crop_h) / 2))
+    anchors = np.stack([x / width, y / height], axis=1).astype(np.float32)
+    shapes = np.stack([crop_w / width, crop_h / height], axis=1).astype(np.float32)
+    return anchors, shapes
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The pipeline's source
+
+
+class Feed:
+    """The external source of one pipeline: the batches of the current plan, read ahead in a thread.
+
+    DALI calls it (from pipe.run(), in the consumer's thread) up to --dali-prefetch-queue batches ahead of
+    the batch being consumed; it serves the plan in order and raises StopIteration at its end, which ends
+    the pipeline's epoch. `in_flight` holds what each batch handed to DALI but not yet consumed needs on the
+    way out (labels, pad, record indices)."""
+
+    def __init__(self, loader, device, devices):
+        self.loader, self.device, self.devices = loader, device, devices
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix='dali-feed')
+        self.plan, self.reading, self.in_flight = collections.deque(), collections.deque(), collections.deque()
+
+    def start(self, epoch, batches):
+        self.plan = collections.deque((epoch, index) for index in batches)
+
+    def stop(self):
+        self.plan.clear()
+        self.reading.clear()    # any read still running finishes harmlessly
+
+    def __call__(self):
+        while len(self.reading) < READ_AHEAD and self.plan:
+            self.reading.append(self.pool.submit(self.loader.read_batch, *self.plan.popleft(), self.device,
+                                                 self.devices))
+        if not self.reading:
+            raise StopIteration
+        inputs, info = self.reading.popleft().result()
+        self.in_flight.append(info)
+        return inputs
+
+
 class DaliLoader:
-    """One worker's DALI pipeline for training or validation data."""
+    """One worker's DALI pipelines (one per device for dali-gpu) for training or validation data."""
 
     def __init__(self, args, rank, num_workers, training):
         self.args, self.training = args, training
         self.batch_size = data.per_worker_batch(args, num_workers)
         what = 'training' if training else 'validation'
         rec, idx = (args.data_train, args.data_train_idx) if training else (args.data_val, args.data_val_idx)
-        self.records = data.RecordFile(rec, idx, args.num_classes, what)
+        self.records = records.RecordFile(rec, idx, args.num_classes, what, use_mmap=not args.dali_dont_use_mmap)
         if not training and args.dali_separ_val:
             rank, num_workers = 0, 1   # every worker validates the whole set
         self.rank, self.num_workers = rank, num_workers
         if training:
             self.num_examples = args.num_examples or len(self.records)
-            self.num_batches = -(-(-(-self.num_examples // num_workers)) // self.batch_size)
+            self.shard = records.TrainingShard(len(self.records), self.num_examples, rank, num_workers,
+                                            self.batch_size, args.seed)
         else:
             self.num_examples = len(self.records)
-            self.num_batches = -(-data.shard_size(self.num_examples, rank, num_workers) // self.batch_size)
-        self.real_samples = data.shard_size(self.num_examples, rank, num_workers)
+            self.shard = records.SequentialShard(self.num_examples, rank, num_workers, self.batch_size)
+        self.num_batches = self.shard.num_batches
+        self.real_samples = self.shard.real_samples
         self.on_gpu = args.data_backend == 'dali-gpu'
-        self.context = args.contexts[0] if self.on_gpu else mx.cpu()
+        self.contexts = list(args.contexts) if self.on_gpu else [mx.cpu()]
+        if self.batch_size % len(self.contexts):
+            raise RecipeError(f'the per-worker batch {self.batch_size} is not divisible by the '
+                              f'{len(self.contexts)} devices')
+        self.feeds = [Feed(self, d, len(self.contexts)) for d in range(len(self.contexts))]
+        self.pipes = None
+        self.running = False     # a pipeline epoch is under way (possibly abandoned by the consumer)
 
-    def pipeline(self, seed):
+    def read_batch(self, epoch, index, device, devices):
+        """The external-source inputs of this device's slice of batch `index`, and what the consumer needs
+        with its output. Runs in the feed's thread."""
+        indices, pad = self.shard.batch(epoch, index)
+        part = len(indices) // devices
+        indices = indices[device * part:(device + 1) * part]
+        payloads, labels = self.records.read(indices)
+        jpegs = [np.frombuffer(p, dtype=np.uint8) for p in payloads]
+        inputs = [jpegs]
+        if self.training:
+            args = self.args
+            sizes = np.array([image_size(p) or (1000, 1000) for p in payloads], dtype=np.float64)
+            rng = np.random.default_rng([args.seed or 0, epoch, self.rank, index, device, AUGMENT_STREAM])
+            anchors, shapes = random_crops(sizes, rng, (args.min_random_area, args.max_random_area),
+                                           data.aspect_ratio_range(args))
+            mirror = rng.integers(0, 2, len(indices), dtype=np.int32) if args.random_mirror else \
+                np.zeros(len(indices), np.int32)
+            inputs += [anchors, shapes, mirror]
+        return inputs, (labels, pad, indices)
+
+    def pipeline(self, device):
         from nvidia.dali import Pipeline, fn, types
         args = self.args
         height, width = args.image_shape[1:]
         threads = args.dali_threads if self.training else args.dali_validation_threads
-        pipe = Pipeline(batch_size=self.batch_size, num_threads=threads, seed=seed,
-                        device_id=self.context.device_id if self.on_gpu else None,
+        pipe = Pipeline(batch_size=self.batch_size // len(self.contexts), num_threads=threads,
+                        seed=records.epoch_seed(args.seed, self.rank, device),
+                        device_id=self.contexts[device].device_id if self.on_gpu else None,
                         prefetch_queue_depth=args.dali_prefetch_queue)
         decoder = dict(device='mixed' if self.on_gpu else 'cpu', output_type=types.RGB)
         if self.on_gpu:
@@ -85,56 +225,81 @@ class DaliLoader:
             decoder.update(device_memory_padding=padding, host_memory_padding=padding,
                            preallocate_width_hint=args.dali_nvjpeg_width_hint,
                            preallocate_height_hint=args.dali_nvjpeg_height_hint)
-        crop = dict(random_area=[args.min_random_area, args.max_random_area],
-                    random_aspect_ratio=list(data.aspect_ratio_range(args)),
-                    num_attempts=10)
         with pipe:
-            jpegs, labels = fn.readers.mxnet(
-                path=[self.records.rec_path], index_path=[self.records.idx_path], name='Reader',
-                random_shuffle=self.training, shard_id=self.rank, num_shards=self.num_workers,
-                stick_to_shard=True, pad_last_batch=True, dont_use_mmap=args.dali_dont_use_mmap,
-                initial_fill=min(1024, max(self.real_samples, 1)))
-            mirror = 0
             if self.training:
+                jpegs, anchors, shapes, mirror = fn.external_source(
+                    source=self.feeds[device], num_outputs=4, batch=True,
+                    dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32], ndim=[1, 1, 1, 0])
                 if args.dali_fuse_decoder:
-                    images = fn.decoders.image_random_crop(jpegs, **decoder, **crop)
-                    images = fn.resize(images, resize_x=width, resize_y=height)
+                    images = fn.decoders.image_slice(jpegs, anchors, shapes, **decoder)
                 else:
-                    images = fn.decoders.image(jpegs, **decoder)
-                    images = fn.random_resized_crop(images, size=(height, width), **crop)
-                if args.random_mirror:
-                    mirror = fn.random.coin_flip(probability=0.5)
+                    images = fn.slice(fn.decoders.image(jpegs, **decoder), anchors, shapes)
+                images = fn.resize(images, resize_x=width, resize_y=height)
             else:
+                jpegs = fn.external_source(source=self.feeds[device], num_outputs=1, batch=True,
+                                           dtype=[types.UINT8], ndim=[1])[0]
                 images = fn.decoders.image(jpegs, **decoder)
                 images = fn.resize(images, resize_shorter=args.data_val_resize)
+                mirror = 0
             images = fn.crop_mirror_normalize(
                 images, crop=(height, width), mirror=mirror, mean=list(args.rgb_mean), std=list(args.rgb_std),
                 dtype=types.FLOAT16 if data.training_dtype(args) == 'float16' else types.FLOAT,
                 output_layout='CHW' if args.input_layout == 'NCHW' else 'HWC',
                 pad_output=args.image_shape[0] == 4)
-            pipe.set_outputs(images, labels)
+            pipe.set_outputs(images)
         pipe.build()
         return pipe
 
+    def _settle(self):
+        """Bring the pipelines to the end of their epoch and reset them: after a complete epoch that is one
+        StopIteration; after an abandoned one (the consumer stopped early) it also discards the at most
+        --dali-prefetch-queue batches already handed to DALI."""
+        if not self.running:
+            return
+        for feed, pipe in zip(self.feeds, self.pipes):
+            feed.stop()
+            while True:
+                try:
+                    pipe.run()
+                except StopIteration:
+                    break
+                except RuntimeError:    # a decoding error in a batch nobody will use
+                    continue
+                finally:
+                    if feed.in_flight:
+                        feed.in_flight.popleft()
+            feed.in_flight.clear()
+            pipe.reset()
+        self.running = False
+
     def epoch(self, epoch, start=0):
         from nvidia.dali.plugin.mxnet import feed_ndarray
-        pipe = self.pipeline(data.epoch_seed(self.args.seed, epoch, self.rank))
-        for index in range(self.num_batches):
-            try:
-                images, labels = pipe.run()
-            except RuntimeError as e:
-                raise RecipeError(self._decode_error(e)) from e
-            if index < start:
-                continue
-            images = images.as_tensor()
-            batch = mx.nd.empty(images.shape(), ctx=self.context, dtype=data.training_dtype(self.args))
-            feed_ndarray(images, batch)
-            label_array = mx.nd.array(np.asarray(labels.as_tensor()).reshape(-1), dtype='float32')
-            yield mx.io.DataBatch(data=[batch], label=[label_array],
-                                  pad=data.filler_pad(index, self.batch_size, self.real_samples))
-        del pipe
-
-    def _decode_error(self, error):
-        """DALI cannot skip an undecodable image: find the first bad record of this shard to name it."""
-        first = (len(self.records) * self.rank) // self.num_workers
-        return data.undecodable_message(self.records, first, self.real_samples, error)
+        self._settle()
+        if start >= self.num_batches:
+            return
+        if self.pipes is None:
+            self.pipes = [self.pipeline(d) for d in range(len(self.contexts))]
+        for feed in self.feeds:
+            feed.start(epoch, range(start, self.num_batches))
+        self.running = True
+        dtype = data.training_dtype(self.args)
+        for index in range(start, self.num_batches):
+            parts, labels = [], []
+            for feed, pipe, context in zip(self.feeds, self.pipes, self.contexts):
+                try:
+                    (images,) = pipe.run()
+                except RuntimeError as e:
+                    indices = np.concatenate([info[2] for info in feed.in_flight])
+                    raise RecipeError(records.undecodable_message(self.records, indices, e)) from e
+                part_labels, pad, _ = feed.in_flight.popleft()
+                images = images.as_tensor()
+                array = mx.nd.empty(images.shape(), ctx=context, dtype=dtype)
+                feed_ndarray(images, array)
+                parts.append(array)
+                labels.append(part_labels)
+            # fit.py splits one array over the devices: the slices decoded on the other devices make a round
+            # trip through the first one (decoding, the costly part, stays on each device).
+            batch = parts[0] if len(parts) == 1 else mx.nd.concat(
+                *[p.as_in_context(self.contexts[0]) for p in parts], dim=0)
+            yield mx.io.DataBatch(data=[batch], label=[mx.nd.array(np.concatenate(labels), dtype='float32')],
+                                  pad=pad)

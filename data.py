@@ -13,29 +13,40 @@ zero 4th channel when --image-shape has 4 channels. `pad` counts the filler samp
 
 Semantics shared by every backend:
 * Training: random-resized-crop (area --min-random-area..--max-random-area, default 8-100%, aspect
-  --min/max-random-aspect-ratio), horizontal flip, normalisation. Shards by global rank: over all workers an
-  epoch covers each of the --num-examples records once (default: every record of the .idx), plus filler
-  to give every worker the same number of full batches.
-* Validation: shorter side resized to --data-val-resize, center crop, each record seen once over all
-  workers, the last batch padded and its pad reported.
-* Determinism: the batches of (seed, epoch, rank, workers) are fixed, so `epoch(e, k)` continues exactly
-  where an interrupted `epoch(e)` stopped (exact resume). The native iterator is re-created per epoch with a
-  seed derived from (seed, epoch) and fast-forwarded to batch k.
-* Bad data fails before training: a missing file, an .idx that does not match its .rec, or a label outside
-  [0, --num-classes) is a RecipeError naming the file and record.
+  --min/max-random-aspect-ratio), horizontal flip, normalisation.
+* Training order (dali-gpu, dali-cpu, mxnet): every epoch a fresh permutation of the whole .idx, a function
+  of (--seed, epoch) alone (epoch_order), dealt round-robin over the global ranks (TrainingShard): sample j
+  of batch i of rank r is order[(i * batch + j) * workers + r], so a global batch is a contiguous slice of
+  the order. An epoch covers each of the --num-examples records once (default: every record of the .idx),
+  plus filler (records from the start of the order, counted in `pad`) to give every worker the same number
+  of full batches.
+* Validation: shorter side resized to --data-val-resize, center crop, file order, each record seen once
+  over all workers, the last batch padded and its pad reported.
+* Determinism and seeking: the batches of (seed, epoch, rank, workers) are fixed, records and augmentation,
+  and `epoch(e, k)` starts at batch k without reading or decoding batches 0..k-1 (DALI draws its
+  augmentation per batch; the native loader feeds ImageRecordIter chunks of CHUNK_IMAGES images, so it
+  decodes at most the chunk's earlier batches in vain).
+* Bad data fails with a RecipeError naming the file and record: a missing file, an .idx that does not match
+  its .rec, or a label outside [0, --num-classes). Start-up parses the .idx and checks STARTUP_CHECKS
+  records (all of them up to 256); every other record is checked when its batch is read, before the batch
+  leaves the loader. Start-up takes well under a second on a 1.28 M-record index.
 * Synthetic data has the shapes and dtypes of the real path; its validation set is ImageNet's share of the
   epoch (50,000 for the default 1,281,167). Its validation labels are random and independent of its training
   data, so validation accuracy stays at chance: it measures speed, not learning.
 """
-import io
 import logging
 import os
-import struct
+import shutil
+import tempfile
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import mxnet as mx
 import numpy as np
 
 import flags
+import records
 from errors import RecipeError, mxnet_message
 
 log = logging.getLogger(__name__)
@@ -43,7 +54,6 @@ log = logging.getLogger(__name__)
 BACKENDS = ('dali-gpu', 'dali-cpu', 'mxnet', 'synthetic')
 IMAGENET_TRAIN_SIZE = 1281167
 IMAGENET_VAL_SIZE = 50000
-RECORD_MAGIC = 0xced7230a
 
 
 # Augmentations only ImageRecordIter implements: flag, type, default (= off), help. The other backends
@@ -195,99 +205,7 @@ def per_worker_batch(args, num_workers):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# RecordIO files: checks done once before training
-
-
-class RecordFile:
-    """A .rec file and its .idx, checked: the index offsets point at records, labels are in range."""
-
-    def __init__(self, rec_path, idx_path, num_classes, what):
-        if not rec_path or not os.path.exists(rec_path):
-            raise RecipeError(f'{what} data {rec_path!r} not found')
-        idx_path = idx_path or os.path.splitext(rec_path)[0] + '.idx'
-        if not os.path.exists(idx_path):
-            raise RecipeError(f'{what} index {idx_path!r} not found: make it with scripts/prepare_dataset.py '
-                              '(or im2rec.py) next to the .rec, or pass --data-{train,val}-idx')
-        self.rec_path, self.idx_path, self.what = rec_path, idx_path, what
-        self.offsets = read_index(idx_path)
-        if len(self.offsets) == 0:
-            raise RecipeError(f'{what} index {idx_path} lists no records')
-        self.labels = self._read_labels()
-        bad = np.flatnonzero((self.labels < 0) | (self.labels >= num_classes) | (self.labels != np.floor(
-            self.labels)))
-        if len(bad):
-            raise RecipeError(f'{what} record {int(bad[0])} of {rec_path} has label {self.labels[bad[0]]:g}, outside '
-                              f'[0, {num_classes}) ({len(bad)} such records): check --num-classes')
-
-    def __len__(self):
-        return len(self.offsets)
-
-    def _read_labels(self):
-        """Each record's label from its header, after checking the .idx offsets land on record headers."""
-        size = os.path.getsize(self.rec_path)
-        labels = np.empty(len(self.offsets), dtype=np.float64)
-        with open(self.rec_path, 'rb') as f:
-            for i, offset in enumerate(self.offsets):
-                f.seek(offset)
-                head = f.read(8 + 24)
-                if offset >= size or len(head) < 32 or struct.unpack('<I', head[:4])[0] != RECORD_MAGIC:
-                    raise RecipeError(f'{self.what} index {self.idx_path} does not match {self.rec_path}: entry {i} '
-                                      f'(offset {offset}) is not a record. Rebuild the index with the data')
-                flag, label = struct.unpack('<If', head[8:16])
-                labels[i] = label if flag == 0 else np.nan
-        return labels
-
-
-def read_index(idx_path):
-    """Byte offsets of the records, in index order, from an im2rec-style .idx (key<TAB>offset lines)."""
-    offsets = []
-    with open(idx_path) as f:
-        for number, line in enumerate(f, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            try:
-                offsets.append(int(fields[1]))
-            except (IndexError, ValueError):
-                raise RecipeError(f'{idx_path} line {number} is not "key<TAB>offset": {line.strip()!r}') from None
-    return offsets
-
-
-def read_record(f, offset):
-    """(header flag, label, image bytes) of the record at `offset` of an open .rec file."""
-    f.seek(offset)
-    magic, length = struct.unpack('<II', f.read(8))
-    payload = f.read(length & ((1 << 29) - 1))
-    flag, label = struct.unpack('<If', payload[:8])
-    return flag, label, payload[24 + 4 * flag:]
-
-
-def find_undecodable(records, first, count):
-    """Index of the first record in [first, first + count) whose image does not fully decode, else None.
-    Pillow is strict about truncated files, as DALI's and OpenCV's decoders are."""
-    from PIL import Image
-    with open(records.rec_path, 'rb') as f:
-        for index in range(first, min(first + count, len(records))):
-            try:
-                with Image.open(io.BytesIO(read_record(f, records.offsets[index])[2])) as image:
-                    image.load()
-            except Exception:  # Pillow raises many types for bad data; any of them means undecodable
-                return index
-    return None
-
-
-def undecodable_message(records, first, count, error):
-    """A RecipeError message for a decoder failure: which record, and what to do."""
-    bad = find_undecodable(records, first, count)
-    where = f'record {bad} of {records.rec_path} cannot be decoded' if bad is not None else \
-        f'decoding {records.rec_path} failed'
-    first_line = mxnet_message(error)[:200]
-    return f'{where} ({first_line}). Rebuild the dataset with scripts/prepare_dataset.py, which skips ' \
-           'unreadable images'
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Shared batch shaping
+# Reading a loader
 
 
 def batches(loader, epoch, start, count):
@@ -303,9 +221,8 @@ def batches(loader, epoch, start, count):
         start = 0
 
 
-def epoch_seed(seed, *keys):
-    """A 31-bit seed from --seed (None: 0) and integer keys such as (epoch, rank)."""
-    return int(np.random.SeedSequence([seed or 0, *keys]).generate_state(1)[0] & 0x7fffffff)
+# ----------------------------------------------------------------------------------------------------------
+# Shared batch shaping
 
 
 def finish_images(images, args):
@@ -318,91 +235,160 @@ def finish_images(images, args):
     return images if images.dtype == np.dtype(dtype) else images.astype(dtype)
 
 
-def filler_pad(batch_index, batch_size, real_samples):
-    """How many samples of batch `batch_index` lie beyond this worker's `real_samples`."""
-    return int(min(batch_size, max(0, (batch_index + 1) * batch_size - real_samples)))
+# The native training loader hands ImageRecordIter chunks of about this many images, written in the epoch's
+# order to a temporary .rec and .idx (ImageRecordIter cannot follow an order of ours: without shuffle it reads
+# the file in file order whatever the index says, and with shuffle it draws its own order; see README). An
+# iterator costs about 25 ms to create, hidden by building the next chunk while this one is read; a resume
+# decodes at most the chunk's batches before the one asked for (none from a batch of 256 up).
+CHUNK_IMAGES = 256
 
 
-def shard_size(total, rank, num_workers):
-    """Records in shard `rank` of DALI's contiguous split: [total*r//W, total*(r+1)//W)."""
-    return (total * (rank + 1)) // num_workers - (total * rank) // num_workers
-
-
-def record_iter_shard_size(total, rank, num_workers):
-    """Records in part `rank` of ImageRecordIter's split: chunks of ceil(total/W), the last one shorter."""
-    step = -(-total // num_workers)
-    return max(0, min(total, (rank + 1) * step) - rank * step)
+def remove_files(prefix):
+    for suffix in ('.rec', '.idx'):
+        if os.path.exists(prefix + suffix):
+            os.remove(prefix + suffix)
 
 
 class RecordLoader:
-    """--data-backend mxnet: MXNet's C++ ImageRecordIter (decode and augmentation on CPU threads)."""
+    """--data-backend mxnet: MXNet's C++ ImageRecordIter (decode and augmentation on CPU threads).
+
+    Training reads the records of TrainingShard itself and feeds them to ImageRecordIter in chunks of
+    ceil(CHUNK_IMAGES / batch) batches, one iterator per chunk with an augmentation seed from (seed, epoch,
+    rank, chunk): batch k of an epoch is fixed, and `epoch(e, k)` starts at k's chunk (exact resume, at most
+    the chunk's earlier batches decoded in vain). Augmentation is ImageRecordIter's, with all its flags.
+    Validation reads the file in order with ImageRecordIter's own split."""
 
     def __init__(self, args, rank, num_workers, training):
         self.args, self.rank, self.num_workers, self.training = args, rank, num_workers, training
         self.batch_size = per_worker_batch(args, num_workers)
         what = 'training' if training else 'validation'
         rec, idx = (args.data_train, args.data_train_idx) if training else (args.data_val, args.data_val_idx)
-        self.records = RecordFile(rec, idx, args.num_classes, what)
+        self.records = records.RecordFile(rec, idx, args.num_classes, what)
         if training:
             self.num_examples = args.num_examples or len(self.records)
-            self.num_batches = -(-(-(-self.num_examples // num_workers)) // self.batch_size)
+            self.shard = records.TrainingShard(len(self.records), self.num_examples, rank, num_workers, self.batch_size,
+                                       args.seed)
+            self.num_batches = self.shard.num_batches
+            self.chunk_batches = max(1, -(-CHUNK_IMAGES // self.batch_size))
+            self.workdir = tempfile.mkdtemp(prefix='rn50-chunks-')
+            weakref.finalize(self, shutil.rmtree, self.workdir, True)
         else:
             self.num_examples = len(self.records)
-            self.num_batches = -(-record_iter_shard_size(self.num_examples, rank, num_workers) // self.batch_size)
+            shard = records.record_iter_shard_size(self.num_examples, rank, num_workers)
+            self.num_batches = -(-shard // self.batch_size)
 
-    def _iterator(self, seed):
+    def _common(self):
         args = self.args
-        common = dict(path_imgrec=self.records.rec_path, path_imgidx=self.records.idx_path,
-                      data_shape=(3,) + tuple(args.image_shape[1:]), batch_size=self.batch_size,
-                      label_width=1, preprocess_threads=args.data_mxnet_threads,
-                      mean_r=args.rgb_mean[0], mean_g=args.rgb_mean[1], mean_b=args.rgb_mean[2],
-                      std_r=args.rgb_std[0], std_g=args.rgb_std[1], std_b=args.rgb_std[2],
-                      num_parts=self.num_workers, part_index=self.rank)
-        if not self.training:
-            # round_batch: the last batch is filled from the start and its pad is right (without it,
-            # ImageRecordIter reports pad 0 and garbage labels for the partial batch).
-            return mx.io.ImageRecordIter(resize=args.data_val_resize, rand_crop=False, rand_mirror=False,
-                                         shuffle=False, round_batch=True, **common)
+        return dict(data_shape=(3,) + tuple(args.image_shape[1:]), batch_size=self.batch_size,
+                    label_width=1, preprocess_threads=args.data_mxnet_threads, verbose=False,
+                    mean_r=args.rgb_mean[0], mean_g=args.rgb_mean[1], mean_b=args.rgb_mean[2],
+                    std_r=args.rgb_std[0], std_g=args.rgb_std[1], std_b=args.rgb_std[2])
+
+    def _training_iterator(self, path, seed):
+        args = self.args
+        low, high = aspect_ratio_range(args)
         return mx.io.ImageRecordIter(
-            shuffle=True, seed=seed, seed_aug=seed ^ 1,  # augmentation seed: fixed per epoch too
-            round_batch=True, rand_crop=args.random_crop,
-            rand_mirror=args.random_mirror, random_resized_crop=args.random_resized_crop,
+            path_imgrec=path + '.rec', path_imgidx=path + '.idx', shuffle=False, round_batch=False, seed_aug=seed,
+            rand_crop=args.random_crop, rand_mirror=args.random_mirror, random_resized_crop=args.random_resized_crop,
             min_random_area=args.min_random_area, max_random_area=args.max_random_area,
-            min_aspect_ratio=aspect_ratio_range(args)[0], max_aspect_ratio=aspect_ratio_range(args)[1],
+            min_aspect_ratio=low, max_aspect_ratio=high,
             random_h=args.max_random_h, random_s=args.max_random_s, random_l=args.max_random_l,
             max_rotate_angle=args.max_random_rotate_angle, max_shear_ratio=args.max_random_shear_ratio,
             max_random_scale=args.max_random_scale, min_random_scale=args.min_random_scale,
             min_crop_size=args.min_crop_size, max_crop_size=args.max_crop_size, brightness=args.brightness,
             contrast=args.contrast, saturation=args.saturation, pca_noise=args.pca_noise, pad=args.pad_size,
-            **common)
+            **self._common())
 
     def epoch(self, epoch, start=0):
-        """The epoch's batches from `start` (see _batches); a decoder failure (ImageRecordIter stops on an
-        undecodable JPEG) becomes a RecipeError naming the record."""
+        """The epoch's batches from `start`. A batch, like those of MXNet's own iterators, is valid until the
+        next one is requested."""
+        if self.training:
+            yield from self._training_batches(epoch, start)
+            return
         try:
-            yield from self._batches(epoch, start)
+            yield from self._validation_batches(start)
         except mx.base.MXNetError as e:
             first = self.rank * -(-len(self.records) // self.num_workers)
-            count = record_iter_shard_size(len(self.records), self.rank, self.num_workers)
-            raise RecipeError(undecodable_message(self.records, first, count, e)) from e
+            count = records.record_iter_shard_size(len(self.records), self.rank, self.num_workers)
+            raise RecipeError(records.undecodable_message(self.records, range(first, first + count), e)) from e
 
-    def _batches(self, epoch, start):
-        """The iterator for this epoch's seed, fast-forwarded to `start`, and restarted (same seed) if this
-        shard runs out before num_batches: batches past the shard's end are filler. A batch, like those of
-        MXNet's own iterators, is valid until the next one is requested."""
-        iterator = self._iterator(epoch_seed(self.args.seed, epoch))
-        produced, first_pass = 0, True
-        while True:
-            for batch in iterator:
-                if produced >= start:
-                    pad = batch.pad if first_pass else self.batch_size
-                    yield mx.io.DataBatch(data=[finish_images(batch.data[0], self.args)], label=batch.label,
-                                          pad=pad)
-                produced += 1
-                if produced == self.num_batches:
-                    return
-            iterator.reset()
-            first_pass = False
+    def _chunk(self, epoch, chunk):
+        """(ImageRecordIter over a temporary .rec with the chunk's records in order, its path, their
+        indices): run in a background thread, so the next chunk is read (and starts decoding) meanwhile."""
+        first = chunk * self.chunk_batches
+        batches = range(first, min(first + self.chunk_batches, self.num_batches))
+        indices = np.concatenate([self.shard.batch(epoch, i)[0] for i in batches])
+        path = os.path.join(self.workdir, f'e{epoch}-c{chunk}-{threading.get_ident()}')
+        sizes = []
+        with open(path + '.rec', 'wb') as f:
+            for begin in range(0, len(indices), 256):
+                stored = self.records.read(indices[begin:begin + 256], whole=True)[0]
+                f.write(b''.join(stored))
+                sizes += map(len, stored)
+        # With an index ImageRecordIter reads batch by batch (without one it decodes a whole read buffer,
+        # up to thousands of small images, before the first batch); its entries are in file order.
+        offsets = np.cumsum([0] + sizes[:-1])
+        with open(path + '.idx', 'w') as f:
+            f.write(''.join(f'{i}\t{offset}\n' for i, offset in enumerate(offsets)))
+        try:
+            iterator = self._training_iterator(path, records.epoch_seed(self.args.seed, epoch, self.rank, chunk))
+        except mx.base.MXNetError as e:
+            remove_files(path)
+            raise RecipeError(records.undecodable_message(self.records, indices, e)) from e
+        return iterator, path, indices
+
+    def _training_batches(self, epoch, start):
+        if start >= self.num_batches:
+            return
+        pool = ThreadPoolExecutor(1)
+        chunk = start // self.chunk_batches
+        pending = pool.submit(self._chunk, epoch, chunk)
+        try:
+            while pending is not None:
+                iterator, path, indices = pending.result()
+                first = chunk * self.chunk_batches
+                chunk += 1
+                pending = pool.submit(self._chunk, epoch, chunk) \
+                    if chunk * self.chunk_batches < self.num_batches else None
+                try:
+                    for index, batch in enumerate(iterator, first):
+                        if index >= start:
+                            yield mx.io.DataBatch(data=[finish_images(batch.data[0], self.args)],
+                                                  label=batch.label, pad=self.shard.batch(epoch, index)[1])
+                except mx.base.MXNetError as e:
+                    raise RecipeError(records.undecodable_message(self.records, indices, e)) from e
+                finally:
+                    del iterator
+                    remove_files(path)
+        finally:
+            if pending is not None:     # abandoned or failed: drop the chunk read ahead
+                try:
+                    remove_files(pending.result()[1])
+                except Exception:  # its own error is not ours to report here
+                    pass
+            pool.shutdown(wait=True)
+
+    def _validation_batches(self, start):
+        """ImageRecordIter in file order over its part of the file; round_batch fills the last batch from
+        the start and reports its pad (without it, ImageRecordIter reports pad 0 and garbage labels). Labels
+        are checked batch by batch."""
+        iterator = mx.io.ImageRecordIter(
+            path_imgrec=self.records.rec_path, path_imgidx=self.records.idx_path, resize=self.args.data_val_resize,
+            rand_crop=False, rand_mirror=False, shuffle=False, round_batch=True, num_parts=self.num_workers,
+            part_index=self.rank, **self._common())
+        first = self.rank * -(-len(self.records) // self.num_workers)
+        for index, batch in enumerate(iterator):
+            if index == self.num_batches:
+                return
+            labels = batch.label[0].asnumpy()[:self.batch_size - batch.pad]
+            bad = np.flatnonzero(~((labels >= 0) & (labels < self.args.num_classes) & (labels == np.floor(labels))))
+            if len(bad):
+                raise RecipeError(f'validation record {first + index * self.batch_size + int(bad[0])} of '
+                                  f'{self.records.rec_path} has label {labels[bad[0]]:g}, outside '
+                                  f'[0, {self.args.num_classes}): check --num-classes')
+            if index >= start:
+                yield mx.io.DataBatch(data=[finish_images(batch.data[0], self.args)], label=batch.label,
+                                      pad=batch.pad)
 
 
 class SyntheticLoader:
@@ -421,7 +407,7 @@ class SyntheticLoader:
         else:
             # ImageNet's validation/training ratio: 50,000 images for the default epoch of 1,281,167.
             self.num_examples = max(1, round(IMAGENET_VAL_SIZE * train_examples / IMAGENET_TRAIN_SIZE))
-            self.num_batches = -(-shard_size(self.num_examples, rank, num_workers) // self.batch_size)
+            self.num_batches = -(-records.shard_size(self.num_examples, rank, num_workers) // self.batch_size)
         first = rank * self.batch_size
         stream = 0 if training else 1
         shape = (3,) + tuple(args.image_shape[1:])

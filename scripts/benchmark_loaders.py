@@ -1,10 +1,15 @@
 #!/usr/bin/env python
-"""Training-augmentation throughput of the data loaders, side by side, on ImageNet-sized JPEGs.
+"""Data loader benchmarks: throughput on ImageNet-sized JPEGs, and (issue 15) the training order, start-up
+and resume at ImageNet scale, each optionally against the code of another git revision.
 
     python scripts/benchmark_loaders.py [--images 2000] [--batch-size 64] [--workers 2] [--batches 30]
+    python scripts/benchmark_loaders.py --baseline REV --rounds 3      # throughput, this code vs REV's
+    python scripts/benchmark_loaders.py --order [--baseline REV]       # order of epoch 1 against epoch 0
+    python scripts/benchmark_loaders.py --startup [--baseline REV]     # loaders on a 1,281,167-record index
+    python scripts/benchmark_loaders.py --resume [--baseline REV]      # start at 90% of a 100,000-record epoch
 
-Writes --images synthetic photographs (500x375 JPEGs of about ImageNet's file size) to a RecordIO file once
-(in --workdir), then measures, in one run and with the same number of decoding threads or processes:
+Throughput: writes --images synthetic photographs (500x375 JPEGs of about ImageNet's file size) to a
+RecordIO file once (in --workdir), then measures, with the same number of decoding threads or processes:
 
 * the recipe's `dali-cpu` loader (decodes only the random crop region),
 * the recipe's `mxnet` loader and a bare `mx.io.ImageRecordIter` with the same settings (the recipe should
@@ -12,26 +17,30 @@ Writes --images synthetic photographs (500x375 JPEGs of about ImageNet's file si
 * a plain PIL + NumPy loader in a process pool doing the same random-resized-crop, flip and normalisation.
 
 Prints images/s and the two ratios the recipe is held to: dali-cpu / PIL (target >= 1.5) and
-mxnet / bare ImageRecordIter (target >= 0.9).
+mxnet / bare ImageRecordIter (target >= 0.9). With --baseline REV, the recipe's loaders of this tree and of
+REV (exported with `git archive` to --workdir) are measured in interleaved rounds, each measurement in its
+own process, and the median of --rounds is compared (target: new >= 0.95 x old).
+
+--order: a 20,000-record file whose labels are the record indices, read for epochs 0 and 1 through the
+recipe's loaders by 2 workers with --batch-size 64 (global); prints the correlation of each record's position
+in epoch 1 with its position in epoch 0 (goal |r| < 0.05) and how much more often than fresh random batches
+two records that shared a (global) batch in epoch 0 share one again (goal <= 1.3x).
+--startup: the time to build the training loader of rank 0 of 8 on a 1,281,167-record synthetic .idx/.rec
+(goal <= 3 s), and to its first batch, twice in one process (first: files possibly read from disk; again:
+from the page cache). --resume: the time to the first batch of epoch(0, k) with k at 90% of a
+100,000-record epoch, against k = 0.
 """
 import argparse
 import io
+import json
 import multiprocessing
 import os
+import statistics
+import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import mxnet as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
-
-import data  # noqa: E402
-import train  # noqa: E402
-
-MEAN = np.array([123.68, 116.779, 103.939], np.float32)
-STD = np.array([58.393, 57.12, 57.375], np.float32)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_args():
@@ -41,7 +50,31 @@ def parse_args():
     parser.add_argument('--workers', type=int, default=2, help='decoding threads / processes for every loader')
     parser.add_argument('--batches', type=int, default=30, help='batches timed per loader (after 3 warm-up)')
     parser.add_argument('--workdir', default='/tmp/rn50-loader-benchmark')
+    parser.add_argument('--baseline', help='git revision whose loaders to measure too, in interleaved rounds')
+    parser.add_argument('--rounds', type=int, default=3, help='interleaved rounds with --baseline')
+    parser.add_argument('--order', action='store_true', help='order quality of epoch 1 against epoch 0')
+    parser.add_argument('--startup', action='store_true', help='loader start-up on a 1,281,167-record index')
+    parser.add_argument('--resume', action='store_true', help='start time at 90%% of a 100,000-record epoch')
+    parser.add_argument('--measure', help=argparse.SUPPRESS)      # internal: one measurement in this process
+    parser.add_argument('--code', default=ROOT, help=argparse.SUPPRESS)
+    parser.add_argument('--backend', help=argparse.SUPPRESS)
     return parser.parse_args()
+
+
+ARGS = parse_args()
+sys.path.insert(0, ARGS.code)
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import data  # noqa: E402
+import records  # noqa: E402
+import train  # noqa: E402
+
+MEAN = np.array([123.68, 116.779, 103.939], np.float32)
+STD = np.array([58.393, 57.12, 57.375], np.float32)
+BACKENDS = ('dali-cpu', 'mxnet')
 
 
 def photograph(seed):
@@ -68,6 +101,47 @@ def make_dataset(args):
     return rec, idx
 
 
+def make_small_dataset(workdir, name, count, classes, side=24):
+    """`count` records of one small JPEG each (side x side), label i % classes, written with numpy in one go
+    (1.28 M records in seconds): for order, start-up and resume, where decoding is not the point."""
+    rec, idx = os.path.join(workdir, f'{name}.rec'), os.path.join(workdir, f'{name}.idx')
+    if os.path.exists(idx):
+        return rec, idx
+    os.makedirs(workdir, exist_ok=True)
+    buffer = io.BytesIO()
+    pixels = np.random.default_rng(0).integers(0, 255, (side, side, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buffer, format='JPEG', quality=90)
+    jpeg = buffer.getvalue()
+    length = 24 + len(jpeg)
+    stride = 8 + (length + 3) // 4 * 4
+    records = np.zeros((count, stride), np.uint8)
+    head = np.zeros(count, dtype=[('magic', '<u4'), ('length', '<u4'), ('flag', '<u4'), ('label', '<f4'),
+                                  ('id', '<u8'), ('id2', '<u8')])
+    head['magic'], head['length'] = records.RECORD_MAGIC, length
+    head['label'] = np.arange(count) % classes
+    head['id'] = np.arange(count)
+    records[:, :32] = head.view(np.uint8).reshape(count, 32)
+    records[:, 32:32 + len(jpeg)] = np.frombuffer(jpeg, np.uint8)
+    records.tofile(rec)
+    with open(idx + '.tmp', 'w') as f:
+        f.write('\n'.join(f'{i}\t{i * stride}' for i in range(count)) + '\n')
+    os.replace(idx + '.tmp', idx)
+    return rec, idx
+
+
+def options(flags):
+    args = train.build_parser().parse_args(flags)
+    args.contexts, args.device, args.dtype, args.amp = [mx.cpu()], 'cpu', 'float32', False
+    return args
+
+
+def get_loaders(args, rank, workers, **which):
+    """The recipe's loader factory: train.get_loaders, or data.get_loaders in revisions before the layout
+    change (--baseline may name one)."""
+    factory = getattr(train, 'get_loaders', None) or getattr(data, 'get_loaders')
+    return factory(args, rank, workers, **which)
+
+
 def timed(batches, count):
     """images/s over `count` batches after 3 warm-up batches; each batch is forced to exist."""
     images = 0
@@ -86,9 +160,7 @@ def recipe_batches(args, rec, idx, backend):
     flags = ['--data-train', rec, '--data-train-idx', idx, '--batch-size', str(args.batch_size),
              '--data-backend', backend, '--dali-threads', str(args.workers), '--data-mxnet-threads', str(args.workers),
              '--seed', '1']
-    options = train.build_parser().parse_args(flags)
-    options.contexts, options.device, options.dtype, options.amp = [mx.cpu()], 'cpu', 'float32', False
-    loader = train.get_loaders(options, 0, 1, val=False)[0]
+    loader = get_loaders(options(flags), 0, 1, val=False)[0]
     epoch = 0
     while True:
         yield from loader.epoch(epoch)
@@ -130,10 +202,10 @@ def pil_sample(job):
 
 
 def pil_batches(args, rec, idx, pool):
-    records = data.RecordFile(rec, idx, 1000, 'benchmark')
-    order = np.random.default_rng(1).permutation(len(records))
+    dataset = records.RecordFile(rec, idx, 1000, 'benchmark')
+    order = np.random.default_rng(1).permutation(len(dataset))
     with open(rec, 'rb') as f:
-        payloads = [data.read_record(f, records.offsets[i])[2] for i in order]
+        payloads = [records.read_record(f, dataset.offsets[i])[2] for i in order]
     position = 0
     while True:
         jobs = [(payloads[(position + j) % len(payloads)], position + j) for j in range(args.batch_size)]
@@ -141,12 +213,156 @@ def pil_batches(args, rec, idx, pool):
         yield np.stack(pool.map(pil_sample, jobs, chunksize=args.batch_size // args.workers))
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Measurements run in their own process (--measure), so that two versions of the code can be compared
+
+
+def measure_throughput(args):
+    rec, idx = make_dataset(args)
+    return {'images_per_s': timed(recipe_batches(args, rec, idx, args.backend), args.batches)}
+
+
+def measure_order(args):
+    """Per record, its position and its global batch (the step: batch i of every worker) in epochs 0 and 1,
+    read through the recipe's loaders by 2 workers with --batch-size 64 (global; 32 per worker); the labels
+    are the record indices. Pair recurrence compares how often two records of one global batch of epoch 0
+    share a global batch of epoch 1 with the (batch - 1) / (records - 1) of fresh random batches."""
+    count, workers, batch = 20000, 2, 64
+    per_worker = batch // workers
+    rec, idx = make_small_dataset(args.workdir, 'order', count, count, side=16)
+    flags = ['--data-train', rec, '--data-train-idx', idx, '--num-classes', str(count), '--image-shape', '3,16,16',
+             '--batch-size', str(batch), '--data-backend', args.backend, '--seed', '1',
+             '--dali-threads', str(args.workers), '--data-mxnet-threads', str(args.workers)]
+    position = np.full((2, count), -1.0)
+    step = np.full((2, count), -1)
+    for rank in range(workers):
+        loader = get_loaders(options(flags), rank, workers, val=False)[0]
+        for epoch in (0, 1):
+            for i, b in enumerate(loader.epoch(epoch)):
+                labels = b.label[0].asnumpy().astype(np.int64)[:per_worker - b.pad]
+                position[epoch, labels] = i * batch + rank * per_worker + np.arange(len(labels))
+                step[epoch, labels] = i
+    seen = (position >= 0).all(axis=0)
+    r = float(np.corrcoef(position[0, seen], position[1, seen])[0, 1])
+    together = pairs = 0
+    for g in np.unique(step[0, seen]):
+        members = step[1, seen][step[0, seen] == g]
+        counts = np.unique(members, return_counts=True)[1]
+        together += int((counts * (counts - 1) // 2).sum())
+        pairs += len(members) * (len(members) - 1) // 2
+    recurrence = together / pairs / ((batch - 1) / (seen.sum() - 1))
+    return {'r': r, 'pair_recurrence': float(recurrence), 'records_seen': int(seen.sum())}
+
+
+def measure_startup(args):
+    rec, idx = make_small_dataset(args.workdir, 'imagenet-size', data.IMAGENET_TRAIN_SIZE, 1000, side=8)
+    flags = ['--data-train', rec, '--data-train-idx', idx, '--num-classes', '1000', '--batch-size', '256',
+             '--image-shape', '3,24,24', '--data-backend', args.backend, '--seed', '1',
+             '--dali-threads', str(args.workers), '--data-mxnet-threads', str(args.workers)]
+    result = {}
+    for attempt in ('first', 'again'):      # the first may read the files from disk, the second from the cache
+        begin = time.time()
+        loader = get_loaders(options(flags), 0, 8, val=False)[0]
+        ready = time.time()
+        next(iter(loader.epoch(0))).data[0].wait_to_read()
+        result.update({f'{attempt}_ready_s': ready - begin, f'{attempt}_first_batch_s': time.time() - ready})
+        del loader
+    return result
+
+
+def measure_resume(args):
+    rec, idx = make_small_dataset(args.workdir, 'resume', 100000, 1000, side=64)
+    flags = ['--data-train', rec, '--data-train-idx', idx, '--num-classes', '1000', '--batch-size', '64',
+             '--image-shape', '3,32,32', '--data-backend', args.backend, '--seed', '1',
+             '--dali-threads', str(args.workers), '--data-mxnet-threads', str(args.workers)]
+    result = {}
+    warm_up = get_loaders(options(flags), 0, 1, val=False)[0]    # libraries loaded, files cached
+    next(iter(warm_up.epoch(1))).data[0].wait_to_read()
+    del warm_up
+    for name, fraction in (('fresh_s', 0), ('resume_90_s', 0.9)):
+        loader = get_loaders(options(flags), 0, 1, val=False)[0]
+        begin = time.time()
+        next(iter(loader.epoch(0, int(fraction * loader.num_batches)))).data[0].wait_to_read()
+        result[name] = time.time() - begin
+    return result
+
+
+MEASURES = {'throughput': measure_throughput, 'order': measure_order, 'startup': measure_startup,
+            'resume': measure_resume}
+
+
+def run_measure(args, what, backend, code):
+    command = [sys.executable, os.path.abspath(__file__), '--measure', what, '--backend', backend, '--code', code,
+               '--workdir', args.workdir, '--images', str(args.images), '--batch-size', str(args.batch_size),
+               '--workers', str(args.workers), '--batches', str(args.batches)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    lines = [line for line in result.stdout.splitlines() if line.startswith('{')]
+    if result.returncode or not lines:
+        raise SystemExit(f'{" ".join(command)} failed:\n{result.stderr[-3000:]}')
+    return json.loads(lines[-1])
+
+
+def export_revision(args):
+    """The tree of --baseline, exported (not checked out) to --workdir."""
+    revision = subprocess.run(['git', '-C', ROOT, 'rev-parse', '--short', args.baseline], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    folder = os.path.join(args.workdir, f'code-{revision}')
+    if not os.path.exists(folder):
+        os.makedirs(folder + '.tmp', exist_ok=True)
+        archive = subprocess.run(['git', '-C', ROOT, 'archive', revision], capture_output=True, check=True).stdout
+        subprocess.run(['tar', '-x', '-C', folder + '.tmp'], input=archive, check=True)
+        os.replace(folder + '.tmp', folder)
+    return revision, folder
+
+
+def compare(args, what):
+    """`what` for both backends, for this tree and (with --baseline) REV's, in interleaved rounds."""
+    versions = [('this tree', ROOT)]
+    if args.baseline:
+        revision, folder = export_revision(args)
+        versions.append((f'{args.baseline} ({revision})', folder))
+    rounds = args.rounds if what == 'throughput' else 1
+    results = {}
+    for round_index in range(rounds):
+        for backend in BACKENDS:
+            for name, code in (versions if round_index % 2 == 0 else versions[::-1]):
+                value = run_measure(args, what, backend, code)
+                results.setdefault((backend, name), []).append(value)
+                print(f'  round {round_index + 1}: {backend:8} {name:24} {value}', flush=True)
+    print(f'{what}: {cpu_name()}, {os.cpu_count()} cores')
+    for (backend, name), values in results.items():
+        keys = values[0].keys()
+        summary = {k: statistics.median(v[k] for v in values) for k in keys}
+        print(f'  {backend:8} {name:24} ' + ', '.join(f'{k} {v:.4g}' for k, v in summary.items()))
+    if args.baseline and what == 'throughput':
+        for backend in BACKENDS:
+            new, old = ([v['images_per_s'] for v in results[backend, name]] for name, _ in versions)
+            paired = statistics.median(n / o for n, o in zip(new, old))
+            print(f'  {backend}: this tree / baseline = {statistics.median(new) / statistics.median(old):.3f} '
+                  f'(medians), {paired:.3f} (median of the rounds\' ratios); target >= 0.95')
+
+
+def cpu_name():
+    with open('/proc/cpuinfo') as f:
+        return next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), 'unknown CPU')
+
+
 def main():
-    args = parse_args()
+    args = ARGS
+    if args.measure:
+        print(json.dumps(MEASURES[args.measure](args)))
+        return
+    for what in ('order', 'startup', 'resume'):
+        if getattr(args, what):
+            compare(args, what)
+            return
+    if args.baseline:
+        compare(args, 'throughput')
+        return
     rec, idx = make_dataset(args)
     size = os.path.getsize(rec) / args.images / 1024
     print(f'{args.images} JPEGs of 500x375, {size:.0f} KB on average; batch {args.batch_size}, '
-          f'{args.workers} threads/processes, 224x224 training augmentation')
+          f'{args.workers} threads/processes, 224x224 training augmentation; {cpu_name()}')
     rates = {'dali-cpu (recipe)': timed(recipe_batches(args, rec, idx, 'dali-cpu'), args.batches),
              'mxnet (recipe)': timed(recipe_batches(args, rec, idx, 'mxnet'), args.batches),
              'ImageRecordIter (bare)': timed(bare_batches(args, rec, idx), args.batches)}

@@ -1,0 +1,199 @@
+"""The training order of the real backends: a fresh permutation of the whole file every epoch, a function of
+(seed, epoch) dealt over the global ranks; exact seeking; start-up checks that scale; bad records named."""
+import os
+import struct
+import time
+
+import numpy as np
+import pytest
+
+import dali
+import records
+from train import get_loaders
+from conftest import resolved
+from errors import RecipeError
+from test_data import real_labels, unique_label_args, write_rec
+
+REAL = ['mxnet', 'dali-cpu']
+
+
+def epoch_labels(args, workers, epoch, start=0):
+    """Per worker, the labels (= record indices) of its batches of `epoch` from `start`, and the pads."""
+    result = []
+    for rank in range(workers):
+        train, _ = get_loaders(args, rank, workers, val=False)
+        result.append([(b.label[0].asnumpy().astype(int).tolist(), b.pad) for b in train.epoch(epoch, start)])
+    return result
+
+
+@pytest.mark.parametrize('backend', REAL)
+def test_every_epoch_is_a_fresh_permutation_of_the_whole_file(tmp_path, backend):
+    args = unique_label_args(tmp_path, backend, count=29, batch=6)     # 2 workers x 3 per worker
+    epochs = []
+    for epoch in (0, 1):
+        batches = epoch_labels(args, 2, epoch)
+        assert len(batches[0]) == len(batches[1]) == 5                  # ceil(ceil(29 / 2) / 3)
+        real = [label for worker in batches for labels, pad in worker for label in labels[:len(labels) - pad]]
+        assert sorted(real) == list(range(29))                          # each record exactly once
+        # a global batch (batch i of every worker) is the slice [6i, 6i + 6) of the epoch's order
+        order = records.epoch_order(29, 29, 5, epoch)
+        for i in range(5):
+            expected = order[6 * i:6 * i + 6]
+            got = [batches[r][i][0][j] for j in range(3) for r in range(2)]
+            real_count = len(expected)
+            assert got[:real_count] == expected.tolist()
+        epochs.append(real)
+    # the records of worker 0 are not the same set in both epochs (no stick-to-shard)
+    assert epochs[0] != epochs[1]
+    first = [label for labels, pad in epoch_labels(args, 2, 0)[0] for label in labels[:len(labels) - pad]]
+    again = [label for labels, pad in epoch_labels(args, 2, 0)[0] for label in labels[:len(labels) - pad]]
+    assert first == again                                               # same (seed, epoch): same order
+
+
+def test_filler_is_reported_and_steps_are_equal():
+    shard = records.TrainingShard(total=10, count=10, rank=2, num_workers=3, batch_size=2, seed=0)
+    assert shard.num_batches == 2 and shard.real_samples == 3
+    pads = [shard.batch(0, i)[1] for i in range(2)]
+    assert pads == [0, 1]                                               # positions 2, 5 | 8, 11 (filler)
+    others = [records.TrainingShard(10, 10, r, 3, 2, 0).num_batches for r in range(3)]
+    assert others == [2, 2, 2]
+    longer = records.TrainingShard(total=4, count=10, rank=0, num_workers=1, batch_size=5, seed=1)
+    indices = np.concatenate([longer.batch(3, i)[0] for i in range(2)])
+    assert sorted(indices[:4]) == [0, 1, 2, 3] and sorted(indices[4:8]) == [0, 1, 2, 3]
+
+
+def test_order_quality_statistics():
+    """Order of epoch 1 against epoch 0 over 20,000 records, 2 workers, batch 64: no position correlation
+    and no more batch-mate recurrence than fresh random batches (the issue's measure)."""
+    count, workers, batch = 20000, 2, 64
+    position, batch_id = {}, {}
+    for epoch in (0, 1):
+        position[epoch] = np.empty(count)
+        batch_id[epoch] = np.empty(count, np.int64)
+        for rank in range(workers):
+            shard = records.TrainingShard(count, count, rank, workers, batch, seed=7)
+            for i in range(shard.num_batches):
+                members, pad = shard.batch(epoch, i)
+                members = members[:batch - pad]
+                position[epoch][members] = i * batch + np.arange(len(members))
+                batch_id[epoch][members] = i * workers + rank
+    r = np.corrcoef(position[0], position[1])[0, 1]
+    same = 0
+    for group in np.unique(batch_id[0]):
+        members = batch_id[1][batch_id[0] == group]
+        _, counts = np.unique(members, return_counts=True)
+        same += (counts * (counts - 1) // 2).sum()
+    pairs = sum(c * (c - 1) // 2 for c in np.unique(batch_id[0], return_counts=True)[1])
+    recurrence = same / pairs / ((batch - 1) / (count - 1))
+    assert abs(r) < 0.05 and recurrence < 1.3
+
+
+@pytest.mark.parametrize('backend', REAL)
+def test_resume_lands_on_the_right_batch_of_a_kept_pipeline(tmp_path, backend):
+    args = unique_label_args(tmp_path, backend, count=40, batch=4)
+    train, _ = get_loaders(args, 0, 1, val=False)
+    full = [(b.data[0].asnumpy().copy(), b.label[0].asnumpy().copy()) for b in train.epoch(2)]
+    assert len(full) == 10
+    partial = train.epoch(1)
+    next(partial)                                    # an abandoned epoch: the loader must not carry it over
+    del partial
+    for start in (7, 3):
+        tail = [(b.data[0].asnumpy().copy(), b.label[0].asnumpy().copy()) for b in train.epoch(2, start)]
+        assert len(tail) == 10 - start
+        for (x, y), (tx, ty) in zip(full[start:], tail):
+            np.testing.assert_array_equal(y, ty)
+            np.testing.assert_array_equal(x, tx)     # the same augmentation, too
+    fresh, _ = get_loaders(args, 0, 1, val=False)
+    np.testing.assert_array_equal(next(fresh.epoch(2, 9)).label[0].asnumpy(), full[9][1])
+
+
+def test_dali_keeps_its_pipeline_across_epochs_and_wraps(tmp_path):
+    args = unique_label_args(tmp_path, 'dali-cpu', count=24, batch=6)
+    train, val = get_loaders(args, 0, 1)
+    for epoch in range(3):
+        assert sorted(real_labels(train, epoch)) == list(range(24))
+        assert real_labels(val, epoch) == list(range(24))
+    pipes = train.pipes
+    seen = []
+    for batch in train.epoch(3):                     # --benchmark-iters shorter than the epoch: abandon it
+        seen.append(batch.label[0].asnumpy().tolist())
+        break
+    assert sorted(real_labels(train, 3)) == list(range(24)) and train.pipes is pipes
+
+
+@pytest.mark.parametrize('backend', REAL)
+def test_bad_label_named_when_its_batch_is_read(tmp_path, backend):
+    labels = [i % 3 for i in range(records.STARTUP_CHECKS * 2)]
+    skipped = next(i for i in range(len(labels))
+                   if i not in set(np.linspace(0, len(labels) - 1, records.STARTUP_CHECKS).astype(int)))
+    labels[skipped] = 9                               # not among the records checked at start-up
+    rec, idx = write_rec(str(tmp_path / 'b'), labels, size=(8, 8))
+    args = resolved(['--data-train', rec, '--data-train-idx', idx, '--num-classes', '3', '--batch-size', '64',
+                     '--image-shape', '3,8,8', '--data-backend', backend, '--data-mxnet-threads', '1',
+                     '--dali-threads', '1'])
+    train, _ = get_loaders(args, 0, 1, val=False)
+    with pytest.raises(RecipeError, match=f'training record {skipped} of {rec} has label 9, outside \\[0, 3\\)'):
+        list(train.epoch(0))
+
+
+def test_index_parsing_is_fast_and_strict(tmp_path):
+    count = 1281167
+    offsets = np.arange(count, dtype=np.int64) * 40
+    path = str(tmp_path / 'big.idx')
+    with open(path, 'w') as f:
+        f.write(''.join(f'{i}\t{o}\n' for i, o in enumerate(offsets)))
+    begin = time.time()
+    parsed = records.read_index(path)
+    assert time.time() - begin < 3 and np.array_equal(parsed, offsets)
+    (tmp_path / 'bad.idx').write_text('0\t0\n1\t40\n2\n')
+    with pytest.raises(RecipeError, match='line 3 is not "key<TAB>offset"'):
+        records.read_index(str(tmp_path / 'bad.idx'))
+    (tmp_path / 'blank.idx').write_text('0\t0\n\n1\t40')
+    assert records.read_index(str(tmp_path / 'blank.idx')).tolist() == [0, 40]
+
+
+def test_multipart_record_is_joined(tmp_path):
+    """A payload containing the RecordIO magic word is stored in parts; the reader joins them."""
+    import mxnet as mx
+    magic = struct.pack('<I', records.RECORD_MAGIC)
+    image = b'\xff\xd8' + b'ab' + magic + b'cdefgh' + magic + b'ij'
+    folder = str(tmp_path / 'm')
+    os.makedirs(folder)
+    writer = mx.recordio.MXIndexedRecordIO(os.path.join(folder, 'd.idx'), os.path.join(folder, 'd.rec'), 'w')
+    for i in range(3):
+        writer.write_idx(i, mx.recordio.pack(mx.recordio.IRHeader(0, float(i), i, 0), image))
+    writer.close()
+    mapped = records.RecordFile(os.path.join(folder, 'd.rec'), os.path.join(folder, 'd.idx'), 3, 'training')
+    payloads, labels = mapped.read([2, 0])
+    assert [bytes(p) for p in payloads] == [image, image] and labels.tolist() == [2, 0]
+    plain = records.RecordFile(os.path.join(folder, 'd.rec'), os.path.join(folder, 'd.idx'), 3, 'training',
+                               use_mmap=False)             # --dali-dont-use-mmap: os.pread, same bytes
+    assert [bytes(p) for p in plain.read([2, 0])[0]] == [image, image]
+    whole, _ = mapped.read([1], whole=True)            # as stored: all parts, for the native loader's chunks
+    stored = open(os.path.join(folder, 'd.rec'), 'rb').read()[mapped.offsets[1]:mapped.offsets[2]]
+    assert bytes(whole[0]) == stored
+
+
+def test_random_crops_follow_the_area_and_aspect_rule():
+    rng = np.random.default_rng(0)
+    sizes = np.array([[375, 500]] * 4000 + [[10, 1000]] * 10, dtype=np.float64)
+    anchors, shapes = dali.random_crops(sizes, rng, (0.08, 1.0), (3 / 4, 4 / 3))
+    assert (anchors >= 0).all() and (anchors + shapes <= 1 + 1e-6).all()
+    area = shapes[:4000].prod(axis=1)
+    aspect = shapes[:4000, 0] * 500 / (shapes[:4000, 1] * 375)
+    assert area.min() > 0.07 and area.max() <= 1 and 0.74 < aspect.min() and aspect.max() < 1.35
+    # a 1:100 image fits no draw: the whole height, the widest allowed crop, centered
+    np.testing.assert_allclose(shapes[-1], [13 / 1000, 1], atol=1e-6)
+    assert dali.image_size(b'\xff\xd8\xff\xe0\x00\x04ab\xff\xc0\x00\x11\x08\x01\x77\x01\xf4rest') == (375, 500)
+    assert dali.image_size(b'not an image at all') is None
+
+
+def test_unfused_decoder_crops_the_same_windows(tmp_path):
+    """--dali-fuse-decoder 0 decodes whole images and slices the same numpy-drawn windows."""
+    batches = {}
+    for fuse in ('0', '1'):
+        args = unique_label_args(tmp_path / fuse, 'dali-cpu', count=12, batch=4, extra=['--dali-fuse-decoder', fuse])
+        train, _ = get_loaders(args, 0, 1, val=False)
+        batches[fuse] = [b.data[0].asnumpy().copy() for b in train.epoch(1)]
+    for fused, unfused in zip(batches['1'], batches['0']):
+        np.testing.assert_allclose(fused, unfused, atol=0.05)
