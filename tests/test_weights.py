@@ -355,12 +355,14 @@ def test_unreadable_files_are_clear_errors(tmp_path):
         'truncated.npz': r'truncated.npz is not a readable .npz archive',
         'text.npz': r'text.npz is not a readable .npz archive',
         'model.pth': r"unknown weights format '.pth'.*needs PyTorch: save it as .safetensors",
-        'model_last.state': r"unknown weights format '.state' \(.state files are this recipe's training state",
+        'model_last.state': r'model_last.state is damaged \(truncated or corrupt: Invalid NDArray file format\)$',
+        'model.ckpt': r"unknown weights format '.ckpt'; expected one of .params, .safetensors, .npz, .state",
     }
     header = json.dumps({'w': {'dtype': 'BF16', 'shape': [2], 'data_offsets': [0, 4]}}).encode()
     (tmp_path / 'bf16.safetensors').write_bytes(struct.pack('<Q', len(header)) + header + b'\x80\x3f\x00\x40')
     cases['bf16.safetensors'] = 'bf16.safetensors holds bfloat16 tensors, which NumPy .*cannot represent: save'
     (tmp_path / 'model.pth').write_bytes(b'PK')
+    (tmp_path / 'model.ckpt').write_bytes(b'PK')
     (tmp_path / 'model_last.state').write_bytes(b'')
     for name, message in cases.items():
         with pytest.raises(RecipeError, match=message) as error:
