@@ -18,6 +18,18 @@ def run_script(*argv, check=True, **kwargs):
                           check=check, **kwargs)
 
 
+def randomise_batchnorm(net, seed=0):
+    """Non-trivial batchnorm parameters and statistics (zero gammas would hide most of the network)."""
+    import mxnet as mx
+    import numpy as np
+    rng = np.random.RandomState(seed)
+    for name, param in net._collect_params_with_prefix().items():
+        low, high = {'gamma': (0.5, 1.5), 'beta': (-0.5, 0.5), 'running_mean': (-0.5, 0.5),
+                     'running_var': (0.5, 1.5)}.get(name.rsplit('.', 1)[1], (None, None))
+        if low is not None:
+            param.set_data(mx.nd.array(rng.uniform(low, high, param.shape)))
+
+
 def in_fresh_process(test):
     """Run `test` alone in a new interpreter. MXNet 1.9.1's oneDNN crashes (segmentation fault) in an NHWC
     batchnorm when other networks ran before it in the process (seen on an AVX-512 Xeon, test order dependent;

@@ -129,13 +129,18 @@ def test_num_examples_defaults_to_records_and_limits_epoch(digits):
     assert train.num_batches == 10 and len(list(train.epoch(0))) == 10
 
 
+def training_loader(rec, idx, backend, batch=4, side=32, classes=3):
+    """One worker's training loader of `backend` over a small .rec, one decoding thread."""
+    args = resolved(['--data-train', rec, '--data-train-idx', idx, '--num-classes', str(classes), '--batch-size',
+                     str(batch), '--image-shape', f'3,{side},{side}', '--data-backend', backend,
+                     '--data-mxnet-threads', '1', '--dali-threads', '1'])
+    return get_loaders(args, 0, 1, val=False)[0]
+
+
 @pytest.mark.parametrize('backend', REAL)
 def test_corrupt_record(tmp_path, backend):
     rec, idx = write_rec(str(tmp_path / 'c'), [i % 3 for i in range(12)], corrupt={5})
-    args = resolved(['--data-train', rec, '--data-train-idx', idx, '--num-classes', '3', '--batch-size', '4',
-                     '--image-shape', '3,32,32', '--data-backend', backend, '--data-mxnet-threads', '1',
-                     '--dali-threads', '1'])
-    train, _ = get_loaders(args, 0, 1, val=False)
+    train = training_loader(rec, idx, backend)
     # Neither decoder can skip a bad image: the error names the record and the fix
     with pytest.raises(RecipeError, match=f'record 5 of {rec} cannot be decoded.*prepare_dataset.py'):
         list(train.epoch(0))

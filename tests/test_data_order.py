@@ -10,9 +10,8 @@ import pytest
 import dali
 import records
 from train import get_loaders
-from conftest import resolved
 from errors import RecipeError
-from test_data import real_labels, unique_label_args, write_rec
+from test_data import real_labels, training_loader, unique_label_args, write_rec
 
 REAL = ['mxnet', 'dali-cpu']
 
@@ -128,10 +127,7 @@ def test_bad_label_named_when_its_batch_is_read(tmp_path, backend):
                    if i not in set(np.linspace(0, len(labels) - 1, records.STARTUP_CHECKS).astype(int)))
     labels[skipped] = 9                               # not among the records checked at start-up
     rec, idx = write_rec(str(tmp_path / 'b'), labels, size=(8, 8))
-    args = resolved(['--data-train', rec, '--data-train-idx', idx, '--num-classes', '3', '--batch-size', '64',
-                     '--image-shape', '3,8,8', '--data-backend', backend, '--data-mxnet-threads', '1',
-                     '--dali-threads', '1'])
-    train, _ = get_loaders(args, 0, 1, val=False)
+    train = training_loader(rec, idx, backend, batch=64, side=8)
     with pytest.raises(RecipeError, match=f'training record {skipped} of {rec} has label 9, outside \\[0, 3\\)'):
         list(train.epoch(0))
 

@@ -12,7 +12,7 @@ import pytest
 from mxnet import gluon
 
 import models
-from conftest import in_fresh_process
+from conftest import in_fresh_process, randomise_batchnorm
 from errors import RecipeError
 
 # --------------------------------------------------------------------------------------------------------
@@ -73,16 +73,6 @@ def blocks_of(block, kind):
     for child in block._children.values():
         found += blocks_of(child, kind)
     return found
-
-
-def randomise_batchnorm(net, seed=0):
-    """Non-trivial batchnorm parameters and statistics (zero gammas would hide most of the network)."""
-    rng = np.random.RandomState(seed)
-    for name, param in net._collect_params_with_prefix().items():
-        low, high = {'gamma': (0.5, 1.5), 'beta': (-0.5, 0.5), 'running_mean': (-0.5, 0.5),
-                     'running_var': (0.5, 1.5)}.get(name.rsplit('.', 1)[1], (None, None))
-        if low is not None:
-            param.set_data(mx.nd.array(rng.uniform(low, high, param.shape)))
 
 
 def initialised(net, seed=0):

@@ -18,20 +18,11 @@ import data
 import errors
 import models
 import weights
+from conftest import randomise_batchnorm
 from errors import RecipeError
 
 # --------------------------------------------------------------------------------------------------------
 # Helpers
-
-
-def randomise_batchnorm(net, seed=0):
-    """Non-trivial batchnorm parameters and statistics (zero gammas would hide most of the network)."""
-    rng = np.random.RandomState(seed)
-    for name, param in net._collect_params_with_prefix().items():
-        low, high = {'gamma': (0.5, 1.5), 'beta': (-0.5, 0.5), 'running_mean': (-0.5, 0.5),
-                     'running_var': (0.5, 1.5)}.get(name.rsplit('.', 1)[1], (None, None))
-        if low is not None:
-            param.set_data(mx.nd.array(rng.uniform(low, high, param.shape)))
 
 
 def float16_exact(net):
