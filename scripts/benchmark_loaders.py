@@ -69,7 +69,6 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import data  # noqa: E402
-import records  # noqa: E402
 import train  # noqa: E402
 
 MEAN = np.array([123.68, 116.779, 103.939], np.float32)
@@ -101,6 +100,9 @@ def make_dataset(args):
     return rec, idx
 
 
+RECORD_MAGIC = 0xced7230a   # the first 4 bytes of every RecordIO record
+
+
 def make_small_dataset(workdir, name, count, classes, side=24):
     """`count` records of one small JPEG each (side x side), label i % classes, written with numpy in one go
     (1.28 M records in seconds): for order, start-up and resume, where decoding is not the point."""
@@ -114,15 +116,15 @@ def make_small_dataset(workdir, name, count, classes, side=24):
     jpeg = buffer.getvalue()
     length = 24 + len(jpeg)
     stride = 8 + (length + 3) // 4 * 4
-    records = np.zeros((count, stride), np.uint8)
+    rows = np.zeros((count, stride), np.uint8)
     head = np.zeros(count, dtype=[('magic', '<u4'), ('length', '<u4'), ('flag', '<u4'), ('label', '<f4'),
                                   ('id', '<u8'), ('id2', '<u8')])
-    head['magic'], head['length'] = records.RECORD_MAGIC, length
+    head['magic'], head['length'] = RECORD_MAGIC, length
     head['label'] = np.arange(count) % classes
     head['id'] = np.arange(count)
-    records[:, :32] = head.view(np.uint8).reshape(count, 32)
-    records[:, 32:32 + len(jpeg)] = np.frombuffer(jpeg, np.uint8)
-    records.tofile(rec)
+    rows[:, :32] = head.view(np.uint8).reshape(count, 32)
+    rows[:, 32:32 + len(jpeg)] = np.frombuffer(jpeg, np.uint8)
+    rows.tofile(rec)
     with open(idx + '.tmp', 'w') as f:
         f.write('\n'.join(f'{i}\t{i * stride}' for i in range(count)) + '\n')
     os.replace(idx + '.tmp', idx)
@@ -202,6 +204,7 @@ def pil_sample(job):
 
 
 def pil_batches(args, rec, idx, pool):
+    import records   # this tree's only: --baseline trees before records.py never run the PIL loader
     dataset = records.RecordFile(rec, idx, 1000, 'benchmark')
     order = np.random.default_rng(1).permutation(len(dataset))
     with open(rec, 'rb') as f:
