@@ -336,6 +336,10 @@ def train(args, net, world, get_loaders, dllogger, stop):
     if state is None:
         meta = {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
                 'loss_sum': 0.0, 'loss_count': 0}
+        if getattr(dllogger, 'appending', False):
+            # A restart without a state (the earlier run was killed before writing one): its records, now
+            # redone, are superseded like those of a resumed run.
+            dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': 0})
     else:
         meta = state.meta
         resume(args, net, step, world, state)

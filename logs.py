@@ -82,6 +82,8 @@ class DLLogger:
         self.start = time.time()
         self.echo = echo
         self.file = None
+        # Whether the file already holds records of an earlier run (this one appends to them).
+        self.appending = path is not None and os.path.exists(path) and os.path.getsize(path) > 0
         if path is not None:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self.file = open(path, 'a', buffering=1)
@@ -120,9 +122,10 @@ class DLLogger:
 def read_dllogger(path):
     """The LOG records of a DLLogger file, as dicts (METADATA records and other lines are skipped).
 
-    A resumed run appends a 'RESUME' record naming the epoch and iteration it continues from; the records
-    the interrupted run logged past that point (it ran on after its last checkpoint) are superseded by the
-    resumed run's and left out here, so every step appears once."""
+    A resumed run appends a 'RESUME' record naming the epoch and iteration it continues from (so does a run
+    that starts afresh in a workspace whose file holds records, e.g. after a run killed before its first
+    state); the records the interrupted run logged past that point (it ran on after its last checkpoint) are
+    superseded by the resumed run's and left out here, so every step appears once."""
     records = []
     with open(path) as f:
         for line in f:
