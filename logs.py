@@ -194,6 +194,9 @@ def atomic_path(path, previous=None):
         sync_file(folder)
     except (OSError, mx.base.MXNetError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else mxnet_message(e)
+        if not isinstance(e, OSError):   # MXNet's writer does not say why: a full disk shows in the free space
+            with contextlib.suppress(OSError):
+                reason += f' ({shutil.disk_usage(folder).free / 2**20:.0f} MB free there)'
         raise RecipeError(f'could not write {path}: {reason}. Free space or fix the permissions of {folder}; '
                           'the previous version of the file is unchanged') from e
     finally:

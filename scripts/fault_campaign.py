@@ -579,31 +579,35 @@ def damaged_state(camp):
 # Write failures
 
 
-def file_size_limit():
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (20 << 20, 20 << 20))
+def file_size_limit(megabytes):
+    def limit():    # in the child before exec: no file beyond the limit, and a write error instead of SIGXFSZ
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (megabytes << 20, megabytes << 20))
+    return limit
 
 
 def write_failure_cases(camp):
-    """(name, argv, preexec, workspace to check, expected error text)."""
-    base = camp.baseline(1)
+    """(name, argv, preexec, workspace to check or None, expected error text)."""
     plain = os.path.join(camp.workdir, 'plain-file')
     with open(plain, 'w') as f:
         f.write('not a folder\n')
-    limited = os.path.join(camp.workdir, 'runs', 'limited')
-    link_copy(base, limited)
+    limited = [os.path.join(camp.workdir, 'runs', f'limited{n}') for n in (60, 20)]   # baseline copies
     mount = os.path.join(camp.workdir, 'mnt')
     os.makedirs(mount, exist_ok=True)
-    inspect = [PY, os.path.abspath(__file__), '--inspect', mount]
-    full = ['unshare', '-m', 'sh', '-c', f'mount -t tmpfs -o size=250m tmpfs {mount} && '
-            f'{shlex.join(runner_argv(mount, 1, "-e", "3"))}; code=$?; {shlex.join(inspect)} >&2; exit $code']
-    readonly = ['unshare', '-m', 'sh', '-c', f'mount -t tmpfs -o size=250m tmpfs {mount} && echo kept > '
-                f'{mount}/notes.txt && mount -o remount,ro {mount} && {shlex.join(runner_argv(mount, 1))}; code=$?; '
-                f'{shlex.join(inspect)} >&2; exit $code']
-    return [('file-size limit 20 MB (SIGXFSZ ignored)', runner_argv(limited, 1, '-e', '3'), file_size_limit,
-             limited, 'could not write'),
-            ('disk full (tmpfs of 250 MB)', full, None, None, 'could not write'),
-            ('read-only workspace (tmpfs remounted ro)', readonly, None, None, 'not writable'),
+
+    def namespace(setup, argv):   # a private mount namespace; the workspace is inspected from inside it
+        return ['unshare', '-m', 'sh', '-c', f'mount -t tmpfs -o size=250m tmpfs {mount} && {setup}'
+                f'{shlex.join(argv)}; code=$?; {shlex.join([PY, os.path.abspath(__file__), "--inspect", mount])} >&2; '
+                'exit $code']
+    return [('file-size limit 60 MB: the 90 MB state', runner_argv(limited[0], 1, '-e', '3'), file_size_limit(60),
+             limited[0], 'could not write'),
+            ('file-size limit 20 MB: the optimizer state', runner_argv(limited[1], 1, '-e', '3'), file_size_limit(20),
+             limited[1], 'could not pass the optimizer state'),
+            ('disk full (tmpfs of 250 MB)', namespace('', runner_argv(mount, 1, '-e', '3')), None, None,
+             'could not write'),
+            ('read-only workspace (tmpfs remounted ro)', namespace(f'echo kept > {mount}/notes.txt && mount -o '
+                                                                   f'remount,ro {mount} && ', runner_argv(mount, 1)),
+             None, None, 'not writable'),
             ('workspace is a file', runner_argv(plain, 1), None, None, 'is a file, not a folder'),
             ('workspace below a file', runner_argv(os.path.join(plain, 'ws'), 1), None, None, 'not writable'),
             ('--logdir below a file', runner_argv(os.path.join(camp.workdir, 'runs', 'logdir'), 1, '--logdir',
@@ -611,27 +615,31 @@ def write_failure_cases(camp):
 
 
 def write_failures(camp):
-    if not any(camp.selected(f'write-failure/{n}') for n in ('file-size', 'disk', 'read-only', 'workspace', 'logdir')):
-        return
     for name, argv, preexec, ws, message in write_failure_cases(camp):
         if not camp.selected(f'write-failure/{name}') or (camp.quick and 'below' in name):
             continue
         start = time.time()
-        before = snapshot(ws) if ws else {}
-        plain_before = sha256(os.path.join(camp.workdir, 'plain-file'))
+        if ws:
+            link_copy(camp.baseline(1), ws)
+        before, plain = (snapshot(ws) if ws else {}), sha256(os.path.join(camp.workdir, 'plain-file'))
         code, out, err = run(argv, preexec_fn=preexec)
         ok, text = one_error(code, out, err)
+        problems = [f'{n} left' for n in temporaries(ws)] if ws else []
+        failed = re.search(r'could not write (\S+): ', err)
+        if ws and failed and os.path.basename(failed.group(1)) in before:    # the old version of that file kept
+            name_ = os.path.basename(failed.group(1))
+            if sha256(failed.group(1)) != before[name_]:
+                problems.append(f'{name_} changed')
         inside = re.search(r'^INSPECT (.*)$', err, re.M)
-        changes = unchanged(before, ws) if ws else ''
         if inside:    # the tmpfs workspace, seen from inside its mount namespace
             found = json.loads(inside.group(1))
-            changes = ', '.join(f'{n} left' for n in found['files'] if n.endswith('.tmp'))
+            problems += [f'{n} left' for n in found['files'] if n.endswith('.tmp')]
             text += f'; left {len(found["files"])} files, {found["state"]}'
             ok = ok and not found['state'].startswith('state unreadable')
-        if sha256(os.path.join(camp.workdir, 'plain-file')) != plain_before:
-            changes += ' plain-file changed'
-        camp.row(f'write-failure/{name}', f'exit 2, one error ({message}), old files unchanged, no tmp',
-                 f'{text}; {changes or "nothing changed"}', ok and message in err and not changes,
+        if sha256(os.path.join(camp.workdir, 'plain-file')) != plain:
+            problems.append('plain-file changed')
+        camp.row(f'write-failure/{name}', f'exit 2, one error ({message}), the old file kept, no tmp left',
+                 f'{text}; {", ".join(problems) or "old file kept, no tmp"}', ok and message in err and not problems,
                  time.time() - start)
 
 

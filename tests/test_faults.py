@@ -39,6 +39,7 @@ def test_bad_inputs_are_one_error_line_and_touch_nothing(trained, tmp_path, caps
     (tmp_path / 'text.params').write_text('not weights\n')
     (tmp_path / 'text.jpg').write_text('not an image\n')
     (tmp_path / 'bad.idx').write_text('hello world\n')
+    (tmp_path / 'weights.pth').write_bytes(b'\x80\x02}q\x00.')
     (tmp_path / 'some.rec').write_bytes(os.urandom(1000))
     cases = [(['--mode', 'pred', '--load', tmp_path / 'text.params', '--data-pred', tmp_path / 'text.jpg'],
               'not a readable MXNet parameter file'),
@@ -72,6 +73,25 @@ def test_restart_after_a_kill_before_the_first_state_logs_each_step_once(tmp_pat
     steps = [tuple(r['step']) for r in records if isinstance(r['step'], list)]
     assert len(steps) == len(set(steps)) and (0,) in steps        # the first run's records superseded
     assert [r['data'] for r in records if r['step'] == 'RESUME'] == [{'epoch': 0, 'iteration': 0}]
+
+
+def test_optimizer_state_temporary_failure_is_a_clear_error(tmp_path, monkeypatch):
+    import tempfile
+    import mxnet as mx
+    from mxnet import gluon
+    import checkpoint
+    from errors import RecipeError
+    net = gluon.nn.Dense(2, in_units=3)
+    net.initialize()
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9})
+    state = checkpoint.trainer_state_bytes(trainer)
+    (tmp_path / 'file').write_text('x')
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path / 'file' / 'below'))   # as a full or limited /tmp
+    for action in (lambda: checkpoint.trainer_state_bytes(trainer), lambda: checkpoint.restore_trainer_state(
+            trainer, state)):
+        with pytest.raises(RecipeError, match='could not pass the optimizer state through a temporary file'):
+            action()
+    assert mx.nd.zeros(1).asnumpy()[0] == 0
 
 
 UNSHARE = shutil.which('unshare') and subprocess.run(['unshare', '-m', 'true'], capture_output=True).returncode == 0
