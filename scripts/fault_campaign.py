@@ -33,30 +33,23 @@ Rows are named "class/fault"; --only is a regular expression searched in that na
 The table goes to stdout (and to -o FILE as JSON); the exit status is 1 if any row is BAD.
 """
 import argparse
-import hashlib
 import json
 import os
 import re
-import resource
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import psutil  # noqa: E402
+import psutil
 
-PY, RUNNER, TRAIN = sys.executable, os.path.join(ROOT, 'runner'), os.path.join(ROOT, 'train.py')
-ENV = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', ''))
-EPOCHS, BATCH, ITERATIONS = 2, 32, 8
+from fault_tools import (LOGS, PY, ROOT, RUNNER, TRAIN, Job, epoch_metrics, file_size_limit, link_copy, make_bad_files, one_error, run, run_forked, sha256, snapshot, state_note,
+                         temporaries, unchanged)
+
+EPOCHS, BATCH = 2, 32
 COMMON = ['--data-backend', 'synthetic', '--num-examples', '256', '--num-layers', '18', '--image-shape', '3,32,32',
           '--num-classes', '10', '--seed', '3', '--warmup-epochs', '1', '--disp-batches', '1', '--save-frequency', '1']
-LOGS = ('log.log', 'dllogger_log.log')
-JOB_TIMEOUT = 420
-ERROR_LINE = re.compile(r'^(?:[\w.-]+: )?error: ')
 
 
 def runner_argv(ws, workers, *extra):
@@ -64,249 +57,14 @@ def runner_argv(ws, workers, *extra):
         COMMON + ['--workspace', str(ws)] + [str(e) for e in extra]
 
 
+def launch(ws, workers, *extra):
+    """A background runner job of the campaign's training in `ws`."""
+    return Job(ws, runner_argv(ws, workers, *extra), workers)
+
+
 def train_argv(ws, *extra):
     return [PY, TRAIN, '--batch-size', str(BATCH), '--lr', '0.1', '--num-epochs', str(EPOCHS)] + COMMON + \
         ['--workspace', str(ws)] + [str(e) for e in extra]
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Small helpers: files, metrics, processes
-
-
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def snapshot(folder):
-    """name -> SHA-256 of every file in `folder` (logs: their content, to check they only grew)."""
-    if not os.path.isdir(folder):
-        return {}
-    return {name: open(os.path.join(folder, name), 'rb').read() if name in LOGS else sha256(os.path.join(folder, name))
-            for name in sorted(os.listdir(folder)) if os.path.isfile(os.path.join(folder, name))}
-
-
-def unchanged(before, folder):
-    """'' if every file of `before` is still in `folder` unchanged (logs may grow), and no temporary appeared;
-    else what changed."""
-    after = snapshot(folder)
-    changed = [n for n, v in before.items() if n not in after or
-               (after[n][:len(v)] != v if n in LOGS else after[n] != v)]
-    temporaries = [n for n in after if n.endswith('.tmp')]
-    return ', '.join([f'{n} changed or lost' for n in changed] + [f'{n} left' for n in temporaries])
-
-
-def link_copy(source, target):
-    """A copy of a workspace: logs copied, other files hard-linked (the recipe only ever replaces them)."""
-    shutil.rmtree(target, ignore_errors=True)
-    os.makedirs(target)
-    for name in os.listdir(source):
-        (shutil.copyfile if name in LOGS else os.link)(os.path.join(source, name), os.path.join(target, name))
-
-
-def epoch_metrics(ws):
-    """Per-epoch metrics without the speed fields (tests/test_train.py metrics_without_speed)."""
-    import logs
-    path = os.path.join(ws, 'dllogger_log.log')
-    if not os.path.exists(path):
-        return []
-    return [{k: v for k, v in r['data'].items() if not k.endswith(('ips', 'latency_avg'))} | {'epoch': r['step'][0]}
-            for r in logs.read_dllogger(path) if isinstance(r['step'], list) and len(r['step']) == 1]
-
-
-def state_note(ws, name='model_last.state'):
-    """(readable, text) of a workspace's state file."""
-    import checkpoint
-    from errors import RecipeError
-    path = os.path.join(ws, name)
-    if not os.path.exists(path):
-        return True, 'no state'
-    try:
-        meta = checkpoint.read_state(path).meta
-    except RecipeError as e:
-        return False, f'state unreadable: {e}'
-    return True, f'state at epoch {meta["epoch"]} it {meta["iteration"]}'
-
-
-def temporaries(ws):
-    return [n for n in os.listdir(ws) if n.endswith('.tmp')] if os.path.isdir(ws) else []
-
-
-def run(argv, timeout=JOB_TIMEOUT, **kwargs):
-    """(exit status, stdout, stderr); status None on timeout."""
-    try:
-        result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=ENV, timeout=timeout,
-                                cwd=ROOT, **kwargs)
-    except subprocess.TimeoutExpired as e:
-        return None, e.stdout or '', e.stderr or ''
-    return result.returncode, result.stdout, result.stderr
-
-
-def run_forked(argv, timeout=300):
-    """`python train.py argv` without the interpreter start: train.main(argv) in a child forked from this
-    process (train imported once), its stdout/stderr captured, an escaping exception printed as a traceback
-    and a crash seen as a signal; (exit status, stdout, stderr), status None on timeout."""
-    import tempfile
-    import traceback
-    import train
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.dup2(out.fileno(), 1)
-                os.dup2(err.fileno(), 2)
-                sys.argv = [TRAIN] + argv
-                code = train.main(argv)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else int(e.code is not None)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        end = time.time() + timeout
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.time() > end:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                status = None
-                break
-            time.sleep(0.02)
-        out.seek(0)
-        err.seek(0)
-        code = None if status is None else os.waitstatus_to_exitcode(status)
-        return code, out.read().decode(errors='replace'), err.read().decode(errors='replace')
-
-
-class Job:
-    """A background runner (or train.py) job in workspace `ws`, output in `ws`.N.out, watched from outside."""
-
-    def __init__(self, ws, workers=1, extra=(), argv=None, preexec=None):
-        self.ws, self.workers = str(ws), workers
-        os.makedirs(self.ws, exist_ok=True)
-        self.offsets = {n: os.path.getsize(os.path.join(self.ws, n)) if os.path.exists(os.path.join(self.ws, n))
-                        else 0 for n in LOGS}
-        number = len([n for n in os.listdir(os.path.dirname(self.ws)) if n.startswith(os.path.basename(self.ws) + '.')])
-        self.output = f'{self.ws}.{number}.out'
-        with open(self.output, 'w') as out:
-            self.proc = subprocess.Popen([str(a) for a in argv or runner_argv(self.ws, workers, *extra)], stdout=out,
-                                         stderr=subprocess.STDOUT, env=ENV, cwd=ROOT, start_new_session=True,
-                                         preexec_fn=preexec)
-        self.writer = None
-        self.stale = set(temporaries(self.ws))     # left by the previous kill: this job's start removes them
-
-    def text(self, name):
-        path = os.path.join(self.ws, name)
-        if not os.path.exists(path):
-            return ''
-        with open(path, errors='replace') as f:
-            f.seek(self.offsets[name])
-            return f.read()
-
-    def reached(self, epoch, iteration=None):
-        """Whether this job logged the record [epoch, >= iteration] (or [epoch] without an iteration)."""
-        for line in self.text('dllogger_log.log').splitlines():
-            if '"step": [' in line:
-                step = json.loads(line[5:])['step']
-                if iteration is None and step == [epoch]:
-                    return True
-                if iteration is not None and len(step) == 2 and tuple(step) >= (epoch, iteration):
-                    return True
-        return False
-
-    def wait_for(self, condition, timeout=JOB_TIMEOUT):
-        end = time.time() + timeout
-        while time.time() < end and self.proc.poll() is None:
-            if condition():
-                return True
-            time.sleep(0.05)
-        return False
-
-    def workers_now(self):
-        try:
-            root = psutil.Process(self.proc.pid)
-            found = []
-            for p in [root] + root.children(recursive=True):
-                try:
-                    if p.cmdline()[1:2] == [TRAIN]:
-                        found.append(p)
-                except psutil.Error:
-                    pass
-            return found
-        except psutil.Error:
-            return []
-
-    def rank(self, rank):
-        for p in self.workers_now():
-            try:
-                if self.workers == 1 or p.environ().get('HOROVOD_RANK') == str(rank):
-                    return p
-            except psutil.Error:
-                pass
-        return None
-
-    def freeze_in_write(self, prefix, timeout=JOB_TIMEOUT):
-        """Wait for an atomic-write temporary `prefix*.tmp` of this job; freeze rank 0 (SIGSTOP) while it
-        exists. Returns its name, or None if the job ended (or `timeout` passed) first."""
-        end = time.time() + timeout
-        while time.time() < end and self.proc.poll() is None:
-            names = [n for n in os.listdir(self.ws) if n.startswith(prefix) and n.endswith('.tmp')
-                     and n not in self.stale]
-            if names:
-                self.writer = self.writer or self.rank(0)
-                if self.writer is not None:
-                    self.writer.suspend()
-                    if any(os.path.exists(os.path.join(self.ws, n)) for n in names):
-                        return names[0]
-                    self.writer.resume()
-            time.sleep(0.002)
-        return None
-
-    def freeze(self):
-        """SIGSTOP to every worker (what they logged until now is all they will log before the kill)."""
-        for p in self.workers_now():
-            try:
-                p.suspend()
-            except psutil.Error:
-                pass
-        return True
-
-    def kill(self):
-        """kill -9 of the job: every process of it."""
-        try:
-            root = psutil.Process(self.proc.pid)
-            processes = root.children(recursive=True) + [root]
-        except psutil.Error:
-            processes = []
-        for p in processes:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        self.proc.wait()
-        psutil.wait_procs(processes, timeout=10)
-
-    def finish(self, timeout=JOB_TIMEOUT):
-        """Exit status (None: killed after `timeout`)."""
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
-
-    def log(self):
-        with open(self.output, errors='replace') as f:
-            return f.read()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -328,13 +86,13 @@ class Campaign:
         print(f'{"OK " if ok else "BAD"} {name:42s} {seconds:6.1f}s  {observed}', flush=True)
 
     def fresh(self, name):
-        path = os.path.join(self.workdir, 'runs', name)
-        shutil.rmtree(path, ignore_errors=True)
-        for stale in [n for n in os.listdir(os.path.dirname(path)) if n.startswith(name + '.')] \
-                if os.path.isdir(os.path.dirname(path)) else []:
-            os.remove(os.path.join(os.path.dirname(path), stale))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return path
+        """An empty workspace WORKDIR/runs/NAME (its jobs' output goes to NAME.N.out beside it)."""
+        runs = os.path.join(self.workdir, 'runs')
+        os.makedirs(runs, exist_ok=True)
+        for old in [n for n in os.listdir(runs) if n == name or n.startswith(name + '.')]:
+            shutil.rmtree(os.path.join(runs, old), ignore_errors=True) if old == name else \
+                os.remove(os.path.join(runs, old))
+        return os.path.join(runs, name)
 
     def digits(self):
         """The demo dataset as RecordIO (cached)."""
@@ -346,13 +104,14 @@ class Campaign:
         return os.path.join(root, 'rec')
 
     def baseline(self, workers):
-        """An uninterrupted run's workspace (cached with the flags it was made with)."""
+        """An uninterrupted run's workspace (cached with its flags and the recipe's code)."""
         ws = os.path.join(self.workdir, f'baseline-{workers}')
-        key = json.dumps(runner_argv('WS', workers))
+        code = [os.path.join(ROOT, n) for n in sorted(os.listdir(ROOT)) if n.endswith('.py') or n == 'runner']
+        key = json.dumps([runner_argv('WS', workers)] + [sha256(path) for path in code])   # redone on changes
         marker = ws + '.done'
         if not (os.path.exists(marker) and open(marker).read() == key):
             shutil.rmtree(ws, ignore_errors=True)
-            job = Job(ws, workers)
+            job = launch(ws, workers)
             if job.finish() != 0:
                 raise SystemExit(f'the uninterrupted {workers}-worker run failed:\n{job.log()[-3000:]}')
             with open(marker, 'w') as f:
@@ -440,7 +199,7 @@ def kill_chain(camp, workers):
     expected = 'killed inside the window; state readable; epochs so far equal'
     for what, hit in moments:
         start = time.time()
-        job = Job(ws, workers)
+        job = launch(ws, workers)
         reached, note = hit(job)
         job.kill()
         readable, state = state_note(ws)
@@ -450,7 +209,7 @@ def kill_chain(camp, workers):
                  f'epochs logged, {"equal" if equal else "DIFFERENT"}', reached and readable and equal,
                  time.time() - start)
     start = time.time()
-    job = Job(ws, workers)
+    job = launch(ws, workers)
     code = job.finish()
     final = epoch_metrics(ws)
     resumes = job.text('dllogger_log.log').count('"RESUME"')
@@ -481,7 +240,7 @@ def signal_chain(camp, workers):
     ws = camp.fresh(f'signal{workers}')
     for what, target, signum, epoch, iteration in plans:
         start = time.time()
-        job = Job(ws, workers)
+        job = launch(ws, workers)
         reached = job.wait_for(lambda: job.reached(epoch, iteration))
         processes = job.workers_now()
         targets = {'runner': [psutil.Process(job.proc.pid)], 'workers': processes,
@@ -499,7 +258,7 @@ def signal_chain(camp, workers):
                  f'processes left {len(left)}', reached and code == 0 and seconds < 60 and stopped and readable
                  and not left and state != 'no state', time.time() - start)
     start = time.time()
-    code = Job(ws, workers).finish()
+    code = launch(ws, workers).finish()
     final = epoch_metrics(ws)
     camp.row(f'signal/{workers}w resumed to the end', 'exit 0, all epochs equal the uninterrupted run',
              f'exit {code}, {len(final)} epochs {"equal" if final == whole else "DIFFERENT"}',
@@ -512,7 +271,7 @@ def worker_lost(camp):
     whole = epoch_metrics(camp.baseline(2))
     ws = camp.fresh('lost')
     start = time.time()
-    job = Job(ws, 2)
+    job = launch(ws, 2)
     reached = job.wait_for(lambda: job.reached(1, 2))
     processes = psutil.Process(job.proc.pid).children(recursive=True)
     killed = time.time()
@@ -524,7 +283,7 @@ def worker_lost(camp):
              f'exit {code} {seconds:.0f} s after the kill; processes left {len(left)}',
              reached and code not in (0, None) and seconds < 120 and not left, time.time() - start)
     start = time.time()
-    code = Job(ws, 2).finish()
+    code = launch(ws, 2).finish()
     final = epoch_metrics(ws)
     camp.row('worker-lost/resumed to the end', 'exit 0, all epochs equal the uninterrupted run',
              f'exit {code}, {len(final)} epochs {"equal" if final == whole else "DIFFERENT"}',
@@ -533,15 +292,6 @@ def worker_lost(camp):
 
 # ----------------------------------------------------------------------------------------------------------
 # Damaged states
-
-
-def one_error(code, out, err):
-    """(ok, text) for the bad-input expectation: exit 2, exactly one error line, no Traceback."""
-    lines = [line for line in err.splitlines() if ERROR_LINE.match(line)]
-    traceback = 'Traceback' in out + err
-    text = f'exit {code}, {len(lines)} error lines{", Traceback" if traceback else ""}: ' + \
-        (lines[-1][:160] if lines else (err.strip().splitlines() or ['(no stderr)'])[-1][:160])
-    return code == 2 and len(lines) == 1 and not traceback, text
 
 
 def damaged_state(camp):
@@ -577,13 +327,6 @@ def damaged_state(camp):
 
 # ----------------------------------------------------------------------------------------------------------
 # Write failures
-
-
-def file_size_limit(megabytes):
-    def limit():    # in the child before exec: no file beyond the limit, and a write error instead of SIGXFSZ
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (megabytes << 20, megabytes << 20))
-    return limit
 
 
 def write_failure_cases(camp):
@@ -652,54 +395,10 @@ def inspect(folder):
 # Bad input: files to feed, the cases, and the check
 
 
-def bad_files(camp):
-    """Damaged data, images and weights files in WORKDIR/bad (made once); returns the folder."""
-    folder = os.path.join(camp.workdir, 'bad')
-    if os.path.exists(os.path.join(folder, 'done')):
-        return folder
-    import mxnet as mx
-    import models
-    os.makedirs(folder, exist_ok=True)
-    rec = camp.digits()
-    train_rec = open(os.path.join(rec, 'train.rec'), 'rb').read()
-    files = {'garbage.rec': os.urandom(50000), 'truncated.rec': train_rec[:len(train_rec) // 3],
-             'garbage.idx': b'hello world\n', 'empty.idx': b'', 'text.jpg': b'hello, not an image\n', 'empty.png': b'',
-             'text.params': b'not weights\n', 'weights.pth': b'\x80\x02}q\x00.', 'weights.txt': b'1 2 3\n',
-             'garbage.npz': b'PK\x03\x04 not a zip archive', 'truncated.safetensors': b'\xff\x00\x00\x00\x00\x00\x00'}
-    for name, content in files.items():
-        with open(os.path.join(folder, name), 'wb') as f:
-            f.write(content)
-    os.makedirs(os.path.join(folder, 'no-images'), exist_ok=True)
-    open(os.path.join(folder, 'no-images', 'readme.txt'), 'w').write('no images here\n')
-    os.makedirs(os.path.join(folder, 'bad-images'), exist_ok=True)
-    shutil.copyfile(os.path.join(folder, 'text.jpg'), os.path.join(folder, 'bad-images', 'a.jpg'))
-    source = mx.recordio.MXIndexedRecordIO(os.path.join(rec, 'train.idx'), os.path.join(rec, 'train.rec'), 'r')
-    for name, change in (('labels99', lambda i, h, img: (h._replace(label=99.0) if i == 7 else h, img)),
-                         ('undecodable', lambda i, h, img: (h, b'not a jpeg' * 20 if i == 5 else img))):
-        out = mx.recordio.MXIndexedRecordIO(os.path.join(folder, f'{name}.idx'), os.path.join(folder, f'{name}.rec'),
-                                            'w')
-        for i in range(64):
-            header, image = mx.recordio.unpack(source.read_idx(source.keys[i]))
-            out.write_idx(i, mx.recordio.pack(*change(i, header, image)))
-        out.close()
-    best = os.path.join(camp.baseline(1), 'model_best.params')
-    shutil.copyfile(best, os.path.join(folder, 'copy.params'))
-    content = open(best, 'rb').read()
-    open(os.path.join(folder, 'truncated.params'), 'wb').write(content[:len(content) // 2])
-    state = open(os.path.join(camp.baseline(1), 'model_last.state'), 'rb').read()
-    open(os.path.join(folder, 'damaged.state'), 'wb').write(state[:len(state) - 1000])
-    for name, layers, classes in (('resnet34.params', 34, 10), ('classes5.params', 18, 5)):
-        net = models.get_model(num_layers=layers, num_classes=classes, image_shape=(3, 32, 32))
-        net.initialize()
-        net.save_parameters(os.path.join(folder, name))
-    mx.nd.save(os.path.join(folder, 'list.params'), [mx.nd.ones((2, 2))])
-    open(os.path.join(folder, 'done'), 'w').close()
-    return folder
-
-
 def bad_inputs(camp):
     """(name, kind, extra flags): kind 'train' runs train.py, 'runner1'/'runner2' the runner with 1/2 workers."""
-    rec, bad = camp.digits(), bad_files(camp)
+    rec = camp.digits()
+    bad = make_bad_files(os.path.join(camp.workdir, 'bad'), rec, camp.baseline(1))
     r, b = (lambda name: os.path.join(rec, name)), (lambda name: os.path.join(bad, name))
 
     def data(train_rec=r('train.rec'), train_idx=r('train.idx'), backend='mxnet', val=True):
@@ -838,7 +537,7 @@ def main(argv=None):
                  lambda: write_failures(camp), lambda: bad_input_campaign(camp)):
         step()
     minutes = (time.time() - start) / 60
-    print(f'\n| fault | expected | observed | verdict |\n|---|---|---|---|')
+    print('\n| fault | expected | observed | verdict |\n|---|---|---|---|')
     for r in camp.rows:
         print(f'| {r["fault"]} | {r["expected"]} | {r["observed"]} | {r["verdict"]} |')
     print(f'\n{summary(camp.rows)}\n\n{len(camp.rows)} rows in {minutes:.1f} min')
