@@ -225,6 +225,27 @@ class Job:
             time.sleep(0.002)
         return None
 
+    def step_into_write(self, prefix, too_late, timeout=120, slice_s=0.0005):
+        """Run rank 0 in slices of `slice_s` (SIGCONT, sleep, SIGSTOP) until it is stopped while a temporary
+        `prefix*.tmp` of this job exists (for files written too fast to catch by watching); its name, or None
+        once `too_late()` or the job ended. The writer is left stopped."""
+        self.writer = self.writer or self.rank(0)
+        end = time.time() + timeout
+        while time.time() < end and self.writer is not None and self.proc.poll() is None:
+            try:
+                self.writer.suspend()
+            except psutil.Error:
+                return None
+            names = [n for n in os.listdir(self.ws) if n.startswith(prefix) and n.endswith('.tmp')
+                     and n not in self.stale]
+            if names:
+                return names[0]
+            if too_late():
+                return None
+            self.writer.resume()
+            time.sleep(slice_s)
+        return None
+
     def freeze(self):
         """SIGSTOP to every worker (what they logged until now is all they will log before the kill)."""
         for p in self.workers_now():

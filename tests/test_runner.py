@@ -271,9 +271,9 @@ def test_signal_to_the_runner_stops_every_worker_with_the_state_written(digits, 
     print(f'signal {signum}: exit {seconds:.1f} s after it')
     left = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, left
-    _, _, meta = checkpoint.read_state(str(tmp_path / 'model_last.state'))
+    meta = checkpoint.read_state(str(tmp_path / 'model_last.state')).meta
     assert meta['epoch'] == 0 and meta['iteration'] > 0
     code, output, _, descendants, _ = interrupted_run(argv, signal.SIGTERM)   # the next run resumes
     assert code == 0 and 'Resuming from' in output, output[-3000:]
-    assert checkpoint.read_state(str(tmp_path / 'model_last.state'))[2]['iteration'] > meta['iteration']
+    assert checkpoint.read_state(str(tmp_path / 'model_last.state')).meta['iteration'] > meta['iteration']
     assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
