@@ -311,6 +311,13 @@ def training_start(args, net):
     if resume or (args.load and args.load.endswith('.state') and not args.finetune):
         path = last if resume else args.load
         log.info('Resuming from %s', path)
+        if not resume and os.path.exists(last) and os.path.abspath(last) != os.path.abspath(path):
+            # --load of another state (e.g. model_prev.state after an error naming it): a damaged last state
+            # must not become the previous state, the fallback, when the next state replaces it.
+            try:
+                read_state(last)
+            except RecipeError:
+                args.damaged_last_state = True
         state = read_state(path, fallback=previous_state_path(args))
         load_params_into(net, weights.convert(state.params, net, source=path)[0], args.contexts)
         log.info('Loaded %s: epoch %d, iteration %d', path, state.meta['epoch'], state.meta['iteration'])

@@ -242,18 +242,18 @@ def remove_stale_temporaries(folder, prefixes):
     return removed
 
 
-def check_workspace(folder):
-    """RecipeError unless `folder` is (or can be made) a writable directory: checked before any work, so a
-    run never computes for hours and then fails to save."""
+def check_workspace(folder, flag='--workspace'):
+    """RecipeError unless `folder` (given by `flag`) is (or can be made) a writable directory: checked before
+    any work, so a run never computes for hours and then fails to save."""
     if os.path.exists(folder) and not os.path.isdir(folder):
-        raise RecipeError(f'--workspace {folder} is a file, not a folder: pass a folder path')
+        raise RecipeError(f'{flag} {folder} is a file, not a folder: pass a folder path')
     try:
         os.makedirs(folder, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix='.write-check.')
         os.close(fd)
         os.remove(probe)
     except OSError as e:
-        raise RecipeError(f'--workspace {folder} is not writable ({e.strerror or e}): pass a folder you can '
+        raise RecipeError(f'{flag} {folder} is not writable ({e.strerror or e}): pass a folder you can '
                           'write to') from e
 
 

@@ -94,6 +94,29 @@ def test_optimizer_state_temporary_failure_is_a_clear_error(tmp_path, monkeypatc
     assert mx.nd.zeros(1).asnumpy()[0] == 0
 
 
+def test_resuming_from_the_previous_state_keeps_it_as_the_fallback(tmp_path, capsys):
+    """After `error: model_last.state is damaged ... --load model_prev.state`, the damaged file must not
+    replace the good previous state when the resumed run writes its next state."""
+    import checkpoint
+    ws = tmp_path / 'ws'
+    two = TINY + ['--workspace', str(ws), '--num-epochs', '2']
+    for _ in range(2):
+        assert train.main(two + ['--run-epochs', '1']) == 0        # model_last.state (epoch 2), model_prev (1)
+    last, previous = ws / 'model_last.state', ws / 'model_prev.state'
+    last.write_bytes(last.read_bytes()[:1000])
+    capsys.readouterr()
+    assert train.main(two) == 2 and f'--load {previous}' in capsys.readouterr().err
+    assert train.main(two + ['--load', str(previous)]) == 0
+    assert checkpoint.read_state(str(last)).meta['epoch'] == 2
+    assert checkpoint.read_state(str(previous)).meta['epoch'] == 1     # still the good fallback
+
+
+def test_logdir_that_cannot_be_written_is_named_as_such(tmp_path, capsys):
+    (tmp_path / 'plain').write_text('x')
+    assert train.main(TINY + ['--workspace', str(tmp_path / 'ws'), '--logdir', str(tmp_path / 'plain' / 'logs')]) == 2
+    assert f'error: --logdir {tmp_path / "plain" / "logs"} is not writable' in capsys.readouterr().err
+
+
 UNSHARE = shutil.which('unshare') and subprocess.run(['unshare', '-m', 'true'], capture_output=True).returncode == 0
 
 
