@@ -2,7 +2,7 @@
 """Fault campaign: kill, signal, damage and feed bad input to the recipe on small data, and check that
 nothing is lost, nothing is silent, and every user error is one clear line.
 
-    python scripts/fault_campaign.py -o campaign.json          # everything (about 25 min on 2 busy cores)
+    python scripts/fault_campaign.py -o campaign.json          # everything (about 10 min on 2 shared cores)
     python scripts/fault_campaign.py --quick                   # a few rows of every class, a few minutes
     python scripts/fault_campaign.py --only 'kill2|bad-input/weights'
     python scripts/fault_campaign.py --workdir /tmp/fc         # datasets and baselines are cached there
@@ -136,10 +136,17 @@ def at_log(what, text):
     return what, lambda job: reached_note(job.wait_for(lambda: text in job.text('log.log')), f'after log "{text}"')
 
 
+def ended(job):
+    """Why a job ended before its moment: its exit status and the last line saying why."""
+    why = [line for line in job.log().splitlines() if re.search(r'Segmentation fault|error:|Error', line)]
+    return f'the job ended first (exit {job.proc.returncode}{": " + why[0][-60:] if why else ""})'
+
+
 def in_write(name, label=''):
     def hit(job):
         tmp = job.freeze_in_write(f'.{name}.')
-        return tmp is not None, f'{tmp} present at the kill' if tmp else 'write window not hit'
+        return tmp is not None, f'{tmp} present at the kill' if tmp else \
+            ended(job) if job.proc.poll() is not None else 'write window not hit'
     return f'writing {name}{label}', hit
 
 

@@ -355,7 +355,7 @@ def test_unreadable_files_are_clear_errors(tmp_path):
         'truncated.npz': r'truncated.npz is not a readable .npz archive',
         'text.npz': r'text.npz is not a readable .npz archive',
         'model.pth': r"unknown weights format '.pth'.*needs PyTorch: save it as .safetensors",
-        'model_last.state': r"unknown weights format '.state' \(.state files are this recipe's training state",
+        'model_last.state': r'model_last.state is damaged \(truncated or corrupt',   # .state files load as weights
     }
     header = json.dumps({'w': {'dtype': 'BF16', 'shape': [2], 'data_offsets': [0, 4]}}).encode()
     (tmp_path / 'bf16.safetensors').write_bytes(struct.pack('<Q', len(header)) + header + b'\x80\x3f\x00\x40')
