@@ -21,6 +21,7 @@ weights.py recognises (`.params` of NVIDIA's original recipe or GluonCV, torchvi
     state = checkpoint.read_state(checkpoint.last_state_path(args))     # .params, .trainer, .meta
 """
 import collections
+import contextlib
 import hashlib
 import json
 import logging
@@ -86,8 +87,7 @@ def nonfinite_parameters(net):
 
 def trainer_state_bytes(trainer):
     """The optimizer state of a gluon.Trainer (momentum, ...) as bytes (Gluon only writes it to a file)."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, 'trainer.states')
+    with trainer_state_file() as path:
         trainer.save_states(path)
         with open(path, 'rb') as f:
             return f.read()
@@ -95,11 +95,23 @@ def trainer_state_bytes(trainer):
 
 def restore_trainer_state(trainer, state):
     """The inverse of trainer_state_bytes."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, 'trainer.states')
+    with trainer_state_file() as path:
         with open(path, 'wb') as f:
             f.write(state)
         trainer.load_states(path)
+
+
+@contextlib.contextmanager
+def trainer_state_file():
+    """A temporary file for the optimizer state; a failure to write or read it (full disk, file-size limit
+    in the temporary folder) is a RecipeError that says where, not a traceback."""
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            yield os.path.join(folder, 'trainer.states')
+    except OSError as e:
+        raise RecipeError(f'could not pass the optimizer state through a temporary file in {tempfile.gettempdir()} '
+                          f'({e.strerror or e}): free space there, raise the file-size limit, or point TMPDIR at '
+                          'another folder') from e
 
 
 def bytes_array(data):
@@ -299,6 +311,13 @@ def training_start(args, net):
     if resume or (args.load and args.load.endswith('.state') and not args.finetune):
         path = last if resume else args.load
         log.info('Resuming from %s', path)
+        if not resume and os.path.exists(last) and os.path.abspath(last) != os.path.abspath(path):
+            # --load of another state (e.g. model_prev.state after an error naming it): a damaged last state
+            # must not become the previous state, the fallback, when the next state replaces it.
+            try:
+                read_state(last)
+            except RecipeError:
+                args.damaged_last_state = True
         state = read_state(path, fallback=previous_state_path(args))
         load_params_into(net, weights.convert(state.params, net, source=path)[0], args.contexts)
         log.info('Loaded %s: epoch %d, iteration %d', path, state.meta['epoch'], state.meta['iteration'])

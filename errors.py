@@ -14,10 +14,13 @@ class RecipeError(Exception):
 
 def mxnet_message(error):
     """The meaningful line of an MXNet error, whose text starts with 'Traceback ...' and C++ file lines:
-    'Check failed: fi->Read(data): Invalid NDArray file format' -> 'Invalid NDArray file format'."""
+    'Check failed: fi->Read(data): Invalid NDArray file format' -> 'Invalid NDArray file format',
+    'Check failed: std: :fwrite(ptr, 1, size, fp_) == size: FileStream.Write incomplete' (a full disk) ->
+    'FileStream.Write incomplete'."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     lines = [line for line in lines if not line.startswith(('Traceback', 'File ', '[bt]', 'Stack trace'))]
     if not lines:
         return type(error).__name__
     line = re.sub(r'^\w*(Error|FileSystem):\s*', '', lines[-1])
-    return re.sub(r'^Check failed: [^:]*:\s*', '', line) or lines[-1]
+    # The checked expression may hold '::', which MXNet prints as ': :' (std: :fwrite).
+    return re.sub(r'^Check failed: (?:[^:]|::|: :)*:\s*', '', line) or lines[-1]

@@ -336,6 +336,10 @@ def train(args, net, world, get_loaders, dllogger, stop):
     if state is None:
         meta = {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
                 'loss_sum': 0.0, 'loss_count': 0}
+        if getattr(dllogger, 'appending', False):
+            # A restart without a state (the earlier run was killed before writing one): its records, now
+            # redone, are superseded like those of a resumed run.
+            dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': 0})
     else:
         meta = state.meta
         resume(args, net, step, world, state)
@@ -450,8 +454,11 @@ def write_state(args, net, step, meta, world):
                     'rgb_mean': list(args.rgb_mean), 'rgb_std': list(args.rgb_std),
                     'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
                     'data_val_resize': args.data_val_resize})
+    # A damaged last state (see checkpoint.training_start) is replaced without being kept as the previous one.
+    previous = None if getattr(args, 'damaged_last_state', False) else checkpoint.previous_state_path(args)
     checkpoint.save_state(checkpoint.last_state_path(args), net, step.gluon_trainer, meta,
-                          previous=checkpoint.previous_state_path(args), worker_statistics=statistics)
+                          previous=previous, worker_statistics=statistics)
+    args.damaged_last_state = False
 
 
 def training_summary(history):

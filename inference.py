@@ -260,7 +260,9 @@ def predict(args, net):
     if args.pred_output:
         logs.write_json(args.pred_output, {'checkpoint': checkpoint.find_weights(args), 'predictions': results})
     if all('error' in r for r in results):
-        raise RecipeError('no image could be read')
+        raise RecipeError(results[0]['error'] if len(results) == 1 else
+                          f'none of the {len(results)} images of --data-pred {args.data_pred} could be read '
+                          f'(the first: {results[0]["error"]})')
     return results
 
 

@@ -82,6 +82,8 @@ class DLLogger:
         self.start = time.time()
         self.echo = echo
         self.file = None
+        # Whether the file already holds records of an earlier run (this one appends to them).
+        self.appending = path is not None and os.path.exists(path) and os.path.getsize(path) > 0
         if path is not None:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self.file = open(path, 'a', buffering=1)
@@ -120,9 +122,10 @@ class DLLogger:
 def read_dllogger(path):
     """The LOG records of a DLLogger file, as dicts (METADATA records and other lines are skipped).
 
-    A resumed run appends a 'RESUME' record naming the epoch and iteration it continues from; the records
-    the interrupted run logged past that point (it ran on after its last checkpoint) are superseded by the
-    resumed run's and left out here, so every step appears once."""
+    A resumed run appends a 'RESUME' record naming the epoch and iteration it continues from (so does a run
+    that starts afresh in a workspace whose file holds records, e.g. after a run killed before its first
+    state); the records the interrupted run logged past that point (it ran on after its last checkpoint) are
+    superseded by the resumed run's and left out here, so every step appears once."""
     records = []
     with open(path) as f:
         for line in f:
@@ -191,6 +194,9 @@ def atomic_path(path, previous=None):
         sync_file(folder)
     except (OSError, mx.base.MXNetError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else mxnet_message(e)
+        if not isinstance(e, OSError):   # MXNet's writer does not say why: a full disk shows in the free space
+            with contextlib.suppress(OSError):
+                reason += f' ({shutil.disk_usage(folder).free / 2**20:.0f} MB free there)'
         raise RecipeError(f'could not write {path}: {reason}. Free space or fix the permissions of {folder}; '
                           'the previous version of the file is unchanged') from e
     finally:
@@ -236,18 +242,18 @@ def remove_stale_temporaries(folder, prefixes):
     return removed
 
 
-def check_workspace(folder):
-    """RecipeError unless `folder` is (or can be made) a writable directory: checked before any work, so a
-    run never computes for hours and then fails to save."""
+def check_workspace(folder, flag='--workspace'):
+    """RecipeError unless `folder` (given by `flag`) is (or can be made) a writable directory: checked before
+    any work, so a run never computes for hours and then fails to save."""
     if os.path.exists(folder) and not os.path.isdir(folder):
-        raise RecipeError(f'--workspace {folder} is a file, not a folder: pass a folder path')
+        raise RecipeError(f'{flag} {folder} is a file, not a folder: pass a folder path')
     try:
         os.makedirs(folder, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix='.write-check.')
         os.close(fd)
         os.remove(probe)
     except OSError as e:
-        raise RecipeError(f'--workspace {folder} is not writable ({e.strerror or e}): pass a folder you can '
+        raise RecipeError(f'{flag} {folder} is not writable ({e.strerror or e}): pass a folder you can '
                           'write to') from e
 
 

@@ -175,8 +175,9 @@ def run(args):
     # Training catches SIGTERM/SIGUSR1 from the start, so a signal during start-up stops it cleanly too.
     stop = fit.StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
     world = workers.World(args.kv_store)
-    for folder in {args.workspace, args.logdir or args.workspace}:
-        logs.check_workspace(folder)
+    logs.check_workspace(args.workspace)
+    if args.logdir:
+        logs.check_workspace(args.logdir, '--logdir')
     logs.setup_logging(logs.in_workspace(args, args.log), world.rank)
     if world.rank == 0:
         checkpoint.clean_workspace(args)

@@ -368,6 +368,10 @@ def test_mxnet_message_keeps_the_meaningful_line():
     error = mx.base.MXNetError('Traceback (most recent call last):\n  File "../src/ndarray/ndarray.cc", line 1860\n'
                                'MXNetError: Check failed: fi->Read(data): Invalid NDArray file format')
     assert errors.mxnet_message(error) == 'Invalid NDArray file format'
+    full_disk = mx.base.MXNetError('Traceback (most recent call last):\n  File "../3rdparty/dmlc-core/src/io/'
+                                   'local_filesys.cc", line 38\nMXNetError: Check failed: std: :fwrite(ptr, 1, size, '
+                                   'fp_) == size: FileStream.Write incomplete')
+    assert errors.mxnet_message(full_disk) == 'FileStream.Write incomplete'
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -1,0 +1,342 @@
+"""Helpers of scripts/fault_campaign.py: processes watched from outside, workspace snapshots, metrics and
+states read back, train.py run in a forked child, and the damaged files the bad-input rows feed the recipe.
+
+    job = Job(ws, argv, workers=2)         # a background run; job.reached(0, 3), job.freeze_in_write(prefix)
+    code, out, err = run(argv)             # a run to its end;  run_forked(train_py_flags) without start-up
+    before = snapshot(ws); ...; unchanged(before, ws)    # '' when nothing changed (logs may only grow)
+"""
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+PY, RUNNER, TRAIN = sys.executable, os.path.join(ROOT, 'runner'), os.path.join(ROOT, 'train.py')
+ENV = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', ''))
+LOGS = ('log.log', 'dllogger_log.log')
+JOB_TIMEOUT = 420
+ERROR_LINE = re.compile(r'^(?:[\w.-]+: )?error: ')
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def snapshot(folder):
+    """name -> SHA-256 of every file in `folder` (logs: their content, to check they only grew)."""
+    if not os.path.isdir(folder):
+        return {}
+    return {name: open(os.path.join(folder, name), 'rb').read() if name in LOGS else sha256(os.path.join(folder, name))
+            for name in sorted(os.listdir(folder)) if os.path.isfile(os.path.join(folder, name))}
+
+
+def unchanged(before, folder):
+    """'' if every file of `before` is still in `folder` unchanged (logs may grow), and no temporary appeared;
+    else what changed."""
+    after = snapshot(folder)
+    changed = [n for n, v in before.items() if n not in after or
+               (after[n][:len(v)] != v if n in LOGS else after[n] != v)]
+    temporaries = [n for n in after if n.endswith('.tmp')]
+    return ', '.join([f'{n} changed or lost' for n in changed] + [f'{n} left' for n in temporaries])
+
+
+def link_copy(source, target):
+    """A copy of a workspace: logs copied, other files hard-linked (the recipe only ever replaces them)."""
+    shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(target)
+    for name in os.listdir(source):
+        (shutil.copyfile if name in LOGS else os.link)(os.path.join(source, name), os.path.join(target, name))
+
+
+def epoch_metrics(ws):
+    """Per-epoch metrics without the speed fields (tests/test_train.py metrics_without_speed)."""
+    import logs
+    path = os.path.join(ws, 'dllogger_log.log')
+    if not os.path.exists(path):
+        return []
+    return [{k: v for k, v in r['data'].items() if not k.endswith(('ips', 'latency_avg'))} | {'epoch': r['step'][0]}
+            for r in logs.read_dllogger(path) if isinstance(r['step'], list) and len(r['step']) == 1]
+
+
+def state_note(ws, name='model_last.state'):
+    """(readable, text) of a workspace's state file."""
+    import checkpoint
+    from errors import RecipeError
+    path = os.path.join(ws, name)
+    if not os.path.exists(path):
+        return True, 'no state'
+    try:
+        meta = checkpoint.read_state(path).meta
+    except RecipeError as e:
+        return False, f'state unreadable: {e}'
+    return True, f'state at epoch {meta["epoch"]} it {meta["iteration"]}'
+
+
+def temporaries(ws):
+    return [n for n in os.listdir(ws) if n.endswith('.tmp')] if os.path.isdir(ws) else []
+
+
+def run(argv, timeout=JOB_TIMEOUT, **kwargs):
+    """(exit status, stdout, stderr); status None on timeout."""
+    try:
+        result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=ENV, timeout=timeout,
+                                cwd=ROOT, **kwargs)
+    except subprocess.TimeoutExpired as e:
+        return None, e.stdout or '', e.stderr or ''
+    return result.returncode, result.stdout, result.stderr
+
+
+def run_forked(argv, timeout=300):
+    """`python train.py argv` without the interpreter start: train.main(argv) in a child forked from this
+    process (train imported once), its stdout/stderr captured, an escaping exception printed as a traceback
+    and a crash seen as a signal; (exit status, stdout, stderr), status None on timeout."""
+    import tempfile
+    import traceback
+    import train
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.argv = [TRAIN] + argv
+                code = train.main(argv)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else int(e.code is not None)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        end = time.time() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.time() > end:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                status = None
+                break
+            time.sleep(0.02)
+        out.seek(0)
+        err.seek(0)
+        code = None if status is None else os.waitstatus_to_exitcode(status)
+        return code, out.read().decode(errors='replace'), err.read().decode(errors='replace')
+
+
+class Job:
+    """A background job (`argv`: the runner) in workspace `ws`, its output in `ws`.N.out, watched from outside."""
+
+    def __init__(self, ws, argv, workers=1):
+        self.ws, self.workers = str(ws), workers
+        os.makedirs(self.ws, exist_ok=True)
+        self.offsets = {n: os.path.getsize(os.path.join(self.ws, n)) if os.path.exists(os.path.join(self.ws, n))
+                        else 0 for n in LOGS}
+        number = len([n for n in os.listdir(os.path.dirname(self.ws)) if n.startswith(os.path.basename(self.ws) + '.')])
+        self.output = f'{self.ws}.{number}.out'
+        with open(self.output, 'w') as out:
+            self.proc = subprocess.Popen([str(a) for a in argv], stdout=out, stderr=subprocess.STDOUT, env=ENV,
+                                         cwd=ROOT, start_new_session=True)
+        self.writer = None
+        self.stale = set(temporaries(self.ws))     # left by the previous kill: this job's start removes them
+
+    def text(self, name):
+        path = os.path.join(self.ws, name)
+        if not os.path.exists(path):
+            return ''
+        with open(path, errors='replace') as f:
+            f.seek(self.offsets[name])
+            return f.read()
+
+    def reached(self, epoch, iteration=None):
+        """Whether this job logged the record [epoch, >= iteration] (or [epoch] without an iteration)."""
+        for line in self.text('dllogger_log.log').splitlines():
+            if '"step": [' in line:
+                step = json.loads(line[5:])['step']
+                if iteration is None and step == [epoch]:
+                    return True
+                if iteration is not None and len(step) == 2 and tuple(step) >= (epoch, iteration):
+                    return True
+        return False
+
+    def wait_for(self, condition, timeout=JOB_TIMEOUT):
+        end = time.time() + timeout
+        while time.time() < end and self.proc.poll() is None:
+            if condition():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def workers_now(self):
+        try:
+            root = psutil.Process(self.proc.pid)
+            found = []
+            for p in [root] + root.children(recursive=True):
+                try:
+                    if p.cmdline()[1:2] == [TRAIN]:
+                        found.append(p)
+                except psutil.Error:
+                    pass
+            return found
+        except psutil.Error:
+            return []
+
+    def rank(self, rank):
+        for p in self.workers_now():
+            try:
+                if self.workers == 1 or p.environ().get('HOROVOD_RANK') == str(rank):
+                    return p
+            except psutil.Error:
+                pass
+        return None
+
+    def freeze_in_write(self, prefix, timeout=JOB_TIMEOUT):
+        """Wait for an atomic-write temporary `prefix*.tmp` of this job; freeze rank 0 (SIGSTOP) while it
+        exists. Returns its name, or None if the job ended (or `timeout` passed) first."""
+        end = time.time() + timeout
+        while time.time() < end and self.proc.poll() is None:
+            names = [n for n in os.listdir(self.ws) if n.startswith(prefix) and n.endswith('.tmp')
+                     and n not in self.stale]
+            if names:
+                self.writer = self.writer or self.rank(0)
+                if self.writer is not None:
+                    self.writer.suspend()
+                    if any(os.path.exists(os.path.join(self.ws, n)) for n in names):
+                        return names[0]
+                    self.writer.resume()
+            time.sleep(0.002)
+        return None
+
+    def step_into_write(self, prefix, too_late, timeout=120, slice_s=0.0005):
+        """Run rank 0 in slices of `slice_s` (SIGCONT, sleep, SIGSTOP) until it is stopped while a temporary
+        `prefix*.tmp` of this job exists (for files written too fast to catch by watching); its name, or None
+        once `too_late()` or the job ended. The writer is left stopped."""
+        self.writer = self.writer or self.rank(0)
+        end = time.time() + timeout
+        while time.time() < end and self.writer is not None and self.proc.poll() is None:
+            try:
+                self.writer.suspend()
+            except psutil.Error:
+                return None
+            names = [n for n in os.listdir(self.ws) if n.startswith(prefix) and n.endswith('.tmp')
+                     and n not in self.stale]
+            if names:
+                return names[0]
+            if too_late():
+                return None
+            self.writer.resume()
+            time.sleep(slice_s)
+        return None
+
+    def freeze(self):
+        """SIGSTOP to every worker (what they logged until now is all they will log before the kill)."""
+        for p in self.workers_now():
+            try:
+                p.suspend()
+            except psutil.Error:
+                pass
+        return True
+
+    def kill(self):
+        """kill -9 of the job: every process of it."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            processes = root.children(recursive=True) + [root]
+        except psutil.Error:
+            processes = []
+        for p in processes:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        self.proc.wait()
+        psutil.wait_procs(processes, timeout=10)
+
+    def finish(self, timeout=JOB_TIMEOUT):
+        """Exit status (None: killed after `timeout`)."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def log(self):
+        with open(self.output, errors='replace') as f:
+            return f.read()
+
+
+def one_error(code, out, err):
+    """(ok, text) for the bad-input expectation: exit 2, exactly one error line, no Traceback."""
+    lines = [line for line in err.splitlines() if ERROR_LINE.match(line)]
+    traceback = 'Traceback' in out + err
+    text = f'exit {code}, {len(lines)} error lines{", Traceback" if traceback else ""}: ' + \
+        (lines[-1][:160] if lines else (err.strip().splitlines() or ['(no stderr)'])[-1][:160])
+    return code == 2 and len(lines) == 1 and not traceback, text
+
+
+def file_size_limit(megabytes):
+    def limit():    # in the child before exec: no file beyond the limit, and a write error instead of SIGXFSZ
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (megabytes << 20, megabytes << 20))
+    return limit
+
+
+def make_bad_files(folder, rec, trained):
+    """Damaged data, images and weights files in `folder` (made once), from the RecordIO folder `rec` and the
+    workspace `trained` of a finished run; returns `folder`."""
+    if os.path.exists(os.path.join(folder, 'done')):
+        return folder
+    import mxnet as mx
+    import models
+    os.makedirs(folder, exist_ok=True)
+    train_rec = open(os.path.join(rec, 'train.rec'), 'rb').read()
+    files = {'garbage.rec': os.urandom(50000), 'truncated.rec': train_rec[:len(train_rec) // 3],
+             'garbage.idx': b'hello world\n', 'empty.idx': b'', 'text.jpg': b'hello, not an image\n', 'empty.png': b'',
+             'text.params': b'not weights\n', 'weights.pth': b'\x80\x02}q\x00.', 'weights.txt': b'1 2 3\n',
+             'garbage.npz': b'PK\x03\x04 not a zip archive', 'truncated.safetensors': b'\xff\x00\x00\x00\x00\x00\x00'}
+    for name, content in files.items():
+        with open(os.path.join(folder, name), 'wb') as f:
+            f.write(content)
+    os.makedirs(os.path.join(folder, 'no-images'), exist_ok=True)
+    open(os.path.join(folder, 'no-images', 'readme.txt'), 'w').write('no images here\n')
+    os.makedirs(os.path.join(folder, 'bad-images'), exist_ok=True)
+    shutil.copyfile(os.path.join(folder, 'text.jpg'), os.path.join(folder, 'bad-images', 'a.jpg'))
+    source = mx.recordio.MXIndexedRecordIO(os.path.join(rec, 'train.idx'), os.path.join(rec, 'train.rec'), 'r')
+    for name, change in (('labels99', lambda i, h, img: (h._replace(label=99.0) if i == 7 else h, img)),
+                         ('undecodable', lambda i, h, img: (h, b'not a jpeg' * 20 if i == 5 else img))):
+        out = mx.recordio.MXIndexedRecordIO(os.path.join(folder, f'{name}.idx'), os.path.join(folder, f'{name}.rec'),
+                                            'w')
+        for i in range(64):
+            header, image = mx.recordio.unpack(source.read_idx(source.keys[i]))
+            out.write_idx(i, mx.recordio.pack(*change(i, header, image)))
+        out.close()
+    best = os.path.join(trained, 'model_best.params')
+    content = open(best, 'rb').read()
+    open(os.path.join(folder, 'truncated.params'), 'wb').write(content[:len(content) // 2])
+    state = open(os.path.join(trained, 'model_last.state'), 'rb').read()
+    open(os.path.join(folder, 'damaged.state'), 'wb').write(state[:len(state) - 1000])
+    for name, layers, classes in (('resnet34.params', 34, 10), ('classes5.params', 18, 5)):
+        net = models.get_model(num_layers=layers, num_classes=classes, image_shape=(3, 32, 32))
+        net.initialize()
+        net.save_parameters(os.path.join(folder, name))
+    mx.nd.save(os.path.join(folder, 'list.params'), [mx.nd.ones((2, 2))])
+    open(os.path.join(folder, 'done'), 'w').close()
+    return folder

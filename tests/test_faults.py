@@ -1,0 +1,176 @@
+"""Faults the other test files do not reach, each in the quickest form (scripts/fault_campaign.py runs the
+whole campaign): bad input through train.main in one process (exit 2, one `error:` line, no traceback,
+the workspace untouched), a restart after a kill before the first state, disk full and a read-only
+workspace (tmpfs in a mount namespace), and one of two workers lost."""
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import logs
+import train
+from conftest import ROOT
+
+TINY = ['--data-backend', 'synthetic', '--num-examples', '64', '--batch-size', '32', '--num-layers', '18',
+        '--image-shape', '3,32,32', '--num-classes', '10', '--seed', '1', '--num-epochs', '1', '--disp-batches', '1',
+        '--mode', 'train', '--save-frequency', '0', '--warmup-epochs', '0']
+
+
+def files(folder):
+    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in sorted(os.listdir(folder))
+            if name not in ('log.log', 'dllogger_log.log')}
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    """A workspace after one tiny epoch (ResNet-18, synthetic data), trained in this process."""
+    ws = tmp_path_factory.mktemp('trained')
+    assert train.main(TINY + ['--workspace', str(ws)]) == 0
+    return ws
+
+
+def test_bad_inputs_are_one_error_line_and_touch_nothing(trained, tmp_path, capsys):
+    (tmp_path / 'text.params').write_text('not weights\n')
+    (tmp_path / 'text.jpg').write_text('not an image\n')
+    (tmp_path / 'bad.idx').write_text('hello world\n')
+    (tmp_path / 'weights.pth').write_bytes(b'\x80\x02}q\x00.')
+    (tmp_path / 'some.rec').write_bytes(os.urandom(1000))
+    cases = [(['--mode', 'pred', '--load', tmp_path / 'text.params', '--data-pred', tmp_path / 'text.jpg'],
+              'not a readable MXNet parameter file'),
+             (['--mode', 'pred', '--data-pred', tmp_path / 'text.jpg'], f'cannot read image {tmp_path / "text.jpg"}'),
+             (['--mode', 'val', '--load', tmp_path / 'weights.pth'], "unknown weights format '.pth'"),
+             (['--num-layers', '34'], 'the network is a ResNet-34: pass --num-layers 18'),
+             (['--data-backend', 'mxnet', '--data-train', tmp_path / 'some.rec', '--data-train-idx',
+               tmp_path / 'bad.idx'], 'line 1 is not "key<TAB>offset"'),
+             (['--lr', 'nan'], "argument --lr: 'nan' is not a finite number")]
+    before = files(trained)
+    capsys.readouterr()
+    for extra, message in cases:
+        try:
+            code = train.main(TINY + ['--workspace', str(trained)] + [str(e) for e in extra])
+        except SystemExit as e:          # argparse
+            code = e.code
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if re.match(r'(\S+: )?error: ', line)]
+        assert code == 2 and len(errors) == 1 and message in errors[0] and 'Traceback' not in err, (extra, err)
+        assert files(trained) == before, extra
+
+
+def test_restart_after_a_kill_before_the_first_state_logs_each_step_once(tmp_path):
+    ws = tmp_path / 'ws'
+    assert train.main(TINY + ['--workspace', str(ws)]) == 0
+    for name in ('model_last.state', 'model_prev.state'):     # as if killed before writing its state
+        if (ws / name).exists():
+            (ws / name).unlink()
+    assert train.main(TINY + ['--workspace', str(ws)]) == 0
+    records = logs.read_dllogger(str(ws / 'dllogger_log.log'))
+    steps = [tuple(r['step']) for r in records if isinstance(r['step'], list)]
+    assert len(steps) == len(set(steps)) and (0,) in steps        # the first run's records superseded
+    assert [r['data'] for r in records if r['step'] == 'RESUME'] == [{'epoch': 0, 'iteration': 0}]
+
+
+def test_optimizer_state_temporary_failure_is_a_clear_error(tmp_path, monkeypatch):
+    import tempfile
+    import mxnet as mx
+    from mxnet import gluon
+    import checkpoint
+    from errors import RecipeError
+    net = gluon.nn.Dense(2, in_units=3)
+    net.initialize()
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9})
+    state = checkpoint.trainer_state_bytes(trainer)
+    (tmp_path / 'file').write_text('x')
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path / 'file' / 'below'))   # as a full or limited /tmp
+    for action in (lambda: checkpoint.trainer_state_bytes(trainer), lambda: checkpoint.restore_trainer_state(
+            trainer, state)):
+        with pytest.raises(RecipeError, match='could not pass the optimizer state through a temporary file'):
+            action()
+    assert mx.nd.zeros(1).asnumpy()[0] == 0
+
+
+def test_resuming_from_the_previous_state_keeps_it_as_the_fallback(tmp_path, capsys):
+    """After `error: model_last.state is damaged ... --load model_prev.state`, the damaged file must not
+    replace the good previous state when the resumed run writes its next state."""
+    import checkpoint
+    ws = tmp_path / 'ws'
+    two = TINY + ['--workspace', str(ws), '--num-epochs', '2']
+    for _ in range(2):
+        assert train.main(two + ['--run-epochs', '1']) == 0        # model_last.state (epoch 2), model_prev (1)
+    last, previous = ws / 'model_last.state', ws / 'model_prev.state'
+    last.write_bytes(last.read_bytes()[:1000])
+    capsys.readouterr()
+    assert train.main(two) == 2 and f'--load {previous}' in capsys.readouterr().err
+    assert train.main(two + ['--load', str(previous)]) == 0
+    assert checkpoint.read_state(str(last)).meta['epoch'] == 2
+    assert checkpoint.read_state(str(previous)).meta['epoch'] == 1     # still the good fallback
+
+
+def test_logdir_that_cannot_be_written_is_named_as_such(tmp_path, capsys):
+    (tmp_path / 'plain').write_text('x')
+    assert train.main(TINY + ['--workspace', str(tmp_path / 'ws'), '--logdir', str(tmp_path / 'plain' / 'logs')]) == 2
+    assert f'error: --logdir {tmp_path / "plain" / "logs"} is not writable' in capsys.readouterr().err
+
+
+UNSHARE = shutil.which('unshare') and subprocess.run(['unshare', '-m', 'true'], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not UNSHARE, reason='needs unshare -m (root or user namespaces)')
+def test_disk_full_and_read_only_workspace_are_one_clear_error(tmp_path):
+    """A 1 MB tmpfs (full disk) and one remounted read-only, both in a private mount namespace."""
+    mount = tmp_path / 'mnt'
+    mount.mkdir()
+    script = f"""
+import sys
+sys.path.insert(0, {ROOT!r})
+import logs
+from errors import RecipeError
+with open({str(mount / 'model_last.state')!r}, 'wb') as f:
+    f.write(b'old')
+try:
+    with logs.atomic_path({str(mount / 'model_last.state')!r}) as tmp, open(tmp, 'wb') as f:
+        f.write(bytes(2 << 20))
+except RecipeError as e:
+    print('error:', e)
+print(open({str(mount / 'model_last.state')!r}, 'rb').read(), sorted(__import__('os').listdir({str(mount)!r})))
+"""
+    check = f"import sys; sys.path.insert(0, {ROOT!r}); import logs; logs.check_workspace({str(mount)!r})"
+    result = subprocess.run(['unshare', '-m', 'sh', '-c', f'mount -t tmpfs -o size=1m tmpfs {mount} && '
+                             f'{sys.executable} -c "$0" && mount -o remount,ro {mount} && {sys.executable} -c "$1"',
+                             script, check], capture_output=True, text=True, timeout=120)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f'error: could not write {mount / "model_last.state"}: No space left'), result
+    assert lines[1] == "b'old' ['model_last.state']"               # the old file kept, no temporary left
+    assert 'is not writable (Read-only file system)' in result.stderr and result.returncode != 0
+
+
+@pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+def test_a_lost_worker_ends_the_job_with_nothing_left_running(tmp_path):
+    import psutil
+    argv = [sys.executable, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '16', '-e', '5', '--data-backend',
+            'synthetic', '--num-examples', '1024', '--num-layers', '18', '--image-shape', '3,32,32',
+            '--disp-batches', '1', '--workspace', str(tmp_path)]
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' + os.environ['PATH'])
+    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                           start_new_session=True)
+    try:
+        while '"step": [0, 1]' not in ((tmp_path / 'dllogger_log.log').read_text()
+                                       if (tmp_path / 'dllogger_log.log').exists() else ''):
+            assert job.poll() is None, job.stderr.read()[-3000:]
+            time.sleep(0.1)
+        processes = psutil.Process(job.pid).children(recursive=True)
+        worker = [p for p in processes if p.cmdline()[1:2] == [os.path.join(ROOT, 'train.py')]
+                  and p.environ().get('HOROVOD_RANK') == '1']
+        killed = time.time()
+        worker[0].send_signal(signal.SIGKILL)
+        code = job.wait(timeout=150)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert code != 0 and time.time() - killed < 120
+    assert not [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
