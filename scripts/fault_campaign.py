@@ -44,8 +44,9 @@ import time
 
 import psutil
 
-from fault_tools import (LOGS, PY, ROOT, RUNNER, TRAIN, Job, epoch_metrics, file_size_limit, link_copy, make_bad_files, one_error, run, run_forked, sha256, snapshot, state_note,
-                         temporaries, unchanged)
+from fault_tools import (LOGS, PY, ROOT, RUNNER, TRAIN, Job, epoch_metrics, file_size_limit, link_copy,  # noqa: E402
+                         make_bad_files, one_error, run, run_forked, sha256, snapshot, state_note, temporaries,
+                         unchanged)
 
 EPOCHS, BATCH = 2, 32
 COMMON = ['--data-backend', 'synthetic', '--num-examples', '256', '--num-layers', '18', '--image-shape', '3,32,32',
