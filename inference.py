@@ -301,7 +301,7 @@ def calibration_record(args, net, source):
     makes a change to models.py (a new operator, say) calibrate again even with the same weights."""
     graph = net(mx.sym.var('data')).tojson().encode()
     return {'weights': os.path.abspath(source) if source else None,
-            'weights_sha256': file_sha256(source) if source else None,
+            'weights_sha256': logs.file_sha256(source) if source else None,
             'graph_sha256': hashlib.sha256(graph).hexdigest(),
             'arch': args.arch, 'num_layers': args.num_layers, 'num_classes': args.num_classes,
             'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
@@ -317,14 +317,6 @@ def cached_calibration(prefix):
         return None
     ready = all(os.path.exists(prefix + suffix) for suffix in ('-symbol.json', '-0000.params'))
     return record if ready else None
-
-
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for chunk in iter(lambda: f.read(1 << 20), b''):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def calibrate(args, net, get_loaders):

@@ -20,6 +20,7 @@ Usage (see train.py and fit.py): `logger = DLLogger(path)`, `logger.log(step, {.
 """
 import contextlib
 import datetime
+import hashlib
 import json
 import logging
 import math
@@ -266,6 +267,15 @@ def finite_or_none(value):
     if isinstance(value, (list, tuple)):
         return [finite_or_none(v) for v in value]
     return value
+
+
+def file_sha256(path):
+    """SHA-256 of a file's content, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def in_workspace(args, path):

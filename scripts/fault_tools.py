@@ -5,7 +5,6 @@ states read back, train.py run in a forked child, and the damaged files the bad-
     code, out, err = run(argv)             # a run to its end;  run_forked(train_py_flags) without start-up
     before = snapshot(ws); ...; unchanged(before, ws)    # '' when nothing changed (logs may only grow)
 """
-import hashlib
 import json
 import os
 import re
@@ -28,11 +27,8 @@ ERROR_LINE = re.compile(r'^(?:[\w.-]+: )?error: ')
 
 
 def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            digest.update(block)
-    return digest.hexdigest()
+    import logs   # imported when first needed, like the recipe's other modules here
+    return logs.file_sha256(path)
 
 
 def snapshot(folder):
