@@ -301,6 +301,17 @@ def find_weights(args):
                       'file (this mode refuses to run on random weights)')
 
 
+def set_aside_if_damaged(path):
+    """Rename a damaged state to `<path>.damaged` (kept for inspection), so that the next save, which keeps
+    the state it replaces as the previous one (the fallback), finds none to keep. Used when a run resumes
+    from another state, e.g. --load model_prev.state after the error naming it."""
+    try:
+        read_state(path)
+    except RecipeError as e:
+        os.replace(path, path + '.damaged')
+        log.warning('%s; moved it to %s.damaged so that it never becomes the fallback', e, path)
+
+
 def training_start(args, net):
     """Where training starts: the State to resume, or None for a new run, with the weights already in `net`.
     The workspace's last state is resumed when it exists (with --finetune too, so an interrupted fine-tuning
@@ -312,12 +323,7 @@ def training_start(args, net):
         path = last if resume else args.load
         log.info('Resuming from %s', path)
         if not resume and os.path.exists(last) and os.path.abspath(last) != os.path.abspath(path):
-            # --load of another state (e.g. model_prev.state after an error naming it): a damaged last state
-            # must not become the previous state, the fallback, when the next state replaces it.
-            try:
-                read_state(last)
-            except RecipeError:
-                args.damaged_last_state = True
+            set_aside_if_damaged(last)
         state = read_state(path, fallback=previous_state_path(args))
         load_params_into(net, weights.convert(state.params, net, source=path)[0], args.contexts)
         log.info('Loaded %s: epoch %d, iteration %d', path, state.meta['epoch'], state.meta['iteration'])

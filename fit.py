@@ -454,11 +454,8 @@ def write_state(args, net, step, meta, world):
                     'rgb_mean': list(args.rgb_mean), 'rgb_std': list(args.rgb_std),
                     'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
                     'data_val_resize': args.data_val_resize})
-    # A damaged last state (see checkpoint.training_start) is replaced without being kept as the previous one.
-    previous = None if getattr(args, 'damaged_last_state', False) else checkpoint.previous_state_path(args)
     checkpoint.save_state(checkpoint.last_state_path(args), net, step.gluon_trainer, meta,
-                          previous=previous, worker_statistics=statistics)
-    args.damaged_last_state = False
+                          previous=checkpoint.previous_state_path(args), worker_statistics=statistics)
 
 
 def training_summary(history):

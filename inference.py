@@ -392,8 +392,7 @@ def portable_network(args):
     net = models.get_model(**options)
     net.initialize(ctx=mx.cpu())
     net.hybridize(static_alloc=True, static_shape=True)
-    height, width = args.image_shape[1:]
-    return net, ((height, width, 3) if args.input_layout == 'NHWC' else (3, height, width))
+    return net, input_shape(args, channels=3)
 
 
 def portable_images(images, args):
@@ -413,9 +412,11 @@ def export_block(block, prefix):
         os.replace(temporary + suffix, prefix + suffix)
 
 
-def input_shape(args):
-    """The (C, H, W) or (H, W, C) shape of one input image in --input-layout."""
-    channels, height, width = args.image_shape
+def input_shape(args, channels=None):
+    """The (C, H, W) or (H, W, C) shape of one input image in --input-layout, with --image-shape's channels
+    unless `channels` is given."""
+    height, width = args.image_shape[1:]
+    channels = channels or args.image_shape[0]
     return (height, width, channels) if args.input_layout == 'NHWC' else (channels, height, width)
 
 

@@ -243,11 +243,6 @@ class SequentialShard:
         return np.minimum(positions, self.end - 1), int((positions >= self.end).sum())
 
 
-def filler_pad(batch_index, batch_size, real_samples):
-    """How many samples of batch `batch_index` lie beyond this worker's `real_samples`."""
-    return int(min(batch_size, max(0, (batch_index + 1) * batch_size - real_samples)))
-
-
 def shard_size(total, rank, num_workers):
     """Records in shard `rank` of the contiguous split: [total*r//W, total*(r+1)//W)."""
     return (total * (rank + 1)) // num_workers - (total * rank) // num_workers
