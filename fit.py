@@ -331,8 +331,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
     that orders the data, is known. `stop` (a StopRequest) says when a signal asked the run to stop."""
     state = checkpoint.training_start(args, net)
     step = TrainingStep(args, net, world)
-    if world.horovod is not None:
-        world.horovod.broadcast_parameters(net.collect_params(), root_rank=0)
+    world.broadcast_parameters(net.collect_params())
     if state is None:
         meta = {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
                 'loss_sum': 0.0, 'loss_count': 0}

@@ -26,7 +26,8 @@ MAX_SEED = 2**31 - 1 - 65536
 
 
 class World:
-    """Who this process is among the workers, and the collectives the recipe needs (sum, broadcast).
+    """Who this process is among the workers, and the collectives the recipe needs (sum, gather, barrier,
+    broadcast).
 
     With --kv-store horovod there is one worker per device; otherwise a single worker."""
 
@@ -69,12 +70,27 @@ class World:
         """Wait until every worker gets here."""
         self.allreduce_sum([0.0])
 
+    # Broadcasts are all-reduces here: rank 0 contributes its values, every other rank zeros (x + 0 = x,
+    # exactly). Horovod 0.28.1's own broadcast hands the op to its background thread and then logs the op's
+    # name, which that thread may already have freed on completion: a use-after-free that crashed about one
+    # start in 25 with 2 Gloo workers (gdb: EnqueueTensorBroadcast's "Enqueued" log line, operations.cc).
+    # Its all-reduce logs before it enqueues.
+
     def broadcast_int(self, value):
-        """Rank 0's value of an integer, on every worker."""
+        """Rank 0's value of an integer, on every worker (exact up to 2**53)."""
+        return int(self.allreduce_sum([value if self.rank == 0 else 0])[0])
+
+    def broadcast_parameters(self, params):
+        """Rank 0's values of every parameter in `params` (a gluon ParameterDict), in place on every
+        worker; returns once they are there."""
         if self.size == 1:
-            return value
-        array = self.horovod.broadcast(mx.nd.array([value], dtype='float64'), root_rank=0, name='bcast_int')
-        return int(array.asnumpy()[0])
+            return
+        arrays = [param.data() for _, param in sorted(params.items())]
+        if self.rank != 0:
+            for array in arrays:
+                array[:] = 0
+        self.horovod.grouped_allreduce_(arrays, op=self.horovod.Sum, name='broadcast_parameters')
+        mx.nd.waitall()
 
 
 def resolve_hardware(args, world):

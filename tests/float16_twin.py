@@ -4,8 +4,8 @@ a Horovod worker script by tests/test_fit.py:
     horovodrun -np 2 --gloo python tests/float16_twin.py OUT.json
 
 Each of 2 workers trains Float16Net with the recipe's own TrainingStep in float16 (float32 master weights,
-dynamic loss scaling); at step 1 only rank 1's batch holds an inf, so after the all-reduce both must skip
-that step. Rank 0 writes every worker's loss scale, skip count and weights to OUT.json.
+dynamic loss scaling), from weights initialised differently per worker and then broadcast from rank 0; at
+step 1 only rank 1's batch holds an inf, so after the all-reduce both must skip that step. Rank 0 writes every worker's loss scale, skip count and weights to OUT.json.
 """
 import json
 import os
@@ -58,10 +58,10 @@ def batch_of(values, labels, dtype='float32'):
 
 
 def main(output):
-    mx.random.seed(0)
+    mx.random.seed(int(os.environ.get('HOROVOD_RANK', '0')))   # other weights per worker until the broadcast
     step = step_for(Float16Net(), 'float16', kv_store='horovod', batch=16)
     world = step.world
-    world.horovod.broadcast_parameters(step.net.collect_params(), root_rank=0)
+    world.broadcast_parameters(step.net.collect_params())
     step.loss_scale = losses.DynamicLossScale(scale=8.0, interval=2)
     rng = np.random.default_rng(0)
     images, labels = rng.normal(size=(16, 4, 2, 2)), rng.integers(0, 3, 16)
