@@ -44,29 +44,9 @@ import time
 
 import psutil
 
-from fault_tools import (LOGS, PY, ROOT, RUNNER, TRAIN, Job, epoch_metrics, file_size_limit, link_copy,  # noqa: E402
-                         make_bad_files, one_error, run, run_forked, sha256, snapshot, state_note, temporaries,
-                         unchanged)
-
-EPOCHS, BATCH = 2, 32
-COMMON = ['--data-backend', 'synthetic', '--num-examples', '256', '--num-layers', '18', '--image-shape', '3,32,32',
-          '--num-classes', '10', '--seed', '3', '--warmup-epochs', '1', '--disp-batches', '1', '--save-frequency', '1']
-
-
-def runner_argv(ws, workers, *extra):
-    return [PY, RUNNER, '-n', str(workers), '-b', str(BATCH // workers), '-e', str(EPOCHS), '-l', '0.8'] + \
-        COMMON + ['--workspace', str(ws)] + [str(e) for e in extra]
-
-
-def launch(ws, workers, *extra):
-    """A background runner job of the campaign's training in `ws`."""
-    return Job(ws, runner_argv(ws, workers, *extra), workers)
-
-
-def train_argv(ws, *extra):
-    return [PY, TRAIN, '--batch-size', str(BATCH), '--lr', '0.1', '--num-epochs', str(EPOCHS)] + COMMON + \
-        ['--workspace', str(ws)] + [str(e) for e in extra]
-
+from fault_inputs import bad_input_campaign
+from fault_tools import (EPOCHS, PY, ROOT, epoch_metrics, file_size_limit, launch, link_copy, one_error,
+                         run, runner_argv, sha256, snapshot, state_note, temporaries, unchanged)
 
 # ----------------------------------------------------------------------------------------------------------
 # The campaign: rows, datasets, baselines
@@ -151,13 +131,19 @@ def in_write(name, label=''):
     return f'writing {name}{label}', hit
 
 
-def final_report(job):
-    """After the last epoch's state is renamed into place: the report.json writes before the summary record,
-    caught by running the writer in short slices (the small file's window is too short to catch by watching)."""
-    if not (job.wait_for(lambda: job.reached(EPOCHS - 1)) and job.freeze_in_write('.model_last.state.')):
-        return False, 'the final state write was not caught'
-    tmp = job.step_into_write('.report.json.', lambda: '"step": []' in job.text('dllogger_log.log'))
-    return tmp is not None, f'{tmp} present at the kill' if tmp else 'report window not hit before the summary'
+def report_write(epoch):
+    """The report.json write after epoch `epoch`'s state is renamed into place, caught by running the writer in
+    short slices (the small file's window is too short to catch by watching), before the next epoch's first
+    iteration or, after the last epoch, the summary record."""
+    def too_late(job):
+        return '"step": []' in job.text('dllogger_log.log') if epoch == EPOCHS - 1 else job.reached(epoch + 1, 0)
+
+    def hit(job):
+        if not (job.wait_for(lambda: job.reached(epoch)) and job.freeze_in_write('.model_last.state.')):
+            return False, f'the state write of epoch {epoch} was not caught'
+        tmp = job.step_into_write('.report.json.', lambda: too_late(job))
+        return tmp is not None, f'{tmp} present at the kill' if tmp else 'report window not hit'
+    return hit
 
 
 def stop_then_kill(signum):
@@ -177,18 +163,19 @@ def validation_hit(job):
     return reached_note(reached and not job.reached(0), 'after "Validating epoch 0", before the epoch record')
 
 
+FINAL_REPORT = ('during the final report', report_write(EPOCHS - 1))
 KILL1 = [('at start-up', lambda job: reached_note(job.wait_for(
              lambda: '"PARAMETER"' in job.text('dllogger_log.log')) and job.freeze() and not job.reached(0, 0),
              'after the PARAMETER record, before the first iteration')),
          at_record(0, 3), ('during validation', validation_hit), in_write('model_0000.params'),
-         in_write('model_best.params'), in_write('model_last.state', ' (the first)'), in_write('report.json'),
-         at_log('while loading the state to resume', 'Resuming from'), at_record(1, 3),
-         in_write('model_0001.params'), stop_then_kill(signal.SIGTERM),
-         in_write('model_last.state', ' (model_prev.state kept)'), ('during the final report', final_report)]
+         in_write('model_best.params'), in_write('model_last.state', ' (the first)'),
+         ('writing report.json', report_write(0)), at_log('while loading the state to resume', 'Resuming from'),
+         at_record(1, 3), in_write('model_0001.params'), stop_then_kill(signal.SIGTERM),
+         in_write('model_last.state', ' (model_prev.state kept)'), FINAL_REPORT]
 KILL2 = [at_record(0, 3), ('during validation', validation_hit), in_write('model_best.params'),
          in_write('model_last.state', ' (the first)'), at_record(1, 3),
          at_log('while loading the state to resume', 'Resuming from'),
-         in_write('model_last.state', ' (model_prev.state kept)'), ('during the final report', final_report)]
+         in_write('model_last.state', ' (model_prev.state kept)'), FINAL_REPORT]
 QUICK_KILLS = {'inside iteration 4 of epoch 0', 'writing model_last.state (the first)', 'during the final report'}
 
 
@@ -283,9 +270,12 @@ def worker_lost(camp):
     code = job.finish(timeout=150)
     seconds = time.time() - killed
     left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    camp.row('worker-lost/kill -9 of worker 1 of 2', 'the job ends (non-zero) within 120 s, no process left',
-             f'exit {code} {seconds:.0f} s after the kill; processes left {len(left)}',
-             reached and code not in (0, None) and seconds < 120 and not left, time.time() - start)
+    last = (job.log().strip().splitlines() or [''])[-1]
+    named = last.startswith('error: worker 1 ended with signal SIGKILL')
+    camp.row('worker-lost/kill -9 of worker 1 of 2', 'the job ends (non-zero) within 120 s, no process left, '
+             'its last line an error naming worker 1 and SIGKILL',
+             f'exit {code} {seconds:.0f} s after the kill; processes left {len(left)}; last line {last[:60]!r}',
+             reached and code not in (0, None) and seconds < 120 and not left and named, time.time() - start)
     start = time.time()
     code = launch(ws, 2).finish()
     final = epoch_metrics(ws)
@@ -393,114 +383,6 @@ def write_failures(camp):
 def inspect(folder):
     """--inspect: what a workspace holds, as one line (used inside a mount namespace)."""
     print('INSPECT ' + json.dumps({'files': sorted(os.listdir(folder)), 'state': state_note(folder)[1]}))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Bad input: files to feed, the cases, and the check
-
-
-def bad_inputs(camp):
-    """(name, kind, extra flags): kind 'train' runs train.py, 'runner1'/'runner2' the runner with 1/2 workers."""
-    rec = camp.digits()
-    bad = make_bad_files(os.path.join(camp.workdir, 'bad'), rec, camp.baseline(1))
-    r, b = (lambda name: os.path.join(rec, name)), (lambda name: os.path.join(bad, name))
-
-    def data(train_rec=r('train.rec'), train_idx=r('train.idx'), backend='mxnet', val=True):
-        flags = ['--data-backend', backend, '--data-train', train_rec, '--data-train-idx', train_idx,
-                 '--data-val-resize', '32']
-        return flags + (['--data-val', r('val.rec'), '--data-val-idx', r('val.idx')] if val else [])
-
-    def undecodable(backend):   # one more epoch than the workspace's finished run, so the data are read
-        return data(b('undecodable.rec'), b('undecodable.idx'), backend) + ['--num-epochs', '3', '--num-examples', '64']
-    cases = [(f'flag {" ".join(f)}', 'train', f) for f in (
-        ['--batch-size', '0'], ['--batch-size', '-32'], ['--lr', '-1'], ['--lr', 'nan'], ['--lr', 'inf'],
-        ['--wd', 'nan'], ['--mom', '1.5'], ['--label-smoothing', '2'], ['--mixup', '-1'], ['--warmup-epochs', '-1'],
-        ['--num-epochs', '0'], ['--run-epochs', '0'], ['--disp-batches', '0'], ['--seed', '-1'],
-        ['--num-layers', 'x'], ['--num-layers', '19'], ['--num-classes', '0'], ['--image-shape', '2,32,32'],
-        ['--image-shape', '3,32'], ['--rgb-mean', '1,inf,2'], ['--gpus', '0,-1'], ['--save-frequency', '-2'],
-        ['--topk', '0'], ['--num-examples', '0'], ['--batchnorm-eps', '0'], ['--dali-threads', '0'],
-        ['--no-such-flag'], ['--mode', 'bogus'])]
-    cases += [(f'runner {" ".join(f)}', 'runner1', f) for f in (
-        ['-n', '0'], ['-b', '0'], ['-l', 'nan'], ['-e', '0'], ['--stop-timeout', '0'])]
-    cases += [('runner -n 2 with train.py flag --lr-factor 0', 'runner2', ['--lr-factor', '0'])]
-    cases += [(f'combination {name}', kind, flags) for name, kind, flags in (
-        ('dali-gpu without a GPU', 'train', ['--data-backend', 'dali-gpu']),
-        ('float16 on the CPU', 'train', ['--dtype', 'float16']),
-        ('--gpus 0 without a GPU', 'train', ['--gpus', '0']),
-        ('train_val without --data-val', 'train', data(val=False)),
-        ('--quantize int8 in train mode', 'train', ['--quantize', 'int8']),
-        ('--quantize int8 with export', 'train', ['--mode', 'export', '--quantize', 'int8']),
-        ('pred without --data-pred', 'train', ['--mode', 'pred']),
-        ('--rgb-mean with 2 values', 'train', ['--rgb-mean', '1,2']),
-        ('--data-val-resize below the image', 'train', ['--data-val-resize', '16']),
-        ('min random area above max', 'train', ['--min-random-area', '0.9', '--max-random-area', '0.5']),
-        ('--random-crop with dali-cpu', 'train', data(backend='dali-cpu') + ['--random-crop', '1']),
-        ('--optimizer nosuch', 'train', ['--optimizer', 'nosuch']),
-        ('-n 2 --kv-store device on CPUs', 'runner2', ['--kv-store', 'device']),
-        ('--test-io-mode val without --data-val', 'train', data(val=False) + ['--test-io', '--test-io-mode', 'val']),
-        ('NHWC convolutions on the CPU', 'train', ['--conv-layout', 'NHWC']),
-        ('resume a ResNet-18 state as ResNet-34', 'train', ['--num-layers', '34']),
-        ('resume a 10-class state with 5 classes', 'train', ['--num-classes', '5']))]
-    cases += [(f'data {name}', 'train', flags) for name, flags in (
-        ('missing .rec', data(train_rec=b('missing.rec'))),
-        ('missing .idx', data(train_idx=b('missing.idx'))),
-        ('garbage .rec', data(train_rec=b('garbage.rec'))),
-        ('garbage .rec (dali-cpu)', data(train_rec=b('garbage.rec'), backend='dali-cpu')),
-        ('truncated .rec', data(train_rec=b('truncated.rec'))),
-        ('garbage .idx', data(train_idx=b('garbage.idx'))),
-        ('empty .idx', data(train_idx=b('empty.idx'))),
-        ('.idx of another .rec', data(train_idx=r('val.idx'))),
-        ('label 99 of 10 classes', data(train_rec=b('labels99.rec'), train_idx=b('labels99.idx'))),
-        ('undecodable image (mxnet)', undecodable('mxnet')), ('undecodable image (dali-cpu)', undecodable('dali-cpu')),
-        ('--mode val with a missing .rec', ['--mode', 'val', '--data-backend', 'mxnet', '--data-val',
-                                            b('missing.rec'), '--data-val-idx', r('val.idx')]))]
-    cases += [(f'pred {name}', 'train', ['--mode', 'pred', '--data-pred', path]) for name, path in (
-        ('text file named .jpg', b('text.jpg')), ('empty .png', b('empty.png')),
-        ('folder without images', b('no-images')), ('missing path', b('missing.jpg')),
-        ('folder of unreadable images', b('bad-images')))]
-    cases += [(f'weights {name}', 'train', ['--mode', 'val', '--load', b(file)]) for name, file in (
-        ('text in .params', 'text.params'), ('truncated .params', 'truncated.params'),
-        ('ResNet-34 into ResNet-18', 'resnet34.params'), ('5 classes into 10', 'classes5.params'),
-        ('.pth pickle', 'weights.pth'), ('unknown suffix .txt', 'weights.txt'), ('missing file', 'missing.params'),
-        ('garbage .npz', 'garbage.npz'), ('truncated .safetensors', 'truncated.safetensors'),
-        ('unnamed list of arrays', 'list.params'), ('truncated .state', 'damaged.state'))]
-    return cases
-
-
-def bad_input_template(camp):
-    """A workspace with a finished run's weights, last state and logs (what a bad input must not touch)."""
-    template = os.path.join(camp.workdir, 'bad-template')
-    if not os.path.exists(os.path.join(template, 'model_last.state')):
-        os.makedirs(template, exist_ok=True)
-        for name in ('model_best.params', 'model_last.state', 'report.json') + LOGS:
-            shutil.copyfile(os.path.join(camp.baseline(1), name), os.path.join(template, name))
-    return template
-
-
-def bad_input_row(camp, template, number, name, kind, extra):
-    start = time.time()
-    ws = os.path.join(camp.workdir, 'runs', f'bad{number:02d}')
-    link_copy(template, ws)
-    before = snapshot(ws)
-    if kind == 'train':
-        code, out, err = run_forked([str(a) for a in train_argv(ws, *extra)[2:]])
-    else:
-        code, out, err = run(runner_argv(ws, int(kind[-1]), *extra), timeout=300)
-    ok, text = one_error(code, out, err)
-    changes = unchanged(before, ws)
-    shutil.rmtree(ws, ignore_errors=True)
-    return f'bad-input/{name}', ok and not changes, f'{text}; {changes or "workspace unchanged"}', time.time() - start
-
-
-def bad_input_campaign(camp):
-    cases = [c for c in bad_inputs(camp) if camp.selected(f'bad-input/{c[0]}')]
-    if camp.quick:
-        cases = cases[::6]
-    template = bad_input_template(camp)
-    expected = 'exit 2, one error: line, no Traceback, workspace unchanged'
-    for i, case in enumerate(cases):     # one at a time: forking from a threaded process is unsafe
-        name, ok, observed, seconds = bad_input_row(camp, template, i, *case)
-        camp.row(name, expected, observed, ok, seconds)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Helpers of scripts/fault_campaign.py: processes watched from outside, workspace snapshots, metrics and
-states read back, train.py run in a forked child, and the damaged files the bad-input rows feed the recipe.
+states read back, train.py run in a forked child, and the campaign's training run (its command lines).
 
     job = Job(ws, argv, workers=2)         # a background run; job.reached(0, 3), job.freeze_in_write(prefix)
     code, out, err = run(argv)             # a run to its end;  run_forked(train_py_flags) without start-up
@@ -24,6 +24,26 @@ ENV = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.en
 LOGS = ('log.log', 'dllogger_log.log')
 JOB_TIMEOUT = 420
 ERROR_LINE = re.compile(r'^(?:[\w.-]+: )?error: ')
+
+# The campaign's training run: ResNet-18 on 3x32x32 synthetic images, global batch 32, 2 epochs of 8 steps.
+EPOCHS, BATCH = 2, 32
+COMMON = ['--data-backend', 'synthetic', '--num-examples', '256', '--num-layers', '18', '--image-shape', '3,32,32',
+          '--num-classes', '10', '--seed', '3', '--warmup-epochs', '1', '--disp-batches', '1', '--save-frequency', '1']
+
+
+def runner_argv(ws, workers, *extra):
+    return [PY, RUNNER, '-n', str(workers), '-b', str(BATCH // workers), '-e', str(EPOCHS), '-l', '0.8'] + \
+        COMMON + ['--workspace', str(ws)] + [str(e) for e in extra]
+
+
+def launch(ws, workers, *extra):
+    """A background runner job of the campaign's training in `ws`."""
+    return Job(ws, runner_argv(ws, workers, *extra), workers)
+
+
+def train_argv(ws, *extra):
+    return [PY, TRAIN, '--batch-size', str(BATCH), '--lr', '0.1', '--num-epochs', str(EPOCHS)] + COMMON + \
+        ['--workspace', str(ws)] + [str(e) for e in extra]
 
 
 def sha256(path):
@@ -293,46 +313,3 @@ def file_size_limit(megabytes):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (megabytes << 20, megabytes << 20))
     return limit
-
-
-def make_bad_files(folder, rec, trained):
-    """Damaged data, images and weights files in `folder` (made once), from the RecordIO folder `rec` and the
-    workspace `trained` of a finished run; returns `folder`."""
-    if os.path.exists(os.path.join(folder, 'done')):
-        return folder
-    import mxnet as mx
-    import models
-    os.makedirs(folder, exist_ok=True)
-    train_rec = open(os.path.join(rec, 'train.rec'), 'rb').read()
-    files = {'garbage.rec': os.urandom(50000), 'truncated.rec': train_rec[:len(train_rec) // 3],
-             'garbage.idx': b'hello world\n', 'empty.idx': b'', 'text.jpg': b'hello, not an image\n', 'empty.png': b'',
-             'text.params': b'not weights\n', 'weights.pth': b'\x80\x02}q\x00.', 'weights.txt': b'1 2 3\n',
-             'garbage.npz': b'PK\x03\x04 not a zip archive', 'truncated.safetensors': b'\xff\x00\x00\x00\x00\x00\x00'}
-    for name, content in files.items():
-        with open(os.path.join(folder, name), 'wb') as f:
-            f.write(content)
-    os.makedirs(os.path.join(folder, 'no-images'), exist_ok=True)
-    open(os.path.join(folder, 'no-images', 'readme.txt'), 'w').write('no images here\n')
-    os.makedirs(os.path.join(folder, 'bad-images'), exist_ok=True)
-    shutil.copyfile(os.path.join(folder, 'text.jpg'), os.path.join(folder, 'bad-images', 'a.jpg'))
-    source = mx.recordio.MXIndexedRecordIO(os.path.join(rec, 'train.idx'), os.path.join(rec, 'train.rec'), 'r')
-    for name, change in (('labels99', lambda i, h, img: (h._replace(label=99.0) if i == 7 else h, img)),
-                         ('undecodable', lambda i, h, img: (h, b'not a jpeg' * 20 if i == 5 else img))):
-        out = mx.recordio.MXIndexedRecordIO(os.path.join(folder, f'{name}.idx'), os.path.join(folder, f'{name}.rec'),
-                                            'w')
-        for i in range(64):
-            header, image = mx.recordio.unpack(source.read_idx(source.keys[i]))
-            out.write_idx(i, mx.recordio.pack(*change(i, header, image)))
-        out.close()
-    best = os.path.join(trained, 'model_best.params')
-    content = open(best, 'rb').read()
-    open(os.path.join(folder, 'truncated.params'), 'wb').write(content[:len(content) // 2])
-    state = open(os.path.join(trained, 'model_last.state'), 'rb').read()
-    open(os.path.join(folder, 'damaged.state'), 'wb').write(state[:len(state) - 1000])
-    for name, layers, classes in (('resnet34.params', 34, 10), ('classes5.params', 18, 5)):
-        net = models.get_model(num_layers=layers, num_classes=classes, image_shape=(3, 32, 32))
-        net.initialize()
-        net.save_parameters(os.path.join(folder, name))
-    mx.nd.save(os.path.join(folder, 'list.params'), [mx.nd.ones((2, 2))])
-    open(os.path.join(folder, 'done'), 'w').close()
-    return folder

@@ -5,7 +5,8 @@ a Horovod worker script by tests/test_fit.py:
 
 Each of 2 workers trains Float16Net with the recipe's own TrainingStep in float16 (float32 master weights,
 dynamic loss scaling), from weights initialised differently per worker and then broadcast from rank 0; at
-step 1 only rank 1's batch holds an inf, so after the all-reduce both must skip that step. Rank 0 writes every worker's loss scale, skip count and weights to OUT.json.
+step 1 only rank 1's batch holds an inf, so after the all-reduce both must skip that step. Rank 0 writes
+every worker's loss scale, skip count and weights to OUT.json.
 """
 import json
 import os

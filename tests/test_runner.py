@@ -284,3 +284,35 @@ def test_signal_to_the_runner_stops_every_worker_with_the_state_written(digits, 
     assert code == 0 and 'Resuming from' in output, output[-3000:]
     assert checkpoint.read_state(str(tmp_path / 'model_last.state')).meta['iteration'] > meta['iteration']
     assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+HOROVODRUN_AFTER_A_CRASH = r'''
+import sys
+print('[0]<stderr>:Fatal Python error: Segmentation fault', file=sys.stderr, flush=True)
+print('Process 0 exit with status code 139.', file=sys.stderr, flush=True)
+print('Terminating remaining workers after failure of Process 0.', file=sys.stderr, flush=True)
+print('[1]<stderr>:mxnet.base.MXNetError: Horovod has been shut down.', file=sys.stderr, flush=True)
+print("""Traceback (most recent call last):
+  File "horovod/runner/gloo_run.py", line 284, in launch_gloo
+RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing the job
+to be terminated. The first process to do so was:
+Process name: 0
+Exit code: 139
+""", file=sys.stderr, flush=True)
+sys.exit(1)
+'''
+
+
+def test_a_crashed_worker_is_one_error_line_instead_of_horovodruns_traceback():
+    """What horovodrun prints when a worker dies of SIGSEGV (as Horovod 0.28.1's broadcast did, about one
+    start in 25): the workers' lines pass, horovodrun's traceback becomes one line naming the worker."""
+    import io
+    out, err = io.StringIO(), io.StringIO()
+    supervisor = runner.Supervisor([sys.executable, '-c', HOROVODRUN_AFTER_A_CRASH], dict(os.environ), 30,
+                                   out=out, err=err)
+    assert supervisor.report(supervisor.run()) == 1
+    lines = err.getvalue().splitlines()
+    assert lines[0] == '[0]<stderr>:Fatal Python error: Segmentation fault'
+    assert 'Traceback' not in err.getvalue() and 'RuntimeError' not in err.getvalue()
+    assert lines[-1].startswith('error: worker 0 ended with signal SIGSEGV (exit status 139)')
+    assert sum(line.startswith('error:') for line in lines) == 1

@@ -1,0 +1,161 @@
+"""The bad-input class of scripts/fault_campaign.py: the damaged files to feed, the cases (flags out of range,
+impossible combinations, data files, images for --mode pred, weights files), the finished run's workspace they
+must leave unchanged, and the check of one case: exit status 2, exactly one `error:` line, no Traceback.
+
+    from fault_inputs import bad_input_campaign
+    bad_input_campaign(camp)        # camp: fault_campaign.Campaign (datasets, baselines, rows)
+"""
+import os
+import shutil
+import time
+
+from fault_tools import (LOGS, link_copy, one_error, run, run_forked, runner_argv, snapshot, train_argv,
+                         unchanged)
+
+
+def make_bad_files(folder, rec, trained):
+    """Damaged data, images and weights files in `folder` (made once), from the RecordIO folder `rec` and the
+    workspace `trained` of a finished run; returns `folder`."""
+    if os.path.exists(os.path.join(folder, 'done')):
+        return folder
+    import mxnet as mx
+    import models
+    os.makedirs(folder, exist_ok=True)
+    train_rec = open(os.path.join(rec, 'train.rec'), 'rb').read()
+    files = {'garbage.rec': os.urandom(50000), 'truncated.rec': train_rec[:len(train_rec) // 3],
+             'garbage.idx': b'hello world\n', 'empty.idx': b'', 'text.jpg': b'hello, not an image\n', 'empty.png': b'',
+             'text.params': b'not weights\n', 'weights.pth': b'\x80\x02}q\x00.', 'weights.txt': b'1 2 3\n',
+             'garbage.npz': b'PK\x03\x04 not a zip archive', 'truncated.safetensors': b'\xff\x00\x00\x00\x00\x00\x00'}
+    for name, content in files.items():
+        with open(os.path.join(folder, name), 'wb') as f:
+            f.write(content)
+    os.makedirs(os.path.join(folder, 'no-images'), exist_ok=True)
+    open(os.path.join(folder, 'no-images', 'readme.txt'), 'w').write('no images here\n')
+    os.makedirs(os.path.join(folder, 'bad-images'), exist_ok=True)
+    shutil.copyfile(os.path.join(folder, 'text.jpg'), os.path.join(folder, 'bad-images', 'a.jpg'))
+    source = mx.recordio.MXIndexedRecordIO(os.path.join(rec, 'train.idx'), os.path.join(rec, 'train.rec'), 'r')
+    for name, change in (('labels99', lambda i, h, img: (h._replace(label=99.0) if i == 7 else h, img)),
+                         ('undecodable', lambda i, h, img: (h, b'not a jpeg' * 20 if i == 5 else img))):
+        out = mx.recordio.MXIndexedRecordIO(os.path.join(folder, f'{name}.idx'), os.path.join(folder, f'{name}.rec'),
+                                            'w')
+        for i in range(64):
+            header, image = mx.recordio.unpack(source.read_idx(source.keys[i]))
+            out.write_idx(i, mx.recordio.pack(*change(i, header, image)))
+        out.close()
+    best = os.path.join(trained, 'model_best.params')
+    content = open(best, 'rb').read()
+    open(os.path.join(folder, 'truncated.params'), 'wb').write(content[:len(content) // 2])
+    state = open(os.path.join(trained, 'model_last.state'), 'rb').read()
+    open(os.path.join(folder, 'damaged.state'), 'wb').write(state[:len(state) - 1000])
+    for name, layers, classes in (('resnet34.params', 34, 10), ('classes5.params', 18, 5)):
+        net = models.get_model(num_layers=layers, num_classes=classes, image_shape=(3, 32, 32))
+        net.initialize()
+        net.save_parameters(os.path.join(folder, name))
+    mx.nd.save(os.path.join(folder, 'list.params'), [mx.nd.ones((2, 2))])
+    open(os.path.join(folder, 'done'), 'w').close()
+    return folder
+
+
+
+def bad_inputs(camp):
+    """(name, kind, extra flags): kind 'train' runs train.py, 'runner1'/'runner2' the runner with 1/2 workers."""
+    rec = camp.digits()
+    bad = make_bad_files(os.path.join(camp.workdir, 'bad'), rec, camp.baseline(1))
+    r, b = (lambda name: os.path.join(rec, name)), (lambda name: os.path.join(bad, name))
+
+    def data(train_rec=r('train.rec'), train_idx=r('train.idx'), backend='mxnet', val=True):
+        flags = ['--data-backend', backend, '--data-train', train_rec, '--data-train-idx', train_idx,
+                 '--data-val-resize', '32']
+        return flags + (['--data-val', r('val.rec'), '--data-val-idx', r('val.idx')] if val else [])
+
+    def undecodable(backend):   # one more epoch than the workspace's finished run, so the data are read
+        return data(b('undecodable.rec'), b('undecodable.idx'), backend) + ['--num-epochs', '3', '--num-examples', '64']
+    cases = [(f'flag {" ".join(f)}', 'train', f) for f in (
+        ['--batch-size', '0'], ['--batch-size', '-32'], ['--lr', '-1'], ['--lr', 'nan'], ['--lr', 'inf'],
+        ['--wd', 'nan'], ['--mom', '1.5'], ['--label-smoothing', '2'], ['--mixup', '-1'], ['--warmup-epochs', '-1'],
+        ['--num-epochs', '0'], ['--run-epochs', '0'], ['--disp-batches', '0'], ['--seed', '-1'],
+        ['--num-layers', 'x'], ['--num-layers', '19'], ['--num-classes', '0'], ['--image-shape', '2,32,32'],
+        ['--image-shape', '3,32'], ['--rgb-mean', '1,inf,2'], ['--gpus', '0,-1'], ['--save-frequency', '-2'],
+        ['--topk', '0'], ['--num-examples', '0'], ['--batchnorm-eps', '0'], ['--dali-threads', '0'],
+        ['--no-such-flag'], ['--mode', 'bogus'])]
+    cases += [(f'runner {" ".join(f)}', 'runner1', f) for f in (
+        ['-n', '0'], ['-b', '0'], ['-l', 'nan'], ['-e', '0'], ['--stop-timeout', '0'])]
+    cases += [('runner -n 2 with train.py flag --lr-factor 0', 'runner2', ['--lr-factor', '0'])]
+    cases += [(f'combination {name}', kind, flags) for name, kind, flags in (
+        ('dali-gpu without a GPU', 'train', ['--data-backend', 'dali-gpu']),
+        ('float16 on the CPU', 'train', ['--dtype', 'float16']),
+        ('--gpus 0 without a GPU', 'train', ['--gpus', '0']),
+        ('train_val without --data-val', 'train', data(val=False)),
+        ('--quantize int8 in train mode', 'train', ['--quantize', 'int8']),
+        ('--quantize int8 with export', 'train', ['--mode', 'export', '--quantize', 'int8']),
+        ('pred without --data-pred', 'train', ['--mode', 'pred']),
+        ('--rgb-mean with 2 values', 'train', ['--rgb-mean', '1,2']),
+        ('--data-val-resize below the image', 'train', ['--data-val-resize', '16']),
+        ('min random area above max', 'train', ['--min-random-area', '0.9', '--max-random-area', '0.5']),
+        ('--random-crop with dali-cpu', 'train', data(backend='dali-cpu') + ['--random-crop', '1']),
+        ('--optimizer nosuch', 'train', ['--optimizer', 'nosuch']),
+        ('-n 2 --kv-store device on CPUs', 'runner2', ['--kv-store', 'device']),
+        ('--test-io-mode val without --data-val', 'train', data(val=False) + ['--test-io', '--test-io-mode', 'val']),
+        ('NHWC convolutions on the CPU', 'train', ['--conv-layout', 'NHWC']),
+        ('resume a ResNet-18 state as ResNet-34', 'train', ['--num-layers', '34']),
+        ('resume a 10-class state with 5 classes', 'train', ['--num-classes', '5']))]
+    cases += [(f'data {name}', 'train', flags) for name, flags in (
+        ('missing .rec', data(train_rec=b('missing.rec'))),
+        ('missing .idx', data(train_idx=b('missing.idx'))),
+        ('garbage .rec', data(train_rec=b('garbage.rec'))),
+        ('garbage .rec (dali-cpu)', data(train_rec=b('garbage.rec'), backend='dali-cpu')),
+        ('truncated .rec', data(train_rec=b('truncated.rec'))),
+        ('garbage .idx', data(train_idx=b('garbage.idx'))),
+        ('empty .idx', data(train_idx=b('empty.idx'))),
+        ('.idx of another .rec', data(train_idx=r('val.idx'))),
+        ('label 99 of 10 classes', data(train_rec=b('labels99.rec'), train_idx=b('labels99.idx'))),
+        ('undecodable image (mxnet)', undecodable('mxnet')), ('undecodable image (dali-cpu)', undecodable('dali-cpu')),
+        ('--mode val with a missing .rec', ['--mode', 'val', '--data-backend', 'mxnet', '--data-val',
+                                            b('missing.rec'), '--data-val-idx', r('val.idx')]))]
+    cases += [(f'pred {name}', 'train', ['--mode', 'pred', '--data-pred', path]) for name, path in (
+        ('text file named .jpg', b('text.jpg')), ('empty .png', b('empty.png')),
+        ('folder without images', b('no-images')), ('missing path', b('missing.jpg')),
+        ('folder of unreadable images', b('bad-images')))]
+    cases += [(f'weights {name}', 'train', ['--mode', 'val', '--load', b(file)]) for name, file in (
+        ('text in .params', 'text.params'), ('truncated .params', 'truncated.params'),
+        ('ResNet-34 into ResNet-18', 'resnet34.params'), ('5 classes into 10', 'classes5.params'),
+        ('.pth pickle', 'weights.pth'), ('unknown suffix .txt', 'weights.txt'), ('missing file', 'missing.params'),
+        ('garbage .npz', 'garbage.npz'), ('truncated .safetensors', 'truncated.safetensors'),
+        ('unnamed list of arrays', 'list.params'), ('truncated .state', 'damaged.state'))]
+    return cases
+
+
+def bad_input_template(camp):
+    """A workspace with a finished run's weights, last state and logs (what a bad input must not touch)."""
+    template = os.path.join(camp.workdir, 'bad-template')
+    if not os.path.exists(os.path.join(template, 'model_last.state')):
+        os.makedirs(template, exist_ok=True)
+        for name in ('model_best.params', 'model_last.state', 'report.json') + LOGS:
+            shutil.copyfile(os.path.join(camp.baseline(1), name), os.path.join(template, name))
+    return template
+
+
+def bad_input_row(camp, template, number, name, kind, extra):
+    start = time.time()
+    ws = os.path.join(camp.workdir, 'runs', f'bad{number:02d}')
+    link_copy(template, ws)
+    before = snapshot(ws)
+    if kind == 'train':
+        code, out, err = run_forked([str(a) for a in train_argv(ws, *extra)[2:]])
+    else:
+        code, out, err = run(runner_argv(ws, int(kind[-1]), *extra), timeout=300)
+    ok, text = one_error(code, out, err)
+    changes = unchanged(before, ws)
+    shutil.rmtree(ws, ignore_errors=True)
+    return f'bad-input/{name}', ok and not changes, f'{text}; {changes or "workspace unchanged"}', time.time() - start
+
+
+def bad_input_campaign(camp):
+    cases = [c for c in bad_inputs(camp) if camp.selected(f'bad-input/{c[0]}')]
+    if camp.quick:
+        cases = cases[::6]
+    template = bad_input_template(camp)
+    expected = 'exit 2, one error: line, no Traceback, workspace unchanged'
+    for i, case in enumerate(cases):     # one at a time: forking from a threaded process is unsafe
+        name, ok, observed, seconds = bad_input_row(camp, template, i, *case)
+        camp.row(name, expected, observed, ok, seconds)
