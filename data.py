@@ -274,8 +274,8 @@ class RecordLoader:
             weakref.finalize(self, shutil.rmtree, self.workdir, True)
         else:
             self.num_examples = len(self.records)
-            shard = records.record_iter_shard_size(self.num_examples, rank, num_workers)
-            self.num_batches = -(-shard // self.batch_size)
+            self.part = records.record_iter_part(self.num_examples, rank, num_workers)
+            self.num_batches = -(-len(self.part) // self.batch_size)
 
     def _common(self):
         args = self.args
@@ -308,9 +308,7 @@ class RecordLoader:
         try:
             yield from self._validation_batches(start)
         except mx.base.MXNetError as e:
-            first = self.rank * -(-len(self.records) // self.num_workers)
-            count = records.record_iter_shard_size(len(self.records), self.rank, self.num_workers)
-            raise RecipeError(records.undecodable_message(self.records, range(first, first + count), e)) from e
+            raise RecipeError(records.undecodable_message(self.records, self.part, e)) from e
 
     def _chunk(self, epoch, chunk):
         """(ImageRecordIter over a temporary .rec with the chunk's records in order, its path, their
@@ -376,7 +374,7 @@ class RecordLoader:
             path_imgrec=self.records.rec_path, path_imgidx=self.records.idx_path, resize=self.args.data_val_resize,
             rand_crop=False, rand_mirror=False, shuffle=False, round_batch=True, num_parts=self.num_workers,
             part_index=self.rank, **self._common())
-        first = self.rank * -(-len(self.records) // self.num_workers)
+        first = self.part.start
         for index, batch in enumerate(iterator):
             if index == self.num_batches:
                 return
@@ -403,7 +401,7 @@ class SyntheticLoader:
         train_examples = args.num_examples or IMAGENET_TRAIN_SIZE
         if training:
             self.num_examples = train_examples
-            self.num_batches = -(-(-(-self.num_examples // num_workers)) // self.batch_size)
+            self.num_batches = records.training_steps(self.num_examples, num_workers, self.batch_size)
         else:
             # ImageNet's validation/training ratio: 50,000 images for the default epoch of 1,281,167.
             self.num_examples = max(1, round(IMAGENET_VAL_SIZE * train_examples / IMAGENET_TRAIN_SIZE))

@@ -141,16 +141,17 @@ class TrainingStep:
                             'multi_precision': args.dtype == 'float16'}
         if args.optimizer in MOMENTUM_OPTIMIZERS:
             optimizer_params['momentum'] = args.mom
-        params = net.collect_params()
+        self.params = net.collect_params()
         if args.backbone_lr_mult != 1:
             for name, param in net._collect_params_with_prefix().items():
                 if not name.startswith('output.'):
                     param.lr_mult = args.backbone_lr_mult
         try:
             if world.horovod is not None:
-                self.gluon_trainer = world.horovod.DistributedTrainer(params, args.optimizer, optimizer_params)
+                self.gluon_trainer = world.horovod.DistributedTrainer(self.params, args.optimizer,
+                                                                      optimizer_params)
             else:
-                self.gluon_trainer = gluon.Trainer(params, args.optimizer, optimizer_params,
+                self.gluon_trainer = gluon.Trainer(self.params, args.optimizer, optimizer_params,
                                                    kvstore=args.kv_store if len(self.contexts) > 1 else None,
                                                    update_on_kvstore=False if len(self.contexts) > 1 else None)
         except (ValueError, KeyError, mx.base.MXNetError) as e:
@@ -197,7 +198,7 @@ class TrainingStep:
         else:
             # All-reduce first so every worker sees the same gradients and makes the same skip decision.
             self.gluon_trainer.allreduce_grads()
-            if not self.loss_scale.overflowed(self.net.collect_params().values()):
+            if not self.loss_scale.overflowed(self.params.values()):
                 self.gluon_trainer.update(local_batch * self.loss_scale.scale)
         scale = self.current_loss_scale()
         if scale is not None and scale < losses.LOSS_SCALE_FLOOR:
@@ -331,7 +332,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
     that orders the data, is known. `stop` (a StopRequest) says when a signal asked the run to stop."""
     state = checkpoint.training_start(args, net)
     step = TrainingStep(args, net, world)
-    world.broadcast_parameters(net.collect_params())
+    world.broadcast_parameters(step.params)
     if state is None:
         meta = {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
                 'loss_sum': 0.0, 'loss_count': 0}

@@ -202,6 +202,11 @@ def epoch_order(total, count, seed, epoch):
     return (np.concatenate(passes) if len(passes) > 1 else passes[0])[:count]
 
 
+def training_steps(count, num_workers, batch_size):
+    """Steps per training epoch, equal on every worker: ceil(ceil(count / workers) / batch_size)."""
+    return -(-(-(-count // num_workers)) // batch_size)
+
+
 class TrainingShard:
     """Worker `rank`'s training batches: the epoch order dealt round-robin over the workers, so sample j of
     batch i is order[(i * batch_size + j) * workers + rank] and a global batch (batch i of every worker) is a
@@ -212,7 +217,7 @@ class TrainingShard:
     def __init__(self, total, count, rank, num_workers, batch_size, seed):
         self.total, self.count, self.rank, self.num_workers = total, count, rank, num_workers
         self.batch_size, self.seed = batch_size, seed
-        self.num_batches = -(-(-(-count // num_workers)) // batch_size)
+        self.num_batches = training_steps(count, num_workers, batch_size)
         self.real_samples = len(range(rank, count, num_workers))
         self._cached = (None, None)
 
@@ -248,7 +253,8 @@ def shard_size(total, rank, num_workers):
     return (total * (rank + 1)) // num_workers - (total * rank) // num_workers
 
 
-def record_iter_shard_size(total, rank, num_workers):
-    """Records in part `rank` of ImageRecordIter's split: chunks of ceil(total/W), the last one shorter."""
+def record_iter_part(total, rank, num_workers):
+    """The records of part `rank` of ImageRecordIter's split (a range): chunks of ceil(total/W), the last one
+    shorter."""
     step = -(-total // num_workers)
-    return max(0, min(total, (rank + 1) * step) - rank * step)
+    return range(min(total, rank * step), min(total, (rank + 1) * step))
