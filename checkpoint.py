@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 WEIGHT_SUFFIXES = ('.params', '.safetensors', '.npz')
 
 # A .state file's contents: parameters by name (NDArrays), the optimizer state (bytes), the meta dict, and
-# {rank: {name: numpy array}} of every worker's batchnorm statistics (empty with one worker).
-State = collections.namedtuple('State', 'params trainer meta worker_statistics')
+# {rank: {name: numpy array}} of every worker's batchnorm statistics (empty with one worker), and the file's
+# SHA-256 checksum (hex).
+State = collections.namedtuple('State', 'params trainer meta worker_statistics checksum')
 
 
 def last_state_path(args):
@@ -160,7 +161,8 @@ def read_state(path, fallback=None):
         raise damaged(f'truncated or corrupt: {mxnet_message(e)}') from None
     if not isinstance(arrays, dict) or not {'meta', 'trainer', 'checksum'} <= set(arrays):
         raise RecipeError(f'{path} is not a .state file written by this version of the recipe')
-    if arrays['checksum'].asnumpy().tobytes().decode() != checksum(arrays):
+    stored = arrays['checksum'].asnumpy().tobytes().decode()
+    if stored != checksum(arrays):
         raise damaged('its checksum does not match its contents')
     params = {name[len('param:'):]: value for name, value in arrays.items() if name.startswith('param:')}
     meta = json.loads(arrays['meta'].asnumpy().tobytes().decode())
@@ -169,7 +171,7 @@ def read_state(path, fallback=None):
         if name.startswith('rank'):
             rank, _, param = name[len('rank'):].partition(':')
             statistics.setdefault(int(rank), {})[param] = value.asnumpy()
-    return State(params, arrays['trainer'].asnumpy().tobytes(), meta, statistics)
+    return State(params, arrays['trainer'].asnumpy().tobytes(), meta, statistics, stored)
 
 
 def read_arrays(path):
@@ -304,25 +306,74 @@ def find_weights(args):
 def set_aside_if_damaged(path):
     """Rename a damaged state to `<path>.damaged` (kept for inspection), so that the next save, which keeps
     the state it replaces as the previous one (the fallback), finds none to keep. Used when a run resumes
-    from another state, e.g. --load model_prev.state after the error naming it."""
+    from another state, e.g. --load model_prev.state after the error naming it. Several processes may do it
+    at once on one file (the workers of a run on a shared workspace): one moves it, the others find it gone."""
     try:
         read_state(path)
     except RecipeError as e:
-        os.replace(path, path + '.damaged')
+        try:
+            os.replace(path, path + '.damaged')
+        except FileNotFoundError:
+            log.info('%s was set aside by another worker', path)
+            return
         log.warning('%s; moved it to %s.damaged so that it never becomes the fallback', e, path)
 
 
-def training_start(args, net):
+def agreed_training_start(args, net, world):
+    """training_start on every worker of `world`, which must all start from rank 0's choice (the same state
+    file content, epoch, iteration and seed, or all a new run), else every worker stops with the same error:
+    each worker reads its own --workspace and --load, so a resume needs them on a filesystem the nodes share.
+    A worker that fails alone would leave the others waiting in a collective: the outcome is agreed first."""
+    failure = state = None
+    try:
+        state = training_start(args, net, set_aside=world.rank == 0)
+    except RecipeError as e:
+        failure = e
+    own = start_fingerprint(state)
+    # One all-reduce: how many workers failed, and rank 0's choice (a broadcast, as in workers.World).
+    totals = world.allreduce_sum([failure is not None] + (own if world.rank == 0 else [0] * len(own)))
+    failed, chosen = int(totals[0]), [int(value) for value in totals[1:]]
+    if failure is not None:
+        raise failure
+    if failed:
+        raise RecipeError(f'{failed} of {world.size} workers could not open the checkpoint this run starts from (their '
+                          f'error is above): {SHARED_WORKSPACE_RULE}')
+    others = int(world.allreduce_sum([own != chosen])[0])
+    if others:
+        what = (f'resumes from its {os.path.basename(last_state_path(args))} or --load state at epoch {chosen[1]}, '
+                f'iteration {chosen[2]}' if chosen[0] else 'starts a new run (no state in its workspace)')
+        raise RecipeError(f'the workers would not start from the same state: worker 0 {what}, and {others} of the '
+                          f'{world.size} workers see another state or none. {SHARED_WORKSPACE_RULE}')
+    return state
+
+
+SHARED_WORKSPACE_RULE = ('every worker reads the state to resume from its own --workspace (and --load), so with '
+                         'several nodes the workspace must be on a filesystem they share, at the same path on '
+                         'every node (the default ./ is usually node-local): e.g. --workspace /shared/runs/rn50')
+
+
+def start_fingerprint(state):
+    """What every worker must agree on before training: [resumes, epoch, iteration, seed + 1, the first 52
+    bits of the state's checksum] (all zero for a new run); integers a float64 all-reduce keeps exactly."""
+    if state is None:
+        return [0, 0, 0, 0, 0]
+    seed = state.meta.get('seed')
+    return [1, state.meta['epoch'], state.meta['iteration'], 0 if seed is None else seed + 1,
+            int(state.checksum[:13], 16)]
+
+
+def training_start(args, net, set_aside=True):
     """Where training starts: the State to resume, or None for a new run, with the weights already in `net`.
     The workspace's last state is resumed when it exists (with --finetune too, so an interrupted fine-tuning
     run continues); else --load gives the weights of a new run (with --finetune every layer but a classifier
-    of another width); else the fresh initialisation stays."""
+    of another width); else the fresh initialisation stays. `set_aside`: whether this process may set a
+    damaged last state aside (one worker of a run does it)."""
     last = last_state_path(args)
     resume = os.path.exists(last) and (args.load is None or args.finetune)
     if resume or (args.load and args.load.endswith('.state') and not args.finetune):
         path = last if resume else args.load
         log.info('Resuming from %s', path)
-        if not resume and os.path.exists(last) and os.path.abspath(last) != os.path.abspath(path):
+        if set_aside and not resume and os.path.exists(last) and os.path.abspath(last) != os.path.abspath(path):
             set_aside_if_damaged(last)
         state = read_state(path, fallback=previous_state_path(args))
         load_params_into(net, weights.convert(state.params, net, source=path)[0], args.contexts)

@@ -5,8 +5,9 @@ train.py builds everything this needs and calls, for --mode train and train_val:
     meta = fit.train(args, net, world, train.get_loaders, dllogger, fit.StopRequest())   # meta['history']
 
 What happens, in order:
-1. The state to start from (checkpoint.training_start): --load FILE (a .params file or a .state file), else
-   the workspace's `<prefix>_last.state` (automatic resume), else the fresh initialisation.
+1. The state to start from (checkpoint.agreed_training_start): --load FILE (a .params file or a .state file),
+   else the workspace's `<prefix>_last.state` (automatic resume), else the fresh initialisation; every
+   worker must find rank 0's, or all stop with one error.
 2. Per epoch: iterations with the learning rate `learning_rate(...)`, a pure function of (epoch, iteration);
    validation (train_val, inference.validate); then checkpoints: `<prefix>_NNNN.params` every
    --save-frequency epochs, `<prefix>_best.params` on a new best top-1, and always `<prefix>_last.state`,
@@ -330,7 +331,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
     meta (its 'history' holds the metrics of every epoch). The loaders come from
     `get_loaders(args, rank, workers, train=..., val=...)` once the state to start from, and so the seed
     that orders the data, is known. `stop` (a StopRequest) says when a signal asked the run to stop."""
-    state = checkpoint.training_start(args, net)
+    state = checkpoint.agreed_training_start(args, net, world)
     step = TrainingStep(args, net, world)
     world.broadcast_parameters(step.params)
     if state is None:

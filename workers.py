@@ -2,16 +2,22 @@
 
 train.py calls, before the model exists:
 
-    world = workers.World(args.kv_store)       # Horovod worker (rank, size, local rank) or a single process
+    world = workers.World(args.kv_store)       # Horovod worker (rank, size, local rank), checked; or one process
     workers.resolve_hardware(args, world)      # args.contexts, args.device, args.dtype, args.amp_dtype
     workers.resolve_seed(args, world)          # one seed for every worker, the RNGs seeded from it
 
 Defaults adapt to the machine and say so once (no GPU: float32 on the CPU); an explicit request this
 machine cannot honour (float16 or --gpus on a CPU machine, bfloat16 on a CPU without AVX-512) is a
 RecipeError.
+
+The world is checked as soon as Horovod has formed it, before anything reads or writes a file: a worker
+that Horovod counts differently from what its launchers announced (the runner's -n in RN50_WORKERS, srun's
+SLURM_* of the step, horovodrun's HOROVOD_*, mpirun's OMPI_COMM_WORLD_* or PMI_*) would otherwise train alone
+on the whole batch and write the same files as its peers (a Horovod without MPI under srun does exactly that).
 """
 import logging
 import os
+import re
 
 import mxnet as mx
 import numpy as np
@@ -24,6 +30,20 @@ log = logging.getLogger(__name__)
 # MXNet seeds are 32-bit signed integers and worker r seeds with seed + r: room for 65,536 workers.
 MAX_SEED = 2**31 - 1 - 65536
 
+# Set by the runner: how many worker processes it asked for (-n with --kv-store horovod, 1 with --kv-store
+# device), so that each worker can check the world it finds itself in.
+EXPECTED_WORKERS = 'RN50_WORKERS'
+
+# Each launcher's variables: size, rank, local rank, workers on the node (None: it does not set one).
+LAUNCHER_VARIABLES = [
+    ('horovodrun', 'HOROVOD_SIZE', 'HOROVOD_RANK', 'HOROVOD_LOCAL_RANK', 'HOROVOD_LOCAL_SIZE'),
+    ('mpirun', 'OMPI_COMM_WORLD_SIZE', 'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK', 'OMPI_COMM_WORLD_LOCAL_SIZE'),
+    ('PMI', 'PMI_SIZE', 'PMI_RANK', None, None)]
+
+WORLD_ADVICE = ('Under SLURM, start the tasks with PMI and an MPI-built Horovod, as in NVIDIA\'s container: '
+                'srun --mpi=pmix -N 2 --ntasks-per-node 8 ./runner -n 16 --launcher slurm; or let horovodrun '
+                'start them: ./runner -n 16 -H host1:8,host2:8 (or --hostfile FILE). Nothing was written')
+
 
 class World:
     """Who this process is among the workers, and the collectives the recipe needs (sum, gather, barrier,
@@ -31,9 +51,9 @@ class World:
 
     With --kv-store horovod there is one worker per device; otherwise a single worker."""
 
-    def __init__(self, kv_store):
+    def __init__(self, kv_store, environ=os.environ):
         self.horovod = None
-        self.rank, self.size, self.local_rank = 0, 1, 0
+        self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
         if kv_store == 'horovod':
             try:
                 # DALI must be loaded before Horovod: the other order makes DALI pipelines crash (seen with
@@ -48,7 +68,9 @@ class World:
                                   '`make setup`, or use --kv-store device for a single process') from e
             hvd.init()
             self.horovod = hvd
-            self.rank, self.size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+            self.rank, self.size = hvd.rank(), hvd.size()
+            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        check_world(self, environ)
 
     def allreduce_sum(self, values):
         """Sum a small float64 vector over all workers (identity with one worker)."""
@@ -93,6 +115,61 @@ class World:
         mx.nd.waitall()
 
 
+def announced_worlds(environ):
+    """What the launchers of this process announced, as (who, size, rank, local rank, local size) with None
+    where one does not say. SLURM's variables count only in a task srun started itself (SLURM_STEP_ID) and
+    not below horovodrun or mpirun: in a batch script, or inside an allocation, they describe the allocation."""
+    def number(name):
+        value = environ.get(name, '').strip() if name else ''
+        return int(value) if value.isdigit() else None
+    launchers = []
+    for who, size, rank, local_rank, local_size in LAUNCHER_VARIABLES:
+        if number(size) is not None:
+            launchers.append((f'{who} ({size})', number(size), number(rank), number(local_rank),
+                              number(local_size)))
+    srun_task = environ.get('SLURM_STEP_ID') is not None or environ.get('SLURM_STEPID') is not None
+    tasks = number('SLURM_STEP_NUM_TASKS') or number('SLURM_NTASKS')
+    if srun_task and tasks is not None and not launchers:
+        launchers.append(('srun (SLURM_NTASKS)', tasks, number('SLURM_PROCID'), number('SLURM_LOCALID'),
+                          uniform_tasks_per_node(environ)))
+    if number(EXPECTED_WORKERS) is not None:
+        launchers.insert(0, ('the runner (-n)', number(EXPECTED_WORKERS), None, None, None))
+    return launchers
+
+
+def uniform_tasks_per_node(environ):
+    """The number of tasks SLURM runs on each node when it is the same on every node of the step, else None.
+    SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE read "8(x2)" or "8,4"; SLURM_NTASKS_PER_NODE "8"."""
+    for name in ('SLURM_STEP_TASKS_PER_NODE', 'SLURM_TASKS_PER_NODE', 'SLURM_NTASKS_PER_NODE'):
+        counts = {int(m.group(1)) for m in re.finditer(r'([0-9]+)(?:\(x[0-9]+\))?', environ.get(name, ''))}
+        if counts:
+            return counts.pop() if len(counts) == 1 else None
+    return None
+
+
+def check_world(world, environ):
+    """RecipeError (before any file is read or written) when the world Horovod formed is not the one this
+    process's launchers announced: its size, this worker's rank, local rank and the workers on its node."""
+    mismatches = []
+    for who, size, rank, local_rank, local_size in announced_worlds(environ):
+        pairs = [('rank', rank, world.rank), ('local rank', local_rank, world.local_rank),
+                 ('workers on this node', local_size, world.local_size)]
+        if size != world.size or any(said is not None and said != found for _, said, found in pairs):
+            mismatches.append(f'{who} says {size} workers' + ''.join(f', {label} {said}' for label, said, _ in pairs
+                                                                      if said is not None))
+    if mismatches:
+        formed = 'Horovod' if world.horovod is not None else '--kv-store device (one process)'
+        raise RecipeError(f'{formed} formed a world of {world.size} worker{"s" if world.size > 1 else ""} (this one: rank {world.rank}, local rank '
+                          f'{world.local_rank}, {world.local_size} on its node) but {"; ".join(mismatches)}: the '
+                          f'workers did not find each other, and each would train on its own. {WORLD_ADVICE}')
+
+
+def gpus_bound_per_task(environ=os.environ):
+    """Whether the process's GPUs were chosen for it alone (SLURM's --gpus-per-task or --gpu-bind, or a
+    CUDA_VISIBLE_DEVICES per task), so that each of a node's workers sees only its own GPU, as device 0."""
+    return any(environ.get(name) for name in ('SLURM_GPUS_PER_TASK', 'SLURM_GPU_BIND', 'CUDA_VISIBLE_DEVICES'))
+
+
 def resolve_hardware(args, world):
     """Decide devices, precision and AMP before the model is built. Sets args.contexts, args.device,
     args.dtype and args.amp_dtype."""
@@ -107,9 +184,10 @@ def resolve_hardware(args, world):
                           f'{len(args.contexts)} devices')
 
 
-def devices(args, world, num_gpus):
+def devices(args, world, num_gpus, environ=os.environ):
     """The contexts this worker drives: the CPU on a machine without GPUs; else --gpus (default: every GPU
-    for a single process, GPU 0 per node otherwise), one per Horovod worker picked by its local rank."""
+    this process sees), of which a Horovod worker takes the one of its local rank; a Horovod worker that sees
+    a single GPU of its own (SLURM's per-task binding) takes it, device 0, whatever its local rank."""
     if args.gpus is not None and any(g >= num_gpus for g in args.gpus):
         raise RecipeError(f'--gpus {",".join(map(str, args.gpus))} asks for GPUs this machine does not have '
                           f'({num_gpus} found); leave --gpus out to train on the CPU')
@@ -117,12 +195,18 @@ def devices(args, world, num_gpus):
         if args.gpus is None:
             log.info('No GPU found: running on the CPU')
         return [mx.cpu()]
-    gpus = args.gpus if args.gpus is not None else list(range(num_gpus if world.size == 1 else 1))
-    if args.kv_store == 'horovod':
-        if world.local_rank >= len(gpus):
-            raise RecipeError(f'worker with local rank {world.local_rank} has no GPU in --gpus {gpus}')
-        gpus = [gpus[world.local_rank]]
-    return [mx.gpu(g) for g in gpus]
+    gpus = args.gpus if args.gpus is not None else list(range(num_gpus))
+    if args.kv_store != 'horovod':
+        return [mx.gpu(g) for g in gpus]
+    if num_gpus == 1 and world.local_size > 1:
+        if not gpus_bound_per_task(environ):
+            raise RecipeError(f'{world.local_size} workers run on this node and each sees the same single GPU: bind '
+                              'one GPU to each task (srun --gpus-per-task 1, or --gpu-bind) or start one worker per GPU')
+        return [mx.gpu(0)]
+    if world.local_rank >= len(gpus):
+        raise RecipeError(f'the worker of local rank {world.local_rank} has no GPU in --gpus '
+                          f'{",".join(map(str, gpus))} ({num_gpus} GPUs on this node, {world.local_size} workers)')
+    return [mx.gpu(gpus[world.local_rank])]
 
 
 def resolve_precision(args, on_gpu):
