@@ -204,6 +204,40 @@ def test_node_requests_beyond_the_gpus_are_refused(monkeypatch, capsys, argv, en
     assert code == 2 and err.count('error:') == 1 and message in err, err
 
 
+SLURM_PLAN = ('SLURM_NTASKS', 'SLURM_STEP_NUM_TASKS', 'SLURM_NTASKS_PER_NODE', 'SLURM_TASKS_PER_NODE',
+              'SLURM_LOCALID', 'SLURM_GPUS_PER_TASK', 'SLURM_GPU_BIND', 'CUDA_VISIBLE_DEVICES')
+
+
+def test_slurm_task_count_other_than_n_is_refused(monkeypatch, capsys):
+    for name in SLURM_PLAN:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('SLURM_NTASKS', '8')
+    monkeypatch.setenv('SLURM_NTASKS_PER_NODE', '8')
+    code, _, err = dry_run(monkeypatch, capsys, ['-n', '16', '--launcher', 'slurm'])
+    assert code == 2 and err.count('error:') == 1
+    assert 'error: -n 16 but srun runs 8 tasks (SLURM_NTASKS): with --launcher slurm -n is the number of tasks' in err
+    code, flags, _ = dry_run(monkeypatch, capsys, ['-n', '8', '--launcher', 'slurm'])
+    assert code == 0 and flags['--batch-size'] == str(8 * 192)
+
+
+@pytest.mark.parametrize('binding', [{'SLURM_GPUS_PER_TASK': '1'}, {'SLURM_GPU_BIND': 'single:1'}])
+def test_slurm_per_task_gpu_binding_gives_every_task_device_0(monkeypatch, capsys, binding):
+    """srun --gpus-per-task 1 (or --gpu-bind): each of a node's 8 tasks sees only its own GPU, as device 0."""
+    for name in SLURM_PLAN:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('SLURM_NTASKS', '16')
+    monkeypatch.setenv('SLURM_NTASKS_PER_NODE', '8')
+    code, _, err = dry_run(monkeypatch, capsys, ['-n', '16', '--launcher', 'slurm'], gpus=1)
+    assert code == 2 and 'SLURM runs 8 tasks on this node but it has 1 GPUs' in err   # not bound: 8 on one GPU
+    for name, value in binding.items():
+        monkeypatch.setenv(name, value)
+    code, flags, err = dry_run(monkeypatch, capsys, ['-n', '16', '--launcher', 'slurm'], gpus=1)
+    assert code == 0, err
+    assert flags['--gpus'] == '0' and flags['--batch-size'] == str(16 * 192) and flags['--dtype'] == 'float16'
+    out = runner.main(['-n', '16', '--launcher', 'slurm', '--dry-run'])
+    assert out == 0 and 'RN50_WORKERS=16' in capsys.readouterr().out
+
+
 def run_runner(argv, timeout=120):
     return subprocess.run([sys.executable, os.path.join(ROOT, 'runner')] + argv, capture_output=True, text=True,
                           env=RUN_ENV, timeout=timeout)

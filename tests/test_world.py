@@ -22,7 +22,7 @@ HOROVOD = pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovod
 
 def world(rank=0, size=1, local_rank=0, local_size=1, horovod=True):
     """A World as Horovod would have formed it (no Horovod started)."""
-    formed = workers.World('device', environ={})
+    formed = object.__new__(workers.World)
     formed.rank, formed.size, formed.local_rank, formed.local_size = rank, size, local_rank, local_size
     formed.horovod = object() if horovod else None
     return formed
