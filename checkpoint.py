@@ -40,10 +40,15 @@ log = logging.getLogger(__name__)
 
 WEIGHT_SUFFIXES = ('.params', '.safetensors', '.npz')
 
-# A .state file's contents: parameters by name (NDArrays), the optimizer state (bytes), the meta dict, and
-# {rank: {name: numpy array}} of every worker's batchnorm statistics (empty with one worker), and the file's
-# SHA-256 checksum (hex).
-State = collections.namedtuple('State', 'params trainer meta worker_statistics checksum')
+class State(collections.namedtuple('State', 'params trainer meta worker_statistics')):
+    """A .state file's contents: parameters by name (NDArrays), the optimizer state (bytes), the meta dict, and
+    {rank: {name: numpy array}} of every worker's batchnorm statistics (empty with one worker); `checksum`, the
+    file's SHA-256 (hex), tells the workers of a run whether they read the same state."""
+
+    def __new__(cls, params, trainer, meta, worker_statistics, checksum=None):
+        state = super().__new__(cls, params, trainer, meta, worker_statistics)
+        state.checksum = checksum
+        return state
 
 
 def last_state_path(args):

@@ -40,9 +40,10 @@ LAUNCHER_VARIABLES = [
     ('mpirun', 'OMPI_COMM_WORLD_SIZE', 'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK', 'OMPI_COMM_WORLD_LOCAL_SIZE'),
     ('PMI', 'PMI_SIZE', 'PMI_RANK', None, None)]
 
-WORLD_ADVICE = ('Under SLURM, start the tasks with PMI and an MPI-built Horovod, as in NVIDIA\'s container: '
-                'srun --mpi=pmix -N 2 --ntasks-per-node 8 ./runner -n 16 --launcher slurm; or let horovodrun '
-                'start them: ./runner -n 16 -H host1:8,host2:8 (or --hostfile FILE). Nothing was written')
+WORLD_ADVICE = ('Under SLURM, start every task with srun: srun --mpi=pmix -N 2 --ntasks-per-node 8 ./runner -n 16 '
+                '--launcher slurm (an MPI-built Horovod, as in NVIDIA\'s container, needs that PMI; one without MPI '
+                'joins the tasks over Gloo from srun\'s SLURM_STEP_* variables); or let horovodrun start them: '
+                './runner -n 16 -H host1:8,host2:8 (or --hostfile FILE). Nothing was written')
 
 
 class World:
@@ -52,7 +53,7 @@ class World:
     With --kv-store horovod there is one worker per device; otherwise a single worker."""
 
     def __init__(self, kv_store, environ=os.environ):
-        self.horovod = None
+        self.horovod = self.rendezvous = None
         self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
         if kv_store == 'horovod':
             try:
@@ -66,6 +67,9 @@ class World:
             except ImportError as e:
                 raise RecipeError(f'--kv-store horovod needs Horovod built with MXNet support ({e}); run '
                                   '`make setup`, or use --kv-store device for a single process') from e
+            if not hvd.mpi_built() and srun_task_of_many(environ):
+                environ = dict(environ)      # the check below compares with what srun announced
+                self.rendezvous = join_slurm_world_over_gloo(environ)
             hvd.init()
             self.horovod = hvd
             self.rank, self.size = hvd.rank(), hvd.size()
@@ -113,6 +117,96 @@ class World:
                 array[:] = 0
         self.horovod.grouped_allreduce_(arrays, op=self.horovod.Sum, name='broadcast_parameters')
         mx.nd.waitall()
+
+
+def srun_task_of_many(environ):
+    """Whether srun started this process as one of several tasks, with no other launcher in between."""
+    launched = any(environ.get(variables[1]) for variables in LAUNCHER_VARIABLES)
+    tasks = environ.get('SLURM_STEP_NUM_TASKS') or environ.get('SLURM_NTASKS') or '1'
+    return (environ.get('SLURM_STEP_ID') is not None and not launched and tasks.isdigit() and int(tasks) > 1
+            and environ.get('SLURM_PROCID', '').isdigit() and environ.get('SLURM_LOCALID', '').isdigit())
+
+
+def join_slurm_world_over_gloo(environ):
+    """A Horovod without MPI cannot read srun's world, so translate it into the variables horovodrun's Gloo
+    launch gives each worker (horovod/runner/gloo_run.py: rank, size, local and cross ranks and sizes, the
+    rendezvous server's address), in os.environ, where Horovod reads them. Task 0 serves the rendezvous, as
+    horovodrun does, on a port both sides derive from the job and step ids (RN50_RENDEZVOUS_PORT overrides
+    it), on the step's first node; the other tasks wait until it answers. Returns task 0's server, or None.
+    Tasks are assumed placed by srun's default block distribution (task 0 on the step's first node)."""
+    counts = tasks_per_node(environ)
+    node = int(environ.get('SLURM_NODEID', '0') or 0)
+    rank, local_rank = int(environ['SLURM_PROCID']), int(environ['SLURM_LOCALID'])
+    if not counts or node >= len(counts) or local_rank >= counts[node] or sum(counts) != int(
+            environ.get('SLURM_STEP_NUM_TASKS') or environ['SLURM_NTASKS']):
+        return None    # the layout is not readable: the world check reports what Horovod formed
+    hosts = [f'slurm-node{i}' for i in range(len(counts))]
+    port = int(environ.get('RN50_RENDEZVOUS_PORT') or
+               20000 + (int(environ.get('SLURM_JOB_ID', '0') or 0) * 16 + int(environ['SLURM_STEP_ID'])) % 20000)
+    address = first_host(environ.get('SLURM_STEP_NODELIST') or environ.get('SLURM_NODELIST') or 'localhost')
+    variables = {
+        'HOROVOD_HOSTNAME': hosts[node], 'HOROVOD_RANK': rank, 'HOROVOD_SIZE': sum(counts),
+        'HOROVOD_LOCAL_RANK': local_rank, 'HOROVOD_LOCAL_SIZE': counts[node],
+        'HOROVOD_CROSS_RANK': sum(count > local_rank for count in counts[:node]),
+        'HOROVOD_CROSS_SIZE': sum(count > local_rank for count in counts),
+        'HOROVOD_GLOO_RENDEZVOUS_ADDR': address, 'HOROVOD_GLOO_RENDEZVOUS_PORT': port,
+        'HOROVOD_CONTROLLER': 'gloo', 'HOROVOD_CPU_OPERATIONS': 'gloo'}
+    os.environ.update({name: str(value) for name, value in variables.items()})
+    if rank == 0:
+        return serve_rendezvous(port, hosts, counts)
+    wait_for_rendezvous(address, port)
+    return None
+
+
+def tasks_per_node(environ):
+    """The tasks of each node of the step, from SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE ("2(x3),1"
+    is [2, 2, 2, 1]); [] where SLURM does not say."""
+    text = environ.get('SLURM_STEP_TASKS_PER_NODE') or environ.get('SLURM_TASKS_PER_NODE') or ''
+    counts = []
+    for match in re.finditer(r'([0-9]+)(?:\(x([0-9]+)\))?', text):
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def first_host(nodelist):
+    """The first host of a SLURM host list: "gpu[07-08,11],cpu1" -> "gpu07"."""
+    match = re.match(r'([^,\[]*)(?:\[([^-,\]]*)[^\]]*\])?([^,]*)', nodelist)
+    return ''.join(part or '' for part in match.groups())
+
+
+def serve_rendezvous(port, hosts, counts):
+    """Horovod's own rendezvous server (the one horovodrun runs), on `port`, for this layout of tasks."""
+    from horovod.runner.common.util.hosts import SlotInfo
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+    try:
+        server = RendezvousHTTPServer(('', port), RendezvousHandler, False)
+    except OSError as e:
+        raise RecipeError(f'task 0 cannot serve the workers\' rendezvous on port {port} ({e.strerror}): set '
+                          'RN50_RENDEZVOUS_PORT to a free port for this job') from None
+    size = sum(counts)
+    server.init([SlotInfo(hostname=host, rank=0, local_rank=local_rank, cross_rank=0, size=size, local_size=count,
+                          cross_size=sum(c > local_rank for c in counts))
+                 for host, count in zip(hosts, counts) for local_rank in range(count)])
+    import threading
+    threading.Thread(target=server.serve_forever, name='rendezvous', daemon=True).start()
+    return server
+
+
+def wait_for_rendezvous(address, port, timeout=120):
+    """Until task 0's rendezvous server accepts connections (Horovod's own client gives up after a few
+    tries, and task 0 may start later than this one)."""
+    import socket
+    import time
+    deadline = time.time() + timeout
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=5).close()
+            return
+        except OSError as e:
+            if time.time() > deadline:
+                raise RecipeError(f'task 0\'s rendezvous server {address}:{port} did not answer within {timeout} s '
+                                  f'({e.strerror or e}): is task 0 running, and the port open between the nodes?') from None
+            time.sleep(0.2)
 
 
 def announced_worlds(environ):

@@ -164,27 +164,85 @@ def test_a_damaged_state_set_aside_by_another_worker_meanwhile_is_no_failure(tmp
 RUN_ENV = dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' + os.environ['PATH'], OMP_NUM_THREADS='1')
 
 
-def test_srun_tasks_whose_world_does_not_form_stop_at_once_writing_nothing(tmp_path):
-    """Two tasks started as srun starts them (each its SLURM_* variables), with this Horovod, which has no
-    MPI and so cannot join them: each finds a world of one and stops with the error, exit status 2."""
+def srun_tasks(argv, environ, tasks=2):
+    """`./runner argv` started `tasks` times on this node as srun starts its tasks: each with its own SLURM_*
+    variables (`environ` adds to or, with None values, removes from those of a real srun step)."""
+    started = []
+    for rank in range(tasks):
+        step = {'SLURM_JOB_ID': '77', 'SLURM_STEP_ID': '0', 'SLURM_NTASKS': str(tasks), 'SLURM_STEP_NUM_TASKS':
+                str(tasks), 'SLURM_PROCID': str(rank), 'SLURM_LOCALID': str(rank), 'SLURM_NODEID': '0',
+                'SLURM_NTASKS_PER_NODE': str(tasks), 'SLURM_TASKS_PER_NODE': str(tasks),
+                'SLURM_STEP_TASKS_PER_NODE': str(tasks), 'SLURM_STEP_NODELIST': 'localhost'}
+        step.update(environ)
+        task_environ = dict(RUN_ENV, **{name: value for name, value in step.items() if value is not None})
+        started.append(subprocess.Popen([sys.executable, os.path.join(ROOT, 'runner')] + argv, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env=task_environ))
+    return [(task.returncode, out + err) for task in started for out, err in [task.communicate(timeout=300)]]
+
+
+def synthetic_argv(workspace, n=2):
+    return ['-n', str(n), '-b', '8', '-e', '1', '--mode', 'train', '--data-backend', 'synthetic', '--num-layers', '18',
+            '--image-shape', '3,32,32', '--num-classes', '10', '--num-examples', '64', '--seed', '5',
+            '--workspace', str(workspace)]
+
+
+def test_tasks_whose_world_does_not_form_stop_at_once_writing_nothing(tmp_path):
+    """The issue's reproduction: two tasks with only SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID,
+    SLURM_NTASKS_PER_NODE, SLURM_NODEID and SLURM_JOB_ID (no srun step to join over Gloo): each finds a world
+    of one, where each used to train alone on the whole batch; now each stops, exit status 2."""
     workspace = tmp_path / 'ws'
-    tasks = []
-    for rank in range(2):
-        environ = dict(RUN_ENV, SLURM_JOB_ID='77', SLURM_STEP_ID='0', SLURM_NTASKS='2', SLURM_PROCID=str(rank),
-                       SLURM_LOCALID=str(rank), SLURM_NODEID='0', SLURM_NTASKS_PER_NODE='2')
-        tasks.append(subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '8', '-e', '1', '--launcher', 'slurm',
-             '--mode', 'train', '--data-backend', 'synthetic', '--num-layers', '18', '--image-shape', '3,32,32',
-             '--num-classes', '10', '--num-examples', '64', '--workspace', str(workspace)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ))
-    for rank, task in enumerate(tasks):
-        out, err = task.communicate(timeout=120)
-        errors = [line for line in (out + err).splitlines() if line.startswith('error:')]
-        assert task.returncode == 2 and len(errors) == 1, out + err
-        assert (f'Horovod formed a world of 1 worker (this one: rank 0, local rank 0, 1 on its node) but the runner '
-                f'(-n) says 2 workers; srun (SLURM_NTASKS) says 2 workers, rank {rank}, local rank {rank}') in errors[0]
-        assert 'srun --mpi=pmix' in errors[0] and 'Traceback' not in err
+    not_a_step = {name: None for name in ('SLURM_STEP_ID', 'SLURM_STEP_NUM_TASKS', 'SLURM_TASKS_PER_NODE',
+                                          'SLURM_STEP_TASKS_PER_NODE', 'SLURM_STEP_NODELIST')}
+    for code, output in srun_tasks(synthetic_argv(workspace) + ['--launcher', 'slurm'], not_a_step):
+        errors = [line for line in output.splitlines() if line.startswith('error:')]
+        assert code == 2 and len(errors) == 1, output
+        assert errors[0].startswith('error: Horovod formed a world of 1 worker (this one: rank 0, local rank 0, 1 on '
+                                    'its node) but the runner (-n) says 2 workers: the workers did not find each other')
+        assert 'srun --mpi=pmix' in errors[0] and 'Traceback' not in output
     assert not workspace.exists()
+
+
+@HOROVOD
+def test_srun_tasks_form_a_gloo_world_and_train_like_horovodrun(tmp_path):
+    """Two tasks of a real srun step (its SLURM_STEP_* variables) with this Horovod without MPI: task 0 serves
+    the rendezvous, both join one world of 2 and train exactly as horovodrun's two workers do."""
+    import socket
+    with socket.socket() as probe:
+        probe.bind(('', 0))
+        port = str(probe.getsockname()[1])
+    results = srun_tasks(synthetic_argv(tmp_path / 'srun') + ['--launcher', 'slurm'], {'RN50_RENDEZVOUS_PORT': port})
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    horovodrun = subprocess.run([sys.executable, os.path.join(ROOT, 'runner')] + synthetic_argv(tmp_path / 'hvd'),
+                                capture_output=True, text=True, env=RUN_ENV)
+    assert horovodrun.returncode == 0, horovodrun.stderr[-3000:]
+    states = [checkpoint.read_state(str(tmp_path / name / 'model_last.state')) for name in ('srun', 'hvd')]
+    assert states[0].meta['workers'] == states[1].meta['workers'] == 2
+    losses = [[epoch['train.loss'] for epoch in state.meta['history']] for state in states]
+    assert len(losses[0]) == 1 and losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for name, value in states[1].params.items():
+        assert abs(states[0].params[name].asnumpy() - value.asnumpy()).max() <= 1e-5, name
+
+
+def test_srun_variables_become_horovods_gloo_world(monkeypatch):
+    """Task 5 of 8 on the second of two nodes of 4 tasks each, as horovodrun's gloo_run would set it up."""
+    served = []
+    monkeypatch.setattr(os, 'environ', {})
+    monkeypatch.setattr(workers, 'serve_rendezvous', lambda port, hosts, counts: served.append((port, hosts, counts)))
+    monkeypatch.setattr(workers, 'wait_for_rendezvous', lambda address, port: served.append((address, port)))
+    step = {'SLURM_JOB_ID': '1000', 'SLURM_STEP_ID': '3', 'SLURM_NTASKS': '8', 'SLURM_PROCID': '5',
+            'SLURM_LOCALID': '1', 'SLURM_NODEID': '1', 'SLURM_STEP_TASKS_PER_NODE': '4(x2)',
+            'SLURM_STEP_NODELIST': 'gpu[07-08]'}
+    assert workers.srun_task_of_many(step)
+    workers.join_slurm_world_over_gloo(step)
+    assert os.environ == {
+        'HOROVOD_HOSTNAME': 'slurm-node1', 'HOROVOD_RANK': '5', 'HOROVOD_SIZE': '8', 'HOROVOD_LOCAL_RANK': '1',
+        'HOROVOD_LOCAL_SIZE': '4', 'HOROVOD_CROSS_RANK': '1', 'HOROVOD_CROSS_SIZE': '2',
+        'HOROVOD_GLOO_RENDEZVOUS_ADDR': 'gpu07', 'HOROVOD_GLOO_RENDEZVOUS_PORT': str(20000 + (1000 * 16 + 3) % 20000),
+        'HOROVOD_CONTROLLER': 'gloo', 'HOROVOD_CPU_OPERATIONS': 'gloo'}
+    assert served == [('gpu07', 36003)]
+    workers.join_slurm_world_over_gloo(dict(step, SLURM_PROCID='0', SLURM_LOCALID='0', SLURM_NODEID='0'))
+    assert served[-1] == (36003, ['slurm-node0', 'slurm-node1'], [4, 4])
+    assert not workers.srun_task_of_many(dict(step, HOROVOD_SIZE='8'))      # horovodrun inside the step
 
 
 @HOROVOD
