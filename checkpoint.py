@@ -352,7 +352,7 @@ def agreed_training_start(args, net, world):
     return state
 
 
-SHARED_WORKSPACE_RULE = ('every worker reads the state to resume from its own --workspace (and --load), so with '
+SHARED_WORKSPACE_RULE = ('Every worker reads the state to resume from its own --workspace (and --load), so with '
                          'several nodes the workspace must be on a filesystem they share, at the same path on '
                          'every node (the default ./ is usually node-local): e.g. --workspace /shared/runs/rn50')
 

@@ -37,7 +37,8 @@ EXPECTED_WORKERS = 'RN50_WORKERS'
 # Each launcher's variables: size, rank, local rank, workers on the node (None: it does not set one).
 LAUNCHER_VARIABLES = [
     ('horovodrun', 'HOROVOD_SIZE', 'HOROVOD_RANK', 'HOROVOD_LOCAL_RANK', 'HOROVOD_LOCAL_SIZE'),
-    ('mpirun', 'OMPI_COMM_WORLD_SIZE', 'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK', 'OMPI_COMM_WORLD_LOCAL_SIZE'),
+    ('mpirun', 'OMPI_COMM_WORLD_SIZE', 'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK',
+     'OMPI_COMM_WORLD_LOCAL_SIZE'),
     ('PMI', 'PMI_SIZE', 'PMI_RANK', None, None)]
 
 WORLD_ADVICE = ('Under SLURM, start every task with srun: srun --mpi=pmix -N 2 --ntasks-per-node 8 ./runner -n 16 '
@@ -53,7 +54,8 @@ class World:
     With --kv-store horovod there is one worker per device; otherwise a single worker."""
 
     def __init__(self, kv_store, environ=os.environ):
-        self.horovod = self.rendezvous = None
+        self.horovod = None
+        self.rendezvous = None      # task 0's rendezvous server under srun with a Gloo-only Horovod
         self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
         if kv_store == 'horovod':
             try:
@@ -204,8 +206,9 @@ def wait_for_rendezvous(address, port, timeout=120):
             return
         except OSError as e:
             if time.time() > deadline:
-                raise RecipeError(f'task 0\'s rendezvous server {address}:{port} did not answer within {timeout} s '
-                                  f'({e.strerror or e}): is task 0 running, and the port open between the nodes?') from None
+                raise RecipeError(f'task 0\'s rendezvous server {address}:{port} did not answer within {timeout} '
+                                  f's ({e.strerror or e}): is task 0 running, and the port open between the '
+                                  'nodes?') from None
             time.sleep(0.2)
 
 
@@ -253,7 +256,8 @@ def check_world(world, environ):
                                                                       if said is not None))
     if mismatches:
         formed = 'Horovod' if world.horovod is not None else '--kv-store device (one process)'
-        raise RecipeError(f'{formed} formed a world of {world.size} worker{"s" if world.size > 1 else ""} (this one: rank {world.rank}, local rank '
+        counted = f'{world.size} worker{"s" if world.size > 1 else ""}'
+        raise RecipeError(f'{formed} formed a world of {counted} (this one: rank {world.rank}, local rank '
                           f'{world.local_rank}, {world.local_size} on its node) but {"; ".join(mismatches)}: the '
                           f'workers did not find each other, and each would train on its own. {WORLD_ADVICE}')
 
@@ -294,8 +298,9 @@ def devices(args, world, num_gpus, environ=os.environ):
         return [mx.gpu(g) for g in gpus]
     if num_gpus == 1 and world.local_size > 1:
         if not gpus_bound_per_task(environ):
-            raise RecipeError(f'{world.local_size} workers run on this node and each sees the same single GPU: bind '
-                              'one GPU to each task (srun --gpus-per-task 1, or --gpu-bind) or start one worker per GPU')
+            raise RecipeError(f'{world.local_size} workers run on this node and each sees the same single GPU: '
+                              'bind one GPU to each task (srun --gpus-per-task 1, or --gpu-bind) or start one '
+                              'worker per GPU')
         return [mx.gpu(0)]
     if world.local_rank >= len(gpus):
         raise RecipeError(f'the worker of local rank {world.local_rank} has no GPU in --gpus '

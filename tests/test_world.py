@@ -126,7 +126,7 @@ def fresh_args(workspace):
 def test_a_worker_that_sees_no_state_while_rank_0_resumes_stops_every_worker(tmp_path):
     rank0_resumes = [[0, 1, 3, 0, 8, 12345], [0]]     # no failure; resumes at epoch 3 iteration 0; agrees
     with pytest.raises(RecipeError, match='worker 0 resumes from its model_last.state or --load state at epoch 3, '
-                                          'iteration 0, and 1 of the 2 workers see another state or none. every '
+                                          'iteration 0, and 1 of the 2 workers see another state or none. Every '
                                           'worker reads .*filesystem they share'):
         checkpoint.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2(rank0_resumes))
 
