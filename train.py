@@ -43,6 +43,7 @@ import fit
 import flags
 import inference
 import logs
+import memory
 import models
 import workers
 from errors import RecipeError
@@ -186,6 +187,7 @@ def run(args):
     data.resolve_backend(args)
     inference.check_inference_flags(args)
     net = models.get_model(**models.model_options(args))
+    memory.check_batch_fits(args, net, world)
     if args.num_epochs is None:   # the schedule's 90 epochs; one pass for val and the loader test
         args.num_epochs = 1 if args.mode in ('val', 'pred', 'export') or args.test_io else fit.DEFAULT_EPOCHS
     if args.warmup_epochs is None:
