@@ -6,8 +6,15 @@ ARG FROM_IMAGE_NAME=nvcr.io/nvidia/mxnet:22.10-py3
 FROM ${FROM_IMAGE_NAME}
 
 WORKDIR /workspace/rn50
-# What the container lacks: image tools for dataset preparation, plots for benchmark.py, ONNX for export. No version pins:
-# the container's own Python and numpy decide which releases fit (requirements.txt pins the CPU set-up).
-RUN pip install --no-cache-dir Pillow scikit-learn matplotlib psutil onnx onnxruntime
+# What the recipe imports that the container lacks, pinned for the 22.10 container's Python 3.8 (the files say why).
+# The container's own numpy and protobuf, which its MXNet and ONNX tools were built against, become constraints:
+# the install fits around them or fails the build, and never replaces them.
+COPY requirements-container.txt requirements-container-nodeps.txt ./
+RUN python -c "import importlib.metadata as m; print(*[f'{d.metadata[\"Name\"]}=={d.version}' for d in \
+        m.distributions() if (d.metadata['Name'] or '').lower() in ('numpy', 'protobuf')], sep='\n')" > /tmp/container.txt && \
+    cat /tmp/container.txt && \
+    pip install --no-cache-dir -c /tmp/container.txt -r requirements-container.txt && \
+    pip install --no-cache-dir --no-deps -r requirements-container-nodeps.txt && \
+    python -c "import tqdm, safetensors.numpy, PIL, psutil, sklearn, matplotlib, onnx, onnxruntime"
 COPY . .
 ENV MXNET_CUDNN_AUTOTUNE_DEFAULT=0

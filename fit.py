@@ -35,6 +35,9 @@ from errors import RecipeError
 
 log = logging.getLogger(__name__)
 
+# The schedule's length and warmup when the flags do not give them (train.py resolves both).
+DEFAULT_EPOCHS = 90
+DEFAULT_WARMUP_EPOCHS = 5
 # Optimizers whose MXNet implementation takes a momentum argument.
 MOMENTUM_OPTIMIZERS = ('sgd', 'nag', 'signum', 'dcasgd', 'lbsgd')
 
@@ -54,9 +57,10 @@ def add_fit_args(parser):
     group.add_argument('--lr-factor', type=flags.real(minimum=0, exclusive=True), default=0.256,
                        help='the ratio to reduce lr on each step (multistep) or cosine segment')
     group.add_argument('--lr-steps', type=flags.float_list, default=[],
-                       help='the epochs to reduce the lr, e.g. 30,60')
-    group.add_argument('--warmup-epochs', type=flags.real(minimum=0), default=5,
-                       help='epochs of linear warmup from 0 to --lr')
+                       help='the epochs to reduce the lr, in increasing order, e.g. 30,60')
+    group.add_argument('--warmup-epochs', type=flags.real(minimum=0), default=None,
+                       help=f'epochs of linear warmup from 0 to --lr (default {DEFAULT_WARMUP_EPOCHS:g}); at most '
+                            '--num-epochs')
     group.add_argument('--optimizer', default='sgd', help='any MXNet optimizer name')
     group.add_argument('--mom', type=flags.real(minimum=0, maximum=1), default=0.875,
                        help='momentum (sgd, nag, signum, dcasgd, lbsgd)')
@@ -83,6 +87,23 @@ def add_fit_args(parser):
                        help='learning rate of every layer but the classifier, as a multiple of the schedule\'s '
                             '(e.g. 0.1 when fine-tuning: the pretrained layers move less than the new head)')
     return group
+
+
+def check_schedule_flags(args):
+    """RecipeError for a schedule that cannot be what was meant (train.py and the runner call it before anything
+    starts): --lr-steps out of order, or a --warmup-epochs longer than the run. The default warmup of a run
+    shorter than it stays allowed: short runs (benchmarks, tests) use it knowingly."""
+    if args.mode not in ('train', 'train_val') or args.test_io:
+        return
+    steps = args.lr_steps
+    if any(later <= earlier for earlier, later in zip(steps, steps[1:])):
+        raise RecipeError(f'--lr-steps {",".join(f"{step:g}" for step in steps)}: the epochs must increase, each '
+                          f'once (e.g. {",".join(f"{step:g}" for step in sorted(set(steps)))})')
+    epochs = args.num_epochs or DEFAULT_EPOCHS
+    if args.warmup_epochs is not None and args.warmup_epochs > epochs:
+        raise RecipeError(f'--warmup-epochs {args.warmup_epochs:g} is longer than the {epochs}-epoch schedule '
+                          '(--num-epochs): the learning rate would never reach --lr; shorten the warmup or '
+                          'lengthen the run')
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import mxnet as mx
 import numpy as np
 
 import checkpoint
+import classes
 import flags
 import logs
 import models
@@ -53,8 +54,11 @@ def add_inference_args(parser):
     group.add_argument('--topk', type=flags.integer(minimum=1), default=5,
                        help='pred mode: how many classes to print')
     group.add_argument('--classes', default=None,
-                       help='pred mode: classes.json naming the classes (default: the one beside '
-                            '--data-train/--data-val, else ImageNet names for 1000 classes)')
+                       help='pred mode: a file naming the --num-classes classes in label order: '
+                            'prepare_dataset.py\'s classes.json, {"classes": [...]} or a JSON list of names, '
+                            '"folder<TAB>name" lines (prepare_dataset.py --names; sorted folder order), or one '
+                            'name per line (default: the classes.json beside --data-train/--data-val, else '
+                            'ImageNet names for 1000 classes)')
     group.add_argument('--pred-output', default=None, help='pred mode: write the predictions to this JSON file')
     group.add_argument('--quantize', default=None, choices=['int8'],
                        help='val and pred modes: run the network in INT8 (oneDNN, CPU), calibrated once on the '
@@ -68,7 +72,10 @@ def add_inference_args(parser):
 
 
 def check_inference_flags(args):
-    """RecipeError for inference flags that cannot work with the mode or the machine."""
+    """RecipeError for inference flags that cannot work with the mode or the machine, and for a class-name
+    file pred cannot use."""
+    if args.mode == 'pred' and not args.test_io:
+        class_names(args)
     if args.quantize is None:
         return
     if args.mode not in ('val', 'pred'):
@@ -220,20 +227,16 @@ def prediction_inputs(path):
 
 def class_names(args):
     """Names for the output classes: --classes, else classes.json beside the training or validation data,
-    else the ImageNet names for a 1000-class model, else "class N"."""
-    candidates = [args.classes] if args.classes else [
-        os.path.join(os.path.dirname(p), 'classes.json') for p in (args.data_train, args.data_val) if p]
-    for path in candidates:
-        if os.path.exists(path):
-            with open(path) as f:
-                entries = json.load(f)['classes']
-            names = {e['index']: e.get('name') or e['folder'] for e in entries}
-            return [names.get(i, f'class {i}') for i in range(args.num_classes)]
+    else the ImageNet names for a 1000-class model, else "class N" (classes.py reads the files)."""
     if args.classes:
-        raise RecipeError(f'--classes {args.classes}: no such file')
+        return classes.read_names(args.classes, args.num_classes)
+    for data_file in (args.data_train, args.data_val):
+        path = os.path.join(os.path.dirname(data_file), 'classes.json') if data_file else None
+        if path and os.path.exists(path):
+            return classes.read_names(path, args.num_classes, flag='the dataset\'s')
     if args.num_classes == 1000:
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'imagenet_classes.txt')) as f:
-            return [line.rstrip('\n').split(' ', 1)[1] for line in f]
+        return classes.read_names(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'imagenet_classes.txt'),
+                                  1000, flag='the recipe\'s')
     return [f'class {i}' for i in range(args.num_classes)]
 
 

@@ -43,6 +43,7 @@ import fit
 import flags
 import inference
 import logs
+import memory
 import models
 import workers
 from errors import RecipeError
@@ -172,6 +173,7 @@ def run_mode(args, net, world, dllogger, stop):
 def run(args):
     """Everything after parsing: world, hardware, checks, model, then the mode."""
     args.start_time = time.time()
+    fit.check_schedule_flags(args)
     # Training catches SIGTERM/SIGUSR1 from the start, so a signal during start-up stops it cleanly too.
     stop = fit.StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
     world = workers.World(args.kv_store)
@@ -185,8 +187,11 @@ def run(args):
     data.resolve_backend(args)
     inference.check_inference_flags(args)
     net = models.get_model(**models.model_options(args))
+    memory.check_batch_fits(args, net, world)
     if args.num_epochs is None:   # the schedule's 90 epochs; one pass for val and the loader test
-        args.num_epochs = 1 if args.mode in ('val', 'pred', 'export') or args.test_io else 90
+        args.num_epochs = 1 if args.mode in ('val', 'pred', 'export') or args.test_io else fit.DEFAULT_EPOCHS
+    if args.warmup_epochs is None:
+        args.warmup_epochs = fit.DEFAULT_WARMUP_EPOCHS
     dllogger_path = os.path.join(args.logdir or args.workspace, args.dllogger_log)
     dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0)
     dllogger.log('PARAMETER', {k: v for k, v in vars(args).items() if k not in ('contexts', 'start_time')})

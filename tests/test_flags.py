@@ -1,11 +1,18 @@
-"""flags.py: every numeric flag has its range checked at parse time, with argparse's `error:` line and exit 2."""
+"""flags.py: every numeric flag has its range checked at parse time, with argparse's `error:` line and exit 2;
+the schedule's flags are checked together before anything starts."""
 import argparse
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
+import fit
 import flags
 import train
+from conftest import ROOT
+from errors import RecipeError
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -60,3 +67,37 @@ def test_type_messages():
     assert flags.positive_int_list('1,4,8') == [1, 4, 8]
     with pytest.raises(argparse.ArgumentTypeError, match='one or more'):
         flags.positive_int_list(',')
+
+
+SCHEDULE_ERRORS = [
+    (['--lr-steps', '60,30'], '--lr-steps 60,30: the epochs must increase, each once (e.g. 30,60)'),
+    (['--lr-steps', '30,30,60'], '--lr-steps 30,30,60: the epochs must increase'),
+    (['--warmup-epochs', '6', '--num-epochs', '5'], '--warmup-epochs 6 is longer than the 5-epoch schedule'),
+    (['--warmup-epochs', '91'], '--warmup-epochs 91 is longer than the 90-epoch schedule'),
+]
+
+
+@pytest.mark.parametrize('argv, message', SCHEDULE_ERRORS)
+def test_a_schedule_that_cannot_be_meant_is_refused(argv, message):
+    with pytest.raises(RecipeError) as refused:
+        fit.check_schedule_flags(train.build_parser().parse_args(argv))
+    assert str(refused.value).startswith(message)
+
+
+def test_schedules_that_can_be_meant_pass():
+    for argv in (['--lr-steps', '30,60,80'], ['--warmup-epochs', '5', '--num-epochs', '5'],
+                 ['--num-epochs', '2'],                               # the default warmup, in a short run
+                 ['--lr-steps', '60,30', '--mode', 'val']):           # no schedule in val mode
+        fit.check_schedule_flags(train.build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize('argv, message', SCHEDULE_ERRORS[:1] + SCHEDULE_ERRORS[2:3])
+def test_train_py_and_the_runner_refuse_them_before_anything_starts(argv, message, tmp_path):
+    common = ['--data-backend', 'synthetic', '--num-layers', '18', '--image-shape', '3,32,32', '--num-examples', '64',
+              '--workspace', str(tmp_path / 'w')]
+    for command in ([sys.executable, os.path.join(ROOT, 'train.py'), '--batch-size', '8'],
+                    [sys.executable, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '8']):
+        result = subprocess.run(command + common + argv, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines()[-1].startswith(f'error: {message}'), result.stderr[-2000:]
+        assert not (tmp_path / 'w').exists()   # nothing started, nothing written

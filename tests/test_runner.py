@@ -343,7 +343,7 @@ def test_a_crashed_worker_is_one_error_line_instead_of_horovodruns_traceback():
     import io
     out, err = io.StringIO(), io.StringIO()
     supervisor = runner.Supervisor([sys.executable, '-c', HOROVODRUN_AFTER_A_CRASH], dict(os.environ), 30,
-                                   out=out, err=err)
+                                   runner.TRAIN_PY, out=out, err=err)
     assert supervisor.report(supervisor.run()) == 1
     lines = err.getvalue().splitlines()
     assert lines[0] == '[0]<stderr>:Fatal Python error: Segmentation fault'

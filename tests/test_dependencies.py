@@ -1,0 +1,155 @@
+"""Every third-party package the recipe imports is installed by both set-ups that run it: the CPU set-up
+(requirements.txt and the Makefile's own installs) and NVIDIA's container (its base image's MXNet, numpy, DALI
+and Horovod, plus the Dockerfile's requirements-container*.txt). The tests' own imports come from
+requirements-dev.txt. Imports are read with `ast`, inside functions too; an import name is mapped to its
+distribution through the installed packages' metadata (plus KNOWN for names not installed here)."""
+import ast
+import functools
+import glob
+import importlib.metadata
+import os
+import re
+import sys
+
+from conftest import ROOT
+
+# What nvcr.io/nvidia/mxnet ships itself (the Dockerfile installs none of these): module prefixes.
+BASE_IMAGE_MODULES = ('mxnet', 'numpy', 'nvidia.dali', 'horovod')
+# Import name -> distribution, for packages that may not be installed where the test runs (Horovod is built by
+# `make setup` last; OpenCV is what MXNet's im2rec.py imports).
+KNOWN = {'cv2': 'opencv-python-headless', 'horovod': 'horovod'}
+
+
+def normalise(name):
+    return re.sub(r'[-_.]+', '-', name).lower()
+
+
+def runtime_files():
+    """The recipe's modules: the top-level *.py, the runner and scripts/*.py."""
+    return sorted(glob.glob(os.path.join(ROOT, '*.py')) + [os.path.join(ROOT, 'runner')]
+                  + glob.glob(os.path.join(ROOT, 'scripts', '*.py')))
+
+
+def suite_files():
+    return sorted(glob.glob(os.path.join(ROOT, 'tests', '*.py')))
+
+
+def own_modules():
+    """Module names of the project itself (scripts and tests import their neighbours by name)."""
+    return {os.path.basename(path)[:-3] for path in runtime_files() + suite_files() if path.endswith('.py')}
+
+
+def imports(path):
+    """The absolute module names `path` imports anywhere (module level or inside functions)."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def third_party(paths):
+    """{module name: files importing it}, without the standard library and the project's own modules."""
+    own = own_modules()
+    found = {}
+    for path in paths:
+        for module in imports(path):
+            top = module.split('.')[0]
+            if top not in sys.stdlib_module_names and top not in own:
+                found.setdefault(module, set()).add(os.path.relpath(path, ROOT))
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def installed_distributions():
+    return importlib.metadata.packages_distributions()
+
+
+def distributions(module):
+    """The normalised names of the distributions that can provide `module` (empty if unknown)."""
+    top = module.split('.')[0]
+    names = set(installed_distributions().get(top, []))
+    if top in KNOWN:
+        names.add(KNOWN[top])
+    return {normalise(name) for name in names}
+
+
+def requirement_names(*files):
+    """Normalised distribution names of pip requirement files (`name==version` lines)."""
+    names = set()
+    for name in files:
+        with open(os.path.join(ROOT, name)) as f:
+            for line in f:
+                line = line.split('#', 1)[0].strip()
+                if line:
+                    names.add(normalise(re.split(r'[=<>!~;\[ ]', line, 1)[0]))
+    return names
+
+
+def makefile_installs():
+    """Distributions the Makefile installs by name besides the requirement files (Horovod, --no-deps ones)."""
+    with open(os.path.join(ROOT, 'Makefile')) as f:
+        lines = [line for line in f if 'pip install' in line]
+    return {normalise(name) for line in lines for name in re.findall(r'\s([A-Za-z][\w.-]*)==[0-9]', line)}
+
+
+def missing(modules, provided, base_modules=()):
+    """{module: files} of `modules` whose distribution is not in `provided` and that no base module covers."""
+    gaps = {}
+    for module, files in modules.items():
+        if any(module == base or module.startswith(base + '.') for base in base_modules):
+            continue
+        if not distributions(module) & provided:
+            gaps[module] = sorted(files)
+    return gaps
+
+
+CPU_SET_UP = ('requirements.txt',)
+CONTAINER = ('requirements-container.txt', 'requirements-container-nodeps.txt')
+
+
+def test_the_cpu_set_up_installs_every_package_the_recipe_imports():
+    provided = requirement_names(*CPU_SET_UP) | makefile_installs()
+    assert missing(third_party(runtime_files()), provided) == {}
+
+
+def test_the_container_gets_every_package_the_recipe_imports():
+    provided = requirement_names(*CONTAINER)
+    assert missing(third_party(runtime_files()), provided, BASE_IMAGE_MODULES) == {}
+
+
+def test_the_tests_imports_come_from_the_dev_requirements():
+    provided = requirement_names(*CPU_SET_UP, 'requirements-dev.txt') | makefile_installs()
+    assert missing(third_party(suite_files()), provided) == {}
+
+
+def test_every_import_maps_to_a_distribution():
+    """An import the mapping cannot name would pass the checks above unseen: add it to KNOWN."""
+    unknown = [module for module in third_party(runtime_files() + suite_files()) if not distributions(module)]
+    assert unknown == []
+
+
+def test_the_checker_finds_what_the_old_dockerfile_missed():
+    """The Dockerfile's install before the pins (`pip install Pillow scikit-learn matplotlib psutil onnx
+    onnxruntime`) lacked tqdm (logs.py, so every start) and safetensors (--load *.safetensors)."""
+    old = {normalise(name) for name in 'Pillow scikit-learn matplotlib psutil onnx onnxruntime'.split()}
+    gaps = missing(third_party(runtime_files()), old, BASE_IMAGE_MODULES)
+    assert {module.split('.')[0] for module in gaps} == {'tqdm', 'safetensors'}
+    assert 'logs.py' in gaps['tqdm'] and 'checkpoint.py' in gaps['safetensors.numpy']
+
+
+def test_the_container_pins_are_exact_and_the_dockerfile_installs_them():
+    for name in CONTAINER:
+        with open(os.path.join(ROOT, name)) as f:
+            lines = [line.strip() for line in f if line.strip() and not line.startswith('#')]
+        assert lines and all(re.fullmatch(r'[A-Za-z][\w.-]*==[0-9][\w.]*', line) for line in lines), lines
+    with open(os.path.join(ROOT, 'Dockerfile')) as f:
+        dockerfile = f.read()
+    # The container's numpy and protobuf are constraints of the install, and the --no-deps file stays so.
+    assert re.search(r'pip install [^\n]*-c /tmp/container.txt -r requirements-container.txt', dockerfile)
+    assert re.search(r'pip install [^\n]*--no-deps -r requirements-container-nodeps.txt', dockerfile)
+    assert 'numpy' not in requirement_names(*CONTAINER) and 'protobuf' not in requirement_names(*CONTAINER)

@@ -1,0 +1,104 @@
+"""memory.py: a batch that cannot fit is refused before anything is allocated, with what it needs and what the
+machine has; the estimate follows the batch and the image area; the GPU path (free memory per GPU from MXNet)
+run on CPU contexts."""
+import os
+import re
+import resource
+import subprocess
+import sys
+import types
+
+import mxnet as mx
+import pytest
+
+import memory
+import models
+from conftest import ROOT, resolved
+from errors import RecipeError
+
+GB = 1024 ** 3
+
+
+def limit_address_space():
+    """Without the check a huge batch is allocated until the kernel kills something: keep the test's own
+    process to 8 GB of address space so that it fails alone, with an allocation error."""
+    resource.setrlimit(resource.RLIMIT_AS, (8 * GB, 8 * GB))
+
+
+def test_a_batch_that_cannot_fit_is_one_error_line_with_both_figures(tmp_path):
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'train.py'), '--data-backend', 'synthetic', '--num-layers', '18',
+         '--image-shape', '3,64,64', '--num-classes', '10', '--batch-size', '1000000', '--workspace', str(tmp_path)],
+        capture_output=True, text=True, timeout=120, preexec_fn=limit_address_space)
+    assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+    line = result.stderr.strip().splitlines()[-1]
+    match = re.fullmatch(r'error: --batch-size 1000000 \(1000000 images per device, 3x64x64 float32, training\) '
+                         r'needs about ([0-9.]+) GB of memory, and this machine has ([0-9.]+) GB available: lower '
+                         r'the batch size \(about ([0-9]+) images per device would fit\)', line)
+    assert match, line
+    need, available, fitting = float(match.group(1)), float(match.group(2)), int(match.group(3))
+    assert need > 1000 and 0 < available < need and 0 < fitting < 1000000
+    assert not os.path.exists(tmp_path / 'model_last.state')
+
+
+def small_run(flags=()):
+    args = resolved(['--num-layers', '50', '--num-classes', '10', '--image-shape', '3,32,32', '--mode', 'train']
+                    + list(flags))
+    return args, models.get_model(**models.model_options(args))
+
+
+def test_the_estimate_grows_with_the_batch_and_the_image_area():
+    args, net = small_run()
+    need_8, per_image = memory.batch_need(args, net, 8)
+    need_64, _ = memory.batch_need(args, net, 64)
+    assert need_64 - need_8 == pytest.approx(56 * per_image)
+    # The fixed part: ResNet-50's 23.5 M parameters (10 classes), weights + gradients + momentum in float32.
+    assert need_8 - 8 * per_image == pytest.approx(23.6e6 * 4 * 3, rel=0.02)
+    # The calibration runs (memory.py): 1.86 MB per image measured at 3x32x32, 7.98 MB at 3x64x64.
+    assert per_image == pytest.approx(1.86 * 2 ** 20, rel=0.1)
+    big, big_net = small_run(['--image-shape', '3,64,64'])
+    assert memory.batch_need(big, big_net, 1)[1] == pytest.approx(7.98 * 2 ** 20, rel=0.15)
+    val, val_net = small_run(['--mode', 'val'])
+    assert memory.batch_need(val, val_net, 1)[1] < per_image / 5   # no activations kept for a backward pass
+
+
+def test_a_batch_that_fits_passes_and_pred_is_not_checked(monkeypatch):
+    args, net = small_run(['--batch-size', '64'])
+    world = types.SimpleNamespace(size=1, horovod=None)
+    memory.check_batch_fits(args, net, world)
+    monkeypatch.setattr(memory, 'host_available', lambda: 10 ** 6)
+    with pytest.raises(RecipeError, match='needs about 0.4 GB of memory, and this machine has 0.0 GB available'):
+        memory.check_batch_fits(args, net, world)
+    args.mode = 'pred'
+    memory.check_batch_fits(args, net, world)
+
+
+def test_several_workers_of_a_node_share_its_memory(monkeypatch):
+    args, net = small_run(['--batch-size', '64'])
+    need, _ = memory.batch_need(args, net, 32)
+    monkeypatch.setattr(memory, 'host_available', lambda: 1.5 * need)
+    alone = types.SimpleNamespace(size=2, horovod=types.SimpleNamespace(local_size=lambda: 1))
+    memory.check_batch_fits(args, net, alone)           # one worker of two on this node: 32 images fit
+    together = types.SimpleNamespace(size=2, horovod=types.SimpleNamespace(local_size=lambda: 2))
+    with pytest.raises(RecipeError, match=r'of memory x 2 workers on this node'):
+        memory.check_batch_fits(args, net, together)
+
+
+def test_gpu_path_on_cpu_contexts(monkeypatch):
+    """Two CPU contexts stand for two GPUs: each device's batch against its own free memory."""
+    args, net = small_run(['--batch-size', '64'])
+    args.contexts = [mx.cpu(0), mx.cpu(1)]
+    world = types.SimpleNamespace(size=1, horovod=None)
+    need, _ = memory.batch_need(args, net, 32)       # 64 images over 2 devices
+    free = {0: 2 * need, 1: need / 2}
+    monkeypatch.setattr(mx.context, 'gpu_memory_info', lambda device_id: (free[device_id], 16 * GB))
+    with pytest.raises(RecipeError, match=r'\(32 images per device, .*\) needs about [0-9.]+ GB on GPU 1, which '
+                                          r'has [0-9.]+ GB free: lower the batch size'):
+        memory.check_batch_fits(args, net, world, on_gpu=True)
+    free[1] = 2 * need
+    memory.check_batch_fits(args, net, world, on_gpu=True)
+
+    def unknown(device_id):
+        raise mx.base.MXNetError('no such call in this build')
+    monkeypatch.setattr(mx.context, 'gpu_memory_info', unknown)
+    memory.check_batch_fits(args, net, world, on_gpu=True)   # MXNet cannot tell: no check
