@@ -14,8 +14,8 @@ header and label, and draws the batch's augmentation.
 
 Augmentation: the random-resized-crop windows and mirror flags are drawn in numpy from (--seed, epoch, rank,
 batch), with the rule of DALI's random crop (area uniform in --min/max-random-area, aspect ratio
-log-uniform in the aspect range, 10 attempts, then the whole image clamped to the range), from the image
-size read from the JPEG header. So batch k of an epoch is the same whether the epoch started at 0 or was
+log-uniform in the aspect range, 10 attempts, then the whole image clamped to the range and the largest
+area, each window placed at random), from the image size read from the JPEG header. So batch k of an epoch is the same whether the epoch started at 0 or was
 resumed at k, and the pipeline can be kept: it is built once per loader and reset between epochs, not
 rebuilt. With --dali-fuse-decoder 1 only the crop window is decoded (decoders.image_slice); then resize to
 the image shape, mirror, normalisation and layout/dtype/4th-channel padding in one crop_mirror_normalize.
@@ -100,26 +100,34 @@ def image_size(encoded):
 
 def random_crops(sizes, rng, area_range, ratio_range):
     """Relative (x, y) anchors and (w, h) shapes of random-resized-crop windows for images of `sizes`
-    ((height, width) rows): the area a uniform fraction of the image, the aspect ratio log-uniform, the
-    first of CROP_ATTEMPTS draws that fits in pixels, else the whole image with its aspect ratio clamped to
-    the range, centered. Always draws the same amount of randomness per image."""
+    ((height, width) rows), by the rule of DALI's RandomCropGenerator (dali/util/random_crop_generator.cc):
+    the area a uniform fraction of the image, the aspect ratio log-uniform, the first of CROP_ATTEMPTS
+    rounded draws that fits in pixels with its rounded aspect ratio in range; else the whole image with its
+    aspect ratio clamped to the range and shrunk to the largest allowed area. Either window is placed at a
+    uniformly drawn position (DALI places the fallback at random too, not centred). Always draws the same
+    amount of randomness per image."""
     height, width = sizes[:, 0:1], sizes[:, 1:2]
+    low, high = ratio_range
     area = rng.uniform(*area_range, (len(sizes), CROP_ATTEMPTS)) * height * width
-    ratio = np.exp(rng.uniform(np.log(ratio_range[0]), np.log(ratio_range[1]), (len(sizes), CROP_ATTEMPTS)))
-    crop_w, crop_h = np.round(np.sqrt(area * ratio)), np.round(np.sqrt(area / ratio))
-    fits = (crop_w >= 1) & (crop_h >= 1) & (crop_w <= width) & (crop_h <= height)
+    ratio = np.exp(rng.uniform(np.log(low), np.log(high), (len(sizes), CROP_ATTEMPTS)))
+    crop_w = np.maximum(1, np.round(np.sqrt(area * ratio)))
+    crop_h = np.maximum(1, np.round(np.sqrt(area / ratio)))
+    drawn_ratio = crop_w / crop_h
+    fits = (crop_w <= width) & (crop_h <= height) & (drawn_ratio >= low) & (drawn_ratio <= high)
     first = fits.argmax(axis=1)
     rows = np.arange(len(sizes))
     height, width = height[:, 0], width[:, 0]
     aspect = width / height
-    whole_w = np.where(aspect > ratio_range[1], np.round(height * ratio_range[1]), width)
-    whole_h = np.where(aspect < ratio_range[0], np.round(width / ratio_range[0]), height)
+    whole_w = np.where(aspect > high, np.maximum(1, np.floor(height * high)), width)
+    whole_h = np.where(aspect < low, np.maximum(1, np.floor(width / low)), height)
+    shrink = np.sqrt(np.minimum(1, area_range[1] * height * width / (whole_w * whole_h)))
+    whole_w, whole_h = np.maximum(1, np.floor(whole_w * shrink)), np.maximum(1, np.floor(whole_h * shrink))
     found = fits[rows, first]
     crop_w = np.where(found, crop_w[rows, first], whole_w)
     crop_h = np.where(found, crop_h[rows, first], whole_h)
     position = rng.uniform(0, 1, (len(sizes), 2))
-    x = np.where(found, np.floor(position[:, 0] * (width - crop_w + 1)), np.floor((width - crop_w) / 2))
-    y = np.where(found, np.floor(position[:, 1] * (height - crop_h + 1)), np.floor((height - crop_h) / 2))
+    x = np.floor(position[:, 0] * (width - crop_w + 1))
+    y = np.floor(position[:, 1] * (height - crop_h + 1))
     anchors = np.stack([x / width, y / height], axis=1).astype(np.float32)
     shapes = np.stack([crop_w / width, crop_h / height], axis=1).astype(np.float32)
     return anchors, shapes
