@@ -174,8 +174,14 @@ class TrainingStep:
             images, targets = losses.mixup(images, targets, mx.nd.array(lam, ctx=images.context))
         return images, targets
 
-    def run(self, batch, epoch, iteration, lr):
-        """One optimisation step; returns the batch's mean loss as an NDArray (not synchronised)."""
+    def run(self, batch, epoch, iteration, lr, before_sync=None):
+        """One optimisation step; returns the batch's mean loss as an NDArray (not synchronised).
+
+        `before_sync()`, if given, is called once everything up to the update is queued and before the host
+        waits for the device (the overflow check of float16 loss scaling or of AMP decides whether to
+        update, so the host reads it): the epoch loop fetches the next batch there, so the loader's host work
+        (DALI's external source and its copy, a native batch's copy) runs while the device computes, not
+        while it idles with only the update queued. Nothing of `batch` is read after that call."""
         self.gluon_trainer.set_learning_rate(lr)
         images = gluon.utils.split_and_load(batch.data[0], self.contexts, even_split=True)
         labels = gluon.utils.split_and_load(batch.label[0], self.contexts, even_split=True)
@@ -193,19 +199,22 @@ class TrainingStep:
             else:
                 autograd.backward(device_losses)
         local_batch = batch.data[0].shape[0]
+        means = [loss.mean().as_in_context(self.contexts[0]) for loss in device_losses]
+        # All-reduce first so every worker sees the same gradients and makes the same skip decision (the
+        # all-reduce and the update are what Trainer.step does, split around the host's wait).
+        self.gluon_trainer.allreduce_grads()
+        finite = self.loss_scale.check(self.params.values()) if self.loss_scale is not None else None
+        if before_sync is not None:
+            before_sync()
         if self.loss_scale is None:
-            self.gluon_trainer.step(local_batch)
-        else:
-            # All-reduce first so every worker sees the same gradients and makes the same skip decision.
-            self.gluon_trainer.allreduce_grads()
-            if not self.loss_scale.overflowed(self.params.values()):
-                self.gluon_trainer.update(local_batch * self.loss_scale.scale)
+            self.gluon_trainer.update(local_batch)      # AMP's update reads its own overflow flag
+        elif not self.loss_scale.overflowed(finite):
+            self.gluon_trainer.update(local_batch * self.loss_scale.scale)
         scale = self.current_loss_scale()
         if scale is not None and scale < losses.LOSS_SCALE_FLOOR:
             raise RecipeError(f'the loss scale fell below {losses.LOSS_SCALE_FLOOR:g} at epoch {epoch} '
                               f'iteration {iteration}: every step overflows, so the training has diverged (a NaN '
                               'loss does that). Lower --lr or add --warmup-epochs, and resume from the last state')
-        means = [loss.mean().as_in_context(self.contexts[0]) for loss in device_losses]
         return mx.nd.add_n(*means) / len(means)
 
     def current_loss_scale(self):
@@ -272,11 +281,36 @@ class EpochLoss:
         return mean
 
 
+class LookAhead:
+    """The batches of `source` with the next one fetched early on request: `fetch_next` (the step's
+    before_sync) reads batch i+1 while step i runs on the device; without the request it is read when the
+    loop asks for it. A batch stays valid after the next is fetched: the step has queued every read of it by
+    then, and MXNet's engine orders them before any reuse of its memory (ImageRecordIter waits to write a
+    buffer until its pending reads are done; the other loaders make a new array per batch)."""
+
+    def __init__(self, source):
+        self.source = iter(source)
+        self.upcoming, self.fetched = None, False
+
+    def __iter__(self):
+        batch = next(self.source, None)
+        while batch is not None:
+            self.fetched = False
+            yield batch
+            self.fetch_next()
+            batch = self.upcoming
+
+    def fetch_next(self):
+        if not self.fetched:
+            self.upcoming, self.fetched = next(self.source, None), True
+
+
 def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     """Run the iterations of one epoch from `start_batch`; returns (next batch index, durations, stopped).
 
     The host reads the loss of the previous iteration while the current one runs: that one-step lag keeps
-    the device busy (no per-iteration sync) yet catches a NaN within an iteration."""
+    the device busy (no per-iteration sync) yet catches a NaN within an iteration. The next batch is fetched
+    inside the step, before its host synchronisation (LookAhead)."""
     iterations = args.benchmark_iters or loader.num_batches
     global_batch = loader.batch_size * step.world.size
     durations, epoch_loss, previous = [], EpochLoss(meta), None
@@ -284,11 +318,11 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     tick = window_start = time.time()
     iteration = start_batch
     stopped = False
-    for iteration, batch in enumerate(batches(loader, epoch, start_batch, iterations - start_batch),
-                                      start_batch):
+    ahead = LookAhead(batches(loader, epoch, start_batch, iterations - start_batch))
+    for iteration, batch in enumerate(ahead, start_batch):
         lr = learning_rate(epoch + iteration / iterations, args.lr, args.num_epochs, args.warmup_epochs,
                            args.lr_schedule, args.lr_steps, args.lr_factor)
-        loss = step.run(batch, epoch, iteration, lr)
+        loss = step.run(batch, epoch, iteration, lr, before_sync=ahead.fetch_next)
         if previous is not None:
             epoch_loss.add(previous.asscalar(), epoch, iteration - 1, step)
         previous = loss

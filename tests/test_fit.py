@@ -93,9 +93,9 @@ def test_dynamic_loss_scale_halves_on_overflow_and_grows():
     param.initialize()
     scale = losses.DynamicLossScale(scale=8.0, interval=2)
     param.list_grad()[0][:] = mx.nd.array([1, np.inf, 0])
-    assert scale.overflowed([param]) and scale.scale == 4.0 and scale.skipped == 1
+    assert scale.overflowed(scale.check([param])) and scale.scale == 4.0 and scale.skipped == 1
     param.list_grad()[0][:] = mx.nd.array([1, 2, 3])
-    assert not scale.overflowed([param]) and not scale.overflowed([param])
+    assert not scale.overflowed(scale.check([param])) and not scale.overflowed(scale.check([param]))
     assert scale.scale == 8.0
 
 
@@ -129,6 +129,49 @@ def test_float16_step_with_loss_scaling_skips_overflows_and_grows():
     step.loss_scale.scale = 1.0
     with pytest.raises(RecipeError, match='loss scale fell below 1 at epoch 0 iteration 3'):
         step.run(batch_of(bad, labels, 'float16'), 0, 3, 0.1)
+
+
+class RecordingLoader:
+    """Fixed batches; records in `events` when each one is requested."""
+
+    def __init__(self, batches, events):
+        self.batches, self.events = batches, events
+        self.num_batches, self.batch_size = len(batches), batches[0].data[0].shape[0]
+
+    def epoch(self, epoch, start=0):
+        for index in range(start, self.num_batches):
+            self.events.append(('fetch', index))
+            yield self.batches[index]
+
+
+def test_float16_step_fetches_the_next_batch_before_its_host_synchronisation():
+    """The host waits for the overflow flag once per float16 step; batch i+1 (DALI's external source and
+    copy on a GPU node) must be fetched before that wait of step i, not after it while the device idles.
+    The training is that of plain consecutive steps: same weights, same skipped step (an inf in batch 1)."""
+    rng = np.random.default_rng(2)
+    batches = [batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), 'float16') for _ in range(3)]
+    batches[1].data[0][0, 0, 0, 0] = np.inf
+    mx.random.seed(0)
+    step = step_for(Float16Net(), 'float16')
+    events, read_flag = [], step.loss_scale.overflowed
+
+    def overflowed(finite):
+        events.append(('sync', sum(kind == 'sync' for kind, _ in events)))
+        return read_flag(finite)
+    step.loss_scale.overflowed = overflowed
+    step.args.num_epochs, step.args.warmup_epochs = 2, 0
+    meta = {'loss_sum': 0.0, 'loss_count': 0}
+    stop = type('Stop', (), {'requested': False})()
+    next_batch, _, stopped = fit.train_epoch(step.args, step, RecordingLoader(batches, events), 0, 0, meta, None,
+                                             stop)
+    assert (next_batch, stopped) == (3, False)
+    assert events == [('fetch', 0), ('fetch', 1), ('sync', 0), ('fetch', 2), ('sync', 1), ('sync', 2)]
+    mx.random.seed(0)
+    plain = step_for(Float16Net(), 'float16')
+    for i, batch in enumerate(batches):
+        plain.run(batch, 0, i, fit.learning_rate(i / 3, 0.1, 2))
+    assert step.loss_scale.state() == plain.loss_scale.state() and step.loss_scale.skipped == 1
+    np.testing.assert_array_equal(step.net.weight.data().asnumpy(), plain.net.weight.data().asnumpy())
 
 
 def test_two_devices_in_one_process_follow_one_device():
