@@ -29,7 +29,7 @@ import flags
 import inference
 import logs
 import losses
-from data import batches
+from data import batches, device_slices
 from errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -183,8 +183,8 @@ class TrainingStep:
         (DALI's external source and its copy, a native batch's copy) runs while the device computes, not
         while it idles with only the update queued. Nothing of `batch` is read after that call."""
         self.gluon_trainer.set_learning_rate(lr)
-        images = gluon.utils.split_and_load(batch.data[0], self.contexts, even_split=True)
-        labels = gluon.utils.split_and_load(batch.label[0], self.contexts, even_split=True)
+        images = device_slices(batch.data[0], self.contexts)
+        labels = device_slices(batch.label[0], self.contexts)
         with autograd.record():
             device_losses = []
             for part, (x, y) in enumerate(zip(images, labels)):
@@ -198,7 +198,7 @@ class TrainingStep:
                 autograd.backward([loss * self.loss_scale.scale for loss in device_losses])
             else:
                 autograd.backward(device_losses)
-        local_batch = batch.data[0].shape[0]
+        local_batch = sum(x.shape[0] for x in images)
         means = [loss.mean().as_in_context(self.contexts[0]) for loss in device_losses]
         # All-reduce first so every worker sees the same gradients and makes the same skip decision (the
         # all-reduce and the update are what Trainer.step does, split around the host's wait).

@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 from mxnet import gluon
 
+import dali
+import data
 import fit
 import losses
-from conftest import ROOT
+import workers
+from conftest import ROOT, digits_flags, resolved
 from float16_twin import Float16Net, batch_of, step_for
 from errors import RecipeError
 
@@ -186,6 +189,38 @@ def test_two_devices_in_one_process_follow_one_device():
         trajectories.append([float(step.run(b, 0, i, 0.5).asscalar()) for i, b in enumerate(batches)])
     np.testing.assert_allclose(trajectories[1], trajectories[0], rtol=1e-5)
     assert trajectories[0][-1] < trajectories[0][0]
+
+
+def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
+    """--kv-store device with DALI on several devices (the dali-cpu pipelines run per CPU context here, as
+    dali-gpu's run per GPU): each slice stays on its device and is the very array the network gets on that
+    device (no join on the first device, no split); training equals that of the joined batches."""
+    contexts = [mx.cpu(0), mx.cpu(1)]
+    args = resolved(digits_flags(digits, batch=8) + ['--data-backend', 'dali-cpu', '--label-smoothing', '0',
+                                                      '--kv-store', 'device', '--wd', '0', '--seed', '1'])
+    args.contexts = contexts
+    loader = dali.DaliLoader(args, 0, 1, True, contexts=contexts)
+    slices = [batch for _, batch in zip(range(3), loader.epoch(0))]
+    for batch in slices:
+        assert [p.context for p in batch.data[0]] == contexts == [p.context for p in batch.label[0]]
+    joined = [mx.io.DataBatch(data=[data.whole(b.data[0])], label=[data.whole(b.label[0])]) for b in slices]
+    weights, inputs = [], []
+    for batches in (slices, joined):
+        mx.random.seed(5)
+        net = Float16Net(classes=10, channels=3, batchnorm=False)
+        net.initialize(ctx=contexts)
+        step = fit.TrainingStep(args, net, workers.World('device'))
+        seen = []
+        step.net = lambda x, net=net, seen=seen: seen.append(x) or net(x)
+        initial = net.weight.data(contexts[0]).asnumpy().copy()
+        for i, batch in enumerate(batches):
+            step.run(batch, 0, i, 0.1)
+        weights.append(net.weight.data(contexts[0]).asnumpy())
+        inputs.append(seen)
+    assert all(x is part for x, part in zip(inputs[0], [p for b in slices for p in b.data[0]]))
+    assert len(inputs[0]) == 6 and [x.context for x in inputs[1]] == contexts * 3
+    np.testing.assert_array_equal(weights[0], weights[1])
+    assert not np.array_equal(weights[0], initial)
 
 
 @pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
