@@ -176,12 +176,9 @@ class TrainingStep:
 
     def run(self, batch, epoch, iteration, lr, before_sync=None):
         """One optimisation step; returns the batch's mean loss as an NDArray (not synchronised).
-
-        `before_sync()`, if given, is called once everything up to the update is queued and before the host
-        waits for the device (the overflow check of float16 loss scaling or of AMP decides whether to
-        update, so the host reads it): the epoch loop fetches the next batch there, so the loader's host work
-        (DALI's external source and its copy, a native batch's copy) runs while the device computes, not
-        while it idles with only the update queued. Nothing of `batch` is read after that call."""
+        `before_sync()` runs once all up to the update is queued, before the host waits for the overflow
+        flag (float16, AMP): the loop fetches the next batch there, so the loader's host work (DALI's feed and
+        copy) overlaps the device's instead of leaving it idle. `batch` is not read after that call."""
         self.gluon_trainer.set_learning_rate(lr)
         images = device_slices(batch.data[0], self.contexts)
         labels = device_slices(batch.label[0], self.contexts)
@@ -200,8 +197,7 @@ class TrainingStep:
                 autograd.backward(device_losses)
         local_batch = sum(x.shape[0] for x in images)
         means = [loss.mean().as_in_context(self.contexts[0]) for loss in device_losses]
-        # All-reduce first so every worker sees the same gradients and makes the same skip decision (the
-        # all-reduce and the update are what Trainer.step does, split around the host's wait).
+        # Trainer.step split around the host's wait; all-reduce first, so every worker skips alike.
         self.gluon_trainer.allreduce_grads()
         finite = self.loss_scale.check(self.params.values()) if self.loss_scale is not None else None
         if before_sync is not None:
@@ -282,11 +278,9 @@ class EpochLoss:
 
 
 class LookAhead:
-    """The batches of `source` with the next one fetched early on request: `fetch_next` (the step's
-    before_sync) reads batch i+1 while step i runs on the device; without the request it is read when the
-    loop asks for it. A batch stays valid after the next is fetched: the step has queued every read of it by
-    then, and MXNet's engine orders them before any reuse of its memory (ImageRecordIter waits to write a
-    buffer until its pending reads are done; the other loaders make a new array per batch)."""
+    """The batches of `source`, the next one fetched early by `fetch_next` (the step's before_sync). A batch
+    stays valid then: the step has queued its reads, and MXNet's engine orders them before any reuse of its
+    memory (ImageRecordIter waits to write a buffer until pending reads are done)."""
 
     def __init__(self, source):
         self.source = iter(source)
@@ -309,8 +303,7 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     """Run the iterations of one epoch from `start_batch`; returns (next batch index, durations, stopped).
 
     The host reads the loss of the previous iteration while the current one runs: that one-step lag keeps
-    the device busy (no per-iteration sync) yet catches a NaN within an iteration. The next batch is fetched
-    inside the step, before its host synchronisation (LookAhead)."""
+    the device busy (no per-iteration sync) yet catches a NaN within an iteration."""
     iterations = args.benchmark_iters or loader.num_batches
     global_batch = loader.batch_size * step.world.size
     durations, epoch_loss, previous = [], EpochLoss(meta), None
