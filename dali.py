@@ -17,8 +17,9 @@ batch), with the rule of DALI's random crop (area uniform in --min/max-random-ar
 log-uniform in the aspect range, 10 attempts, then the whole image clamped to the range and the largest
 area, each window placed at random), from the image size read from the JPEG header. So batch k of an epoch
 is the same whether the epoch started at 0 or was resumed at k, and the pipeline can be kept: it is built
-once per loader and reset between epochs, not rebuilt. With --dali-fuse-decoder 1 only the crop window is decoded (decoders.image_slice); then resize to
-the image shape, mirror, normalisation and layout/dtype/4th-channel padding in one crop_mirror_normalize.
+once per loader and reset between epochs, not rebuilt. With --dali-fuse-decoder 1 only the crop window is
+decoded (decoders.image_slice); then resize to the image shape, mirror, normalisation and
+layout/dtype/4th-channel padding in one crop_mirror_normalize.
 Validation: decode, shorter side to --data-val-resize, center crop. dali-gpu decodes with nvJPEG ("mixed"),
 one pipeline per device of --gpus (each decodes its slice of the worker's batch, which stays on that device:
 a batch of several devices is a list of slices); dali-cpu runs a CPU-only pipeline (device_id=None) and
