@@ -14,16 +14,19 @@ header and label, and draws the batch's augmentation.
 
 Augmentation: the random-resized-crop windows and mirror flags are drawn in numpy from (--seed, epoch, rank,
 batch), with the rule of DALI's random crop (area uniform in --min/max-random-area, aspect ratio
-log-uniform in the aspect range, 10 attempts, then the whole image clamped to the range), from the image
-size read from the JPEG header. So batch k of an epoch is the same whether the epoch started at 0 or was
-resumed at k, and the pipeline can be kept: it is built once per loader and reset between epochs, not
-rebuilt. With --dali-fuse-decoder 1 only the crop window is decoded (decoders.image_slice); then resize to
-the image shape, mirror, normalisation and layout/dtype/4th-channel padding in one crop_mirror_normalize.
+log-uniform in the aspect range, 10 attempts, then the whole image clamped to the range and the largest
+area, each window placed at random), from the image size read from the JPEG header. So batch k of an epoch
+is the same whether the epoch started at 0 or was resumed at k, and the pipeline can be kept: it is built
+once per loader and reset between epochs, not rebuilt. With --dali-fuse-decoder 1 only the crop window is
+decoded (decoders.image_slice); then resize to the image shape, mirror, normalisation and
+layout/dtype/4th-channel padding in one crop_mirror_normalize.
 Validation: decode, shorter side to --data-val-resize, center crop. dali-gpu decodes with nvJPEG ("mixed"),
-one pipeline per device of --gpus (each decodes its slice of the worker's batch); dali-cpu runs a CPU-only
-pipeline (device_id=None) and needs no GPU at all.
+one pipeline per device of --gpus (each decodes its slice of the worker's batch, which stays on that device:
+a batch of several devices is a list of slices); dali-cpu runs a CPU-only pipeline (device_id=None) and
+needs no GPU at all. Outputs are copied into MXNet arrays synchronously (copy_output).
 """
 import collections
+import ctypes
 import logging
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -100,26 +103,34 @@ def image_size(encoded):
 
 def random_crops(sizes, rng, area_range, ratio_range):
     """Relative (x, y) anchors and (w, h) shapes of random-resized-crop windows for images of `sizes`
-    ((height, width) rows): the area a uniform fraction of the image, the aspect ratio log-uniform, the
-    first of CROP_ATTEMPTS draws that fits in pixels, else the whole image with its aspect ratio clamped to
-    the range, centered. Always draws the same amount of randomness per image."""
+    ((height, width) rows), by the rule of DALI's RandomCropGenerator (dali/util/random_crop_generator.cc):
+    the area a uniform fraction of the image, the aspect ratio log-uniform, the first of CROP_ATTEMPTS
+    rounded draws that fits in pixels with its rounded aspect ratio in range; else the whole image with its
+    aspect ratio clamped to the range and shrunk to the largest allowed area. Either window is placed at a
+    uniformly drawn position (DALI places the fallback at random too, not centred). Always draws the same
+    amount of randomness per image."""
     height, width = sizes[:, 0:1], sizes[:, 1:2]
+    low, high = ratio_range
     area = rng.uniform(*area_range, (len(sizes), CROP_ATTEMPTS)) * height * width
-    ratio = np.exp(rng.uniform(np.log(ratio_range[0]), np.log(ratio_range[1]), (len(sizes), CROP_ATTEMPTS)))
-    crop_w, crop_h = np.round(np.sqrt(area * ratio)), np.round(np.sqrt(area / ratio))
-    fits = (crop_w >= 1) & (crop_h >= 1) & (crop_w <= width) & (crop_h <= height)
+    ratio = np.exp(rng.uniform(np.log(low), np.log(high), (len(sizes), CROP_ATTEMPTS)))
+    crop_w = np.maximum(1, np.round(np.sqrt(area * ratio)))
+    crop_h = np.maximum(1, np.round(np.sqrt(area / ratio)))
+    drawn_ratio = crop_w / crop_h
+    fits = (crop_w <= width) & (crop_h <= height) & (drawn_ratio >= low) & (drawn_ratio <= high)
     first = fits.argmax(axis=1)
     rows = np.arange(len(sizes))
     height, width = height[:, 0], width[:, 0]
     aspect = width / height
-    whole_w = np.where(aspect > ratio_range[1], np.round(height * ratio_range[1]), width)
-    whole_h = np.where(aspect < ratio_range[0], np.round(width / ratio_range[0]), height)
+    whole_w = np.where(aspect > high, np.maximum(1, np.floor(height * high)), width)
+    whole_h = np.where(aspect < low, np.maximum(1, np.floor(width / low)), height)
+    shrink = np.sqrt(np.minimum(1, area_range[1] * height * width / (whole_w * whole_h)))
+    whole_w, whole_h = np.maximum(1, np.floor(whole_w * shrink)), np.maximum(1, np.floor(whole_h * shrink))
     found = fits[rows, first]
     crop_w = np.where(found, crop_w[rows, first], whole_w)
     crop_h = np.where(found, crop_h[rows, first], whole_h)
     position = rng.uniform(0, 1, (len(sizes), 2))
-    x = np.where(found, np.floor(position[:, 0] * (width - crop_w + 1)), np.floor((width - crop_w) / 2))
-    y = np.where(found, np.floor(position[:, 1] * (height - crop_h + 1)), np.floor((height - crop_h) / 2))
+    x = np.floor(position[:, 0] * (width - crop_w + 1))
+    y = np.floor(position[:, 1] * (height - crop_h + 1))
     anchors = np.stack([x / width, y / height], axis=1).astype(np.float32)
     shapes = np.stack([crop_w / width, crop_h / height], axis=1).astype(np.float32)
     return anchors, shapes
@@ -160,10 +171,33 @@ class Feed:
         return inputs
 
 
-class DaliLoader:
-    """One worker's DALI pipelines (one per device for dali-gpu) for training or validation data."""
+def copy_output(output, array, on_gpu):
+    """Copy a pipeline output (a DALI Tensor) into the NDArray `array`; the copy is complete on return.
 
-    def __init__(self, args, rank, num_workers, training):
+    DALI's feed_ndarray copies a GPU output on a DALI stream without waiting (non_blocking=True), while
+    MXNet, whose engine knows nothing of that copy, reads the array later on its own stream: nothing orders
+    the two (DALI's own MXNet iterator has the same gap). MXNet 1.9.1 exposes neither its stream nor an event
+    to wait on from Python, so this copy is synchronous instead: copy_to_external(non_blocking=False) waits
+    for it on DALI's stream (one device-to-device copy of a batch slice). `array` is new (mx.nd.empty), so
+    no MXNet operation is pending on it. A CPU output is a plain memcpy, complete on return anyway."""
+    if output.shape() != list(array.shape):
+        raise ValueError(f'DALI output of shape {output.shape()} for an array of shape {array.shape}')
+    pointer = ctypes.c_void_p()
+    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
+    if on_gpu:
+        output.copy_to_external(pointer, cuda_stream=None, non_blocking=False)
+    else:
+        output.copy_to_external(pointer)
+
+
+class DaliLoader:
+    """One worker's DALI pipelines (one per device for dali-gpu) for training or validation data.
+
+    `contexts`: where the outputs go, one pipeline each (default: the worker's devices for dali-gpu, the
+    host for dali-cpu); with several, a batch holds one slice per device (data.py's contract), each decoded
+    and kept on its device. Tests pass CPU contexts to run that path with dali-cpu."""
+
+    def __init__(self, args, rank, num_workers, training, contexts=None):
         self.args, self.training = args, training
         self.batch_size = data.per_worker_batch(args, num_workers)
         what = 'training' if training else 'validation'
@@ -182,7 +216,7 @@ class DaliLoader:
         self.num_batches = self.shard.num_batches
         self.real_samples = self.shard.real_samples
         self.on_gpu = args.data_backend == 'dali-gpu'
-        self.contexts = list(args.contexts) if self.on_gpu else [mx.cpu()]
+        self.contexts = list(contexts or (args.contexts if self.on_gpu else [mx.cpu()]))
         if self.batch_size % len(self.contexts):
             raise RecipeError(f'the per-worker batch {self.batch_size} is not divisible by the '
                               f'{len(self.contexts)} devices')
@@ -273,7 +307,6 @@ class DaliLoader:
         self.running = False
 
     def epoch(self, epoch, start=0):
-        from nvidia.dali.plugin.mxnet import feed_ndarray
         self._settle()
         if start >= self.num_batches:
             return
@@ -294,12 +327,11 @@ class DaliLoader:
                 part_labels, pad, _ = feed.in_flight.popleft()
                 images = images.as_tensor()
                 array = mx.nd.empty(images.shape(), ctx=context, dtype=dtype)
-                feed_ndarray(images, array)
+                copy_output(images, array, self.on_gpu)
                 parts.append(array)
-                labels.append(part_labels)
-            # fit.py splits one array over the devices: the slices decoded on the other devices make a round
-            # trip through the first one (decoding, the costly part, stays on each device).
-            batch = parts[0] if len(parts) == 1 else mx.nd.concat(
-                *[p.as_in_context(self.contexts[0]) for p in parts], dim=0)
-            yield mx.io.DataBatch(data=[batch], label=[mx.nd.array(np.concatenate(labels), dtype='float32')],
-                                  pad=pad)
+                labels.append(mx.nd.array(part_labels, ctx=context, dtype='float32'))
+            # Several devices: each keeps its slice (the step uses them as they are, no round trip through
+            # the first device).
+            if len(parts) == 1:
+                parts, labels = parts[0], labels[0]
+            yield mx.io.DataBatch(data=[parts], label=[labels], pad=pad)

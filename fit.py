@@ -30,7 +30,7 @@ import flags
 import inference
 import logs
 import losses
-from data import batches
+from data import batches, device_slices
 from errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -196,11 +196,14 @@ class TrainingStep:
             images, targets = losses.mixup(images, targets, mx.nd.array(lam, ctx=images.context))
         return images, targets
 
-    def run(self, batch, epoch, iteration, lr):
-        """One optimisation step; returns the batch's mean loss as an NDArray (not synchronised)."""
+    def run(self, batch, epoch, iteration, lr, before_sync=None):
+        """One optimisation step; returns the batch's mean loss as an NDArray (not synchronised).
+        `before_sync()` runs once all up to the update is queued, before the host waits for the overflow
+        flag (float16, AMP): the loop fetches the next batch there, so the loader's host work (DALI's feed and
+        copy) overlaps the device's instead of leaving it idle. `batch` is not read after that call."""
         self.gluon_trainer.set_learning_rate(lr)
-        images = gluon.utils.split_and_load(batch.data[0], self.contexts, even_split=True)
-        labels = gluon.utils.split_and_load(batch.label[0], self.contexts, even_split=True)
+        images = device_slices(batch.data[0], self.contexts)
+        labels = device_slices(batch.label[0], self.contexts)
         with autograd.record():
             device_losses = []
             for part, (x, y) in enumerate(zip(images, labels)):
@@ -214,20 +217,22 @@ class TrainingStep:
                 autograd.backward([loss * self.loss_scale.scale for loss in device_losses])
             else:
                 autograd.backward(device_losses)
-        local_batch = batch.data[0].shape[0]
+        local_batch = sum(x.shape[0] for x in images)
+        means = [loss.mean().as_in_context(self.contexts[0]) for loss in device_losses]
+        # Trainer.step split around the host's wait; all-reduce first, so every worker skips alike.
+        self.gluon_trainer.allreduce_grads()
+        finite = self.loss_scale.check(self.params.values()) if self.loss_scale is not None else None
+        if before_sync is not None:
+            before_sync()
         if self.loss_scale is None:
-            self.gluon_trainer.step(local_batch)
-        else:
-            # All-reduce first so every worker sees the same gradients and makes the same skip decision.
-            self.gluon_trainer.allreduce_grads()
-            if not self.loss_scale.overflowed(self.params.values()):
-                self.gluon_trainer.update(local_batch * self.loss_scale.scale)
+            self.gluon_trainer.update(local_batch)      # AMP's update reads its own overflow flag
+        elif not self.loss_scale.overflowed(finite):
+            self.gluon_trainer.update(local_batch * self.loss_scale.scale)
         scale = self.current_loss_scale()
         if scale is not None and scale < losses.LOSS_SCALE_FLOOR:
             raise RecipeError(f'the loss scale fell below {losses.LOSS_SCALE_FLOOR:g} at epoch {epoch} '
                               f'iteration {iteration}: every step overflows, so the training has diverged (a NaN '
                               'loss does that). Lower --lr or add --warmup-epochs, and resume from the last state')
-        means = [loss.mean().as_in_context(self.contexts[0]) for loss in device_losses]
         return mx.nd.add_n(*means) / len(means)
 
     def current_loss_scale(self):
@@ -294,6 +299,28 @@ class EpochLoss:
         return mean
 
 
+class LookAhead:
+    """The batches of `source`, the next one fetched early by `fetch_next` (the step's before_sync). A batch
+    stays valid then: the step has queued its reads, and MXNet's engine orders them before any reuse of its
+    memory (ImageRecordIter waits to write a buffer until pending reads are done)."""
+
+    def __init__(self, source):
+        self.source = iter(source)
+        self.upcoming, self.fetched = None, False
+
+    def __iter__(self):
+        batch = next(self.source, None)
+        while batch is not None:
+            self.fetched = False
+            yield batch
+            self.fetch_next()
+            batch = self.upcoming
+
+    def fetch_next(self):
+        if not self.fetched:
+            self.upcoming, self.fetched = next(self.source, None), True
+
+
 def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     """Run the iterations of one epoch from `start_batch`; returns (next batch index, durations, stopped).
 
@@ -306,11 +333,11 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     tick = window_start = time.time()
     iteration = start_batch
     stopped = False
-    for iteration, batch in enumerate(batches(loader, epoch, start_batch, iterations - start_batch),
-                                      start_batch):
+    ahead = LookAhead(batches(loader, epoch, start_batch, iterations - start_batch))
+    for iteration, batch in enumerate(ahead, start_batch):
         lr = learning_rate(epoch + iteration / iterations, args.lr, args.num_epochs, args.warmup_epochs,
                            args.lr_schedule, args.lr_steps, args.lr_factor)
-        loss = step.run(batch, epoch, iteration, lr)
+        loss = step.run(batch, epoch, iteration, lr, before_sync=ahead.fetch_next)
         if previous is not None:
             epoch_loss.add(previous.asscalar(), epoch, iteration - 1, step)
         previous = loss

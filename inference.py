@@ -38,7 +38,7 @@ import classes
 import flags
 import logs
 import models
-from data import batches, load_image
+from data import batches, device_slices, load_image, whole
 from errors import RecipeError, mxnet_message
 
 log = logging.getLogger(__name__)
@@ -133,10 +133,10 @@ def validate(args, net, loader, world, passes_label=''):
     iterations = args.benchmark_iters or loader.num_batches
     tick = time.time()
     for batch in batches(loader, 0, 0, iterations):
-        images = mx.gluon.utils.split_and_load(batch.data[0], contexts, even_split=True)
-        labels = mx.gluon.utils.split_and_load(batch.label[0], contexts, even_split=True)
+        images = device_slices(batch.data[0], contexts)
+        labels = device_slices(batch.label[0], contexts)
         outputs = [net(x) for x in images]
-        valid = batch.data[0].shape[0] - batch.pad
+        valid = sum(x.shape[0] for x in images) - batch.pad
         if not args.no_metrics:
             totals += batch_metrics(outputs, labels, valid, loss_fn)
         else:
@@ -330,7 +330,7 @@ def calibrate(args, net, get_loaders):
     calib_args.data_val, calib_args.data_val_idx = args.data_train, args.data_train_idx
     _, loader = get_loaders(calib_args, 0, 1, train=False, val=True)
     count = min(args.calib_batches, loader.num_batches)
-    images = [batch.data[0].copyto(mx.cpu()) for batch in batches(loader, 0, 0, count)]
+    images = [whole(batch.data[0]).copyto(mx.cpu()) for batch in batches(loader, 0, 0, count)]
     log.info('Calibrating INT8 ranges (%s) on %d batches of %d training images', args.calib_mode, count,
              loader.batch_size)
     calib_data = mx.io.NDArrayIter(data=mx.nd.concat(*images, dim=0), batch_size=loader.batch_size)
@@ -445,7 +445,7 @@ def check_onnx(args, net, onnx_path, get_loaders):
         log.info('onnxruntime is not installed: the ONNX model was checked by onnx.checker only')
         return None
     _, loader = get_loaders(args, 0, 1, train=False, val=True)
-    images = portable_images(next(iter(loader.epoch(0))).data[0], args)
+    images = portable_images(whole(next(iter(loader.epoch(0))).data[0]), args)
     session = onnxruntime.InferenceSession(onnx_path, providers=['CPUExecutionProvider'])
     onnx_logits = session.run(None, {session.get_inputs()[0].name: images.asnumpy()})[0]
     difference = float(np.abs(onnx_logits - net(images).asnumpy()).max())

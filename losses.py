@@ -3,7 +3,8 @@
     targets = losses.smoothed_one_hot(labels, num_classes, 0.1)
     images, targets = losses.mixup(images, targets, lam)          # lam from losses.mixup_weights(...)
     scale = losses.DynamicLossScale()                              # --dtype float16 without AMP
-    if not scale.overflowed(params): trainer.update(batch * scale.scale)
+    finite = scale.check(params)                                   # queued on the device
+    if not scale.overflowed(finite): trainer.update(batch * scale.scale)   # the host reads it
 
 fit.TrainingStep uses them; they are pure functions of their inputs (mixup draws of the position in
 training), so a resumed run computes what an uninterrupted one would.
@@ -53,13 +54,13 @@ class DynamicLossScale:
         self.clean_steps = 0
         self.skipped = 0
 
-    def overflowed(self, params):
-        """Check the (already all-reduced) gradients and update the scale; True means skip this step.
+    def check(self, params):
+        """Queue the check of the (already all-reduced) gradients on the device; returns its flag (1: every
+        gradient finite), not read yet, for `overflowed`.
 
         After the all-reduce every device of every worker holds the same gradient sums, so one copy per
         parameter is checked, on the first device; multi_all_finite reads all its inputs as the first one's
-        type, so float16 (convolution, dense) and float32 (batchnorm) gradients are checked in separate calls.
-        The host reads the answer (one synchronisation per step): the update that follows depends on it."""
+        type, so float16 (convolution, dense) and float32 (batchnorm) gradients are checked in separate calls."""
         groups = {}
         for param in params:
             if param.grad_req != 'null':
@@ -70,6 +71,12 @@ class DynamicLossScale:
             for i in range(0, len(group), 200):
                 chunk = group[i:i + 200]
                 mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=finite)
+        return finite
+
+    def overflowed(self, finite):
+        """Read the flag of `check` and update the scale; True means skip this step. The host waits for the
+        device here (one synchronisation per step): the update that follows depends on the answer, and
+        deciding it one step later would apply an overflowed update (or skip a clean one)."""
         if finite.asscalar() == 0:
             self.scale /= 2
             self.clean_steps = 0

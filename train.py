@@ -131,7 +131,9 @@ def measure_loader(args, world, dllogger):
         durations = []
         tick = time.time()
         for i, batch in enumerate(data.batches(loader, epoch, 0, iterations), 1):
-            batch.data[0].wait_to_read()
+            images = batch.data[0]
+            for part in images if isinstance(images, list) else [images]:     # one slice per device, or one array
+                part.wait_to_read()
             now = time.time()
             durations.append(now - tick)
             tick = now

@@ -12,13 +12,16 @@ test of its outcome. On GPUs:
                    NHWC convolution/batchnorm/pooling, NVIDIA's fused batchnorm kernels where MXNet has them
     amp            --amp: float32 weights, AMP float16 with its loss scaler
     dali-gpu       DALI decoding on the GPU (nvJPEG) of a real JPEG RecordIO set (the digits, made here)
+    dali-copy      DALI GPU outputs copied into MXNet arrays (dali.copy_output) and read by MXNet at once: equal
+                   to DALI's own copy to the host (a copy still running when MXNet reads would differ)
     kvstore-device one process driving every GPU (--kv-store device)
     horovod        one Horovod worker per GPU (NCCL)
     export         ONNX of the float16 run's checkpoint, checked against MXNet with onnxruntime
 
 With --device cpu each check runs its CPU twin, the same recipe code on this CPU: float16 -> the recipe's
 float16 step on CPU-capable operators with 2 Gloo workers and an inf on one of them (tests/float16_twin.py);
-amp -> bfloat16 AMP (needs AVX-512, else reported as skipped); dali-gpu -> dali-cpu; kvstore-device -> the
+amp -> bfloat16 AMP (needs AVX-512, else reported as skipped); dali-gpu -> dali-cpu; dali-copy -> the same
+with CPU outputs; kvstore-device -> the
 step over two CPU contexts against one (pytest); horovod -> 2 Gloo workers; export -> ONNX of a checkpoint
 written in the GPU layout. Prints a table (check, verdict, seconds, detail) and writes JSON with -o.
 Exit status 0 when every check passes (or is skipped for a stated reason), 1 otherwise, 2 without a GPU and
@@ -38,7 +41,7 @@ sys.path.insert(0, ROOT)
 
 SMALL = ['-b', '16', '-e', '1', '--num-layers', '18', '--image-shape', '3,32,32', '--num-classes', '10',
          '--data-val-resize', '32', '--num-examples', '128', '--seed', '1', '--disp-batches', '2']
-CHECKS = ('float16', 'amp', 'dali-gpu', 'kvstore-device', 'horovod', 'export')
+CHECKS = ('float16', 'amp', 'dali-gpu', 'dali-copy', 'kvstore-device', 'horovod', 'export')
 
 
 def parse_args(argv=None):
@@ -145,6 +148,35 @@ def check_dali(options, workdir):
     return passed, f'{backend}: {detail}'
 
 
+def check_dali_copy(options, workdir, rounds=8):
+    """Batches of 16 float32 224x224 images through a DALI pipeline on the device, each output copied by
+    dali.copy_output into a new MXNet array that MXNet reads at once, against DALI's own copy to the host."""
+    import mxnet as mx
+    import numpy as np
+    from nvidia.dali import Pipeline, fn
+    import dali
+    on_gpu = options.device == 'gpu'
+    rng = np.random.default_rng(0)
+    batches = [[rng.random((3, 224, 224), dtype=np.float32) for _ in range(16)] for _ in range(rounds)]
+    pipe = Pipeline(batch_size=16, num_threads=2, device_id=0 if on_gpu else None, prefetch_queue_depth=1)
+    with pipe:
+        pipe.set_outputs(fn.external_source(source=iter(batches), batch=True,
+                                            device='gpu' if on_gpu else 'cpu') * 1.0)
+    pipe.build()
+    differences = []
+    for _ in range(rounds):
+        (output,) = pipe.run()
+        tensor = output.as_tensor()
+        array = mx.nd.empty(tuple(tensor.shape()), ctx=mx.gpu(0) if on_gpu else mx.cpu())
+        dali.copy_output(tensor, array, on_gpu)
+        read = array.asnumpy()                       # MXNet reads right after the copy
+        expected = np.array((output.as_cpu() if on_gpu else output).as_tensor())
+        differences.append(float(np.abs(read - expected).max()))
+    passed = max(differences) == 0
+    return passed, f'{rounds} batches of 16x3x224x224 float32 copied {"GPU" if on_gpu else "CPU"} outputs: ' \
+                   f'max |MXNet - DALI| {max(differences)}'
+
+
 def check_kvstore_device(options, workdir):
     if options.device == 'cpu':
         status, output = run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
@@ -192,7 +224,7 @@ def gpu_layout_checkpoint(path):
     net.save_parameters(path)
 
 
-RUNS = {'float16': check_float16, 'amp': check_amp, 'dali-gpu': check_dali,
+RUNS = {'float16': check_float16, 'amp': check_amp, 'dali-gpu': check_dali, 'dali-copy': check_dali_copy,
         'kvstore-device': check_kvstore_device, 'horovod': check_horovod, 'export': check_export}
 
 

@@ -232,3 +232,73 @@ def test_native_augmentations_and_aspect_range_none(digits):
     first, again = (next(train.epoch(0)).data[0].asnumpy() for _ in range(2))
     np.testing.assert_array_equal(first, again)           # augmentation seeded per epoch, too
     assert first.shape == (16, 3, 32, 32) and np.isfinite(first).all()
+
+
+# ---- batches on the worker's devices (CPU contexts stand for GPUs) ------------------------------------------
+
+def test_synthetic_batches_live_on_the_workers_devices():
+    """No host-to-device copy per step: the fixed batch is made on the worker's device, or one slice per
+    device with several, with the values of the host batch."""
+    flags = ['--data-backend', 'synthetic', '--batch-size', '8', '--image-shape', '3,16,16', '--num-classes', '10']
+    reference = data.SyntheticLoader(resolved(flags), 0, 1, True).batch
+    one = resolved(flags)
+    one.contexts = [mx.cpu(1)]
+    batch = next(data.SyntheticLoader(one, 0, 1, True).epoch(0))
+    assert batch.data[0].context == mx.cpu(1) and batch.label[0].context == mx.cpu(1)
+    np.testing.assert_array_equal(batch.data[0].asnumpy(), reference.data[0].asnumpy())
+    two = resolved(flags)
+    two.contexts = [mx.cpu(1), mx.cpu(2)]
+    batch = next(data.SyntheticLoader(two, 0, 1, True).epoch(0))
+    assert [p.context for p in batch.data[0]] == [mx.cpu(1), mx.cpu(2)] == [p.context for p in batch.label[0]]
+    np.testing.assert_array_equal(data.whole(batch.data[0]).asnumpy(), reference.data[0].asnumpy())
+    np.testing.assert_array_equal(data.whole(batch.label[0]).asnumpy(), reference.label[0].asnumpy())
+
+
+def test_native_float16_batches_are_cast_on_their_device(digits, monkeypatch):
+    """--data-backend mxnet with float16: ImageRecordIter in MXNet 1.9.1 makes float32, uint8 or int8 (float16
+    is 'unknown dtype for ImageRecordIter2'), so each device's slice is copied there and cast there, not on
+    the host's threads; the values are the host cast's."""
+    flags = digits_flags(digits, batch=16) + ['--data-backend', 'mxnet']
+    reference = next(iter(data.RecordLoader(resolved(flags), 0, 1, True).epoch(0))).data[0].asnumpy()
+    args = resolved(flags)
+    args.dtype, args.contexts = 'float16', [mx.cpu(1)]
+    casts, astype = [], mx.nd.NDArray.astype
+
+    def recording_astype(array, dtype, *more, **options):
+        casts.append((array.context, np.dtype(dtype)))
+        return astype(array, dtype, *more, **options)
+    monkeypatch.setattr(mx.nd.NDArray, 'astype', recording_astype)
+    batch = next(iter(data.RecordLoader(args, 0, 1, True).epoch(0)))
+    assert batch.data[0].context == mx.cpu(1) and batch.data[0].dtype == np.float16
+    assert [context for context, dtype in casts if dtype == np.float16] == [mx.cpu(1)]
+    np.testing.assert_array_equal(batch.data[0].asnumpy(), reference.astype(np.float16))
+
+
+def test_dali_outputs_are_copied_synchronously():
+    """A GPU output is copied with non_blocking=False into the array's own memory (DALI's feed_ndarray copies
+    without waiting and MXNet would read on another stream); a CPU output lands whole."""
+    import ctypes
+    import dali
+    from nvidia.dali.backend import TensorCPU
+
+    class FakeGpuOutput:
+        def __init__(self):
+            self.calls = []
+
+        def shape(self):
+            return [2, 3]
+
+        def copy_to_external(self, pointer, **options):
+            self.calls.append((pointer.value, options))
+
+    array = mx.nd.empty((2, 3))
+    expected = ctypes.c_void_p()
+    mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(expected))
+    output = FakeGpuOutput()
+    dali.copy_output(output, array, on_gpu=True)
+    assert output.calls == [(expected.value, {'cuda_stream': None, 'non_blocking': False})]
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    dali.copy_output(TensorCPU(values), array, on_gpu=False)
+    np.testing.assert_array_equal(array.asnumpy(), values)
+    with pytest.raises(ValueError, match='shape'):
+        dali.copy_output(TensorCPU(values), mx.nd.empty((3, 2)), on_gpu=False)

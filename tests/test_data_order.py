@@ -184,6 +184,25 @@ def test_random_crops_follow_the_area_and_aspect_rule():
     assert dali.image_size(b'not an image at all') is None
 
 
+def test_the_fallback_window_is_placed_at_random_as_dalis():
+    """A 100x1000 image (aspect 10) mostly exhausts the 10 attempts: the fallback, the whole height by the
+    widest allowed width (133), lands at many positions inside the image, as DALI's RandomCropGenerator
+    places it (186 distinct positions in 256 draws there), the same ones for the same seed."""
+    sizes = np.array([[100, 1000]] * 256, dtype=np.float64)
+    anchors, shapes = dali.random_crops(sizes, np.random.default_rng(3), (0.08, 1.0), (3 / 4, 4 / 3))
+    fallback = np.all(np.isclose(shapes, [133 / 1000, 1]), axis=1)
+    assert fallback.sum() > 150
+    x = np.round(anchors[fallback, 0] * 1000).astype(int)
+    assert len(set(x.tolist())) > 120 and x.min() >= 0 and x.max() <= 1000 - 133
+    assert (anchors[fallback, 1] == 0).all() and (anchors + shapes <= 1 + 1e-6).all()
+    again, _ = dali.random_crops(sizes, np.random.default_rng(3), (0.08, 1.0), (3 / 4, 4 / 3))
+    np.testing.assert_array_equal(again, anchors)
+    # with --max-random-area below 1 the fallback shrinks to that area, as DALI's does
+    _, small = dali.random_crops(np.array([[100, 1000]] * 64, np.float64), np.random.default_rng(3), (0.08, 0.1),
+                                 (3 / 4, 4 / 3))
+    assert small.prod(axis=1).max() < 0.105          # rounding of drawn windows aside; 0.133 unshrunk
+
+
 def test_unfused_decoder_crops_the_same_windows(tmp_path):
     """--dali-fuse-decoder 0 decodes whole images and slices the same numpy-drawn windows."""
     batches = {}

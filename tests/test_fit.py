@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 from mxnet import gluon
 
+import dali
+import data
 import fit
 import losses
-from conftest import ROOT
+import workers
+from conftest import ROOT, digits_flags, resolved
 from float16_twin import Float16Net, batch_of, step_for
 from errors import RecipeError
 
@@ -93,9 +96,9 @@ def test_dynamic_loss_scale_halves_on_overflow_and_grows():
     param.initialize()
     scale = losses.DynamicLossScale(scale=8.0, interval=2)
     param.list_grad()[0][:] = mx.nd.array([1, np.inf, 0])
-    assert scale.overflowed([param]) and scale.scale == 4.0 and scale.skipped == 1
+    assert scale.overflowed(scale.check([param])) and scale.scale == 4.0 and scale.skipped == 1
     param.list_grad()[0][:] = mx.nd.array([1, 2, 3])
-    assert not scale.overflowed([param]) and not scale.overflowed([param])
+    assert not scale.overflowed(scale.check([param])) and not scale.overflowed(scale.check([param]))
     assert scale.scale == 8.0
 
 
@@ -131,6 +134,49 @@ def test_float16_step_with_loss_scaling_skips_overflows_and_grows():
         step.run(batch_of(bad, labels, 'float16'), 0, 3, 0.1)
 
 
+class RecordingLoader:
+    """Fixed batches; records in `events` when each one is requested."""
+
+    def __init__(self, batches, events):
+        self.batches, self.events = batches, events
+        self.num_batches, self.batch_size = len(batches), batches[0].data[0].shape[0]
+
+    def epoch(self, epoch, start=0):
+        for index in range(start, self.num_batches):
+            self.events.append(('fetch', index))
+            yield self.batches[index]
+
+
+def test_float16_step_fetches_the_next_batch_before_its_host_synchronisation():
+    """The host waits for the overflow flag once per float16 step; batch i+1 (DALI's external source and
+    copy on a GPU node) must be fetched before that wait of step i, not after it while the device idles.
+    The training is that of plain consecutive steps: same weights, same skipped step (an inf in batch 1)."""
+    rng = np.random.default_rng(2)
+    batches = [batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), 'float16') for _ in range(3)]
+    batches[1].data[0][0, 0, 0, 0] = np.inf
+    mx.random.seed(0)
+    step = step_for(Float16Net(), 'float16')
+    events, read_flag = [], step.loss_scale.overflowed
+
+    def overflowed(finite):
+        events.append(('sync', sum(kind == 'sync' for kind, _ in events)))
+        return read_flag(finite)
+    step.loss_scale.overflowed = overflowed
+    step.args.num_epochs, step.args.warmup_epochs = 2, 0
+    meta = {'loss_sum': 0.0, 'loss_count': 0}
+    stop = type('Stop', (), {'requested': False})()
+    next_batch, _, stopped = fit.train_epoch(step.args, step, RecordingLoader(batches, events), 0, 0, meta, None,
+                                             stop)
+    assert (next_batch, stopped) == (3, False)
+    assert events == [('fetch', 0), ('fetch', 1), ('sync', 0), ('fetch', 2), ('sync', 1), ('sync', 2)]
+    mx.random.seed(0)
+    plain = step_for(Float16Net(), 'float16')
+    for i, batch in enumerate(batches):
+        plain.run(batch, 0, i, fit.learning_rate(i / 3, 0.1, 2))
+    assert step.loss_scale.state() == plain.loss_scale.state() and step.loss_scale.skipped == 1
+    np.testing.assert_array_equal(step.net.weight.data().asnumpy(), plain.net.weight.data().asnumpy())
+
+
 def test_two_devices_in_one_process_follow_one_device():
     """--kv-store device over two CPU contexts: each takes half the batch, gradients are summed over the
     devices; without batchnorm (whose statistics are per device) the losses equal one device's."""
@@ -143,6 +189,38 @@ def test_two_devices_in_one_process_follow_one_device():
         trajectories.append([float(step.run(b, 0, i, 0.5).asscalar()) for i, b in enumerate(batches)])
     np.testing.assert_allclose(trajectories[1], trajectories[0], rtol=1e-5)
     assert trajectories[0][-1] < trajectories[0][0]
+
+
+def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
+    """--kv-store device with DALI on several devices (the dali-cpu pipelines run per CPU context here, as
+    dali-gpu's run per GPU): each slice stays on its device and is the very array the network gets on that
+    device (no join on the first device, no split); training equals that of the joined batches."""
+    contexts = [mx.cpu(0), mx.cpu(1)]
+    args = resolved(digits_flags(digits, batch=8) + ['--data-backend', 'dali-cpu', '--label-smoothing', '0',
+                                                      '--kv-store', 'device', '--wd', '0', '--seed', '1'])
+    args.contexts = contexts
+    loader = dali.DaliLoader(args, 0, 1, True, contexts=contexts)
+    slices = [batch for _, batch in zip(range(3), loader.epoch(0))]
+    for batch in slices:
+        assert [p.context for p in batch.data[0]] == contexts == [p.context for p in batch.label[0]]
+    joined = [mx.io.DataBatch(data=[data.whole(b.data[0])], label=[data.whole(b.label[0])]) for b in slices]
+    weights, inputs = [], []
+    for batches in (slices, joined):
+        mx.random.seed(5)
+        net = Float16Net(classes=10, channels=3, batchnorm=False)
+        net.initialize(ctx=contexts)
+        step = fit.TrainingStep(args, net, workers.World('device'))
+        seen = []
+        step.net = lambda x, net=net, seen=seen: seen.append(x) or net(x)
+        initial = net.weight.data(contexts[0]).asnumpy().copy()
+        for i, batch in enumerate(batches):
+            step.run(batch, 0, i, 0.1)
+        weights.append(net.weight.data(contexts[0]).asnumpy())
+        inputs.append(seen)
+    assert all(x is part for x, part in zip(inputs[0], [p for b in slices for p in b.data[0]]))
+    assert len(inputs[0]) == 6 and [x.context for x in inputs[1]] == contexts * 3
+    np.testing.assert_array_equal(weights[0], weights[1])
+    assert not np.array_equal(weights[0], initial)
 
 
 @pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')

@@ -28,3 +28,12 @@ def test_cpu_twins_pass_and_are_reported(tmp_path):
     assert [(r['check'], r['verdict']) for r in report['results']] == [('float16', 'PASS'), ('export', 'PASS')]
     assert 'weights equal' in report['results'][0]['detail']
     assert result.stdout.splitlines()[0].startswith('float16         PASS')
+
+
+def test_dali_copy_twin_reads_complete_copies(tmp_path):
+    """The dali-copy check on CPU outputs: what MXNet reads right after dali.copy_output is DALI's output."""
+    result = subprocess.run([sys.executable, SCRIPT, '--device', 'cpu', '--only', 'dali-copy', '--workdir',
+                             str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert result.stdout.splitlines()[0].startswith('dali-copy       PASS')
+    assert 'max |MXNet - DALI| 0.0' in result.stdout
