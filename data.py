@@ -287,12 +287,19 @@ class RecordLoader:
                                        args.seed)
             self.num_batches = self.shard.num_batches
             self.chunk_batches = max(1, -(-CHUNK_IMAGES // self.batch_size))
-            self.workdir = tempfile.mkdtemp(prefix='rn50-chunks-')
-            weakref.finalize(self, shutil.rmtree, self.workdir, True)
         else:
             self.num_examples = len(self.records)
             self.part = records.record_iter_part(self.num_examples, rank, num_workers)
             self.num_batches = -(-len(self.part) // self.batch_size)
+        # ImageRecordIter's construction lists the folder of its files and fails if an entry there vanishes
+        # meanwhile (see Chunk), so it only ever opens files in a folder of ours: the training chunks, or
+        # links to the validation files (whose own folder may be shared, such as /tmp).
+        self.workdir = tempfile.mkdtemp(prefix='rn50-chunks-' if training else 'rn50-val-')
+        weakref.finalize(self, shutil.rmtree, self.workdir, True)
+        if not training:
+            self.linked = os.path.join(self.workdir, 'val')
+            os.symlink(os.path.abspath(self.records.rec_path), self.linked + '.rec')
+            os.symlink(os.path.abspath(self.records.idx_path), self.linked + '.idx')
 
     def _common(self):
         args = self.args
@@ -388,7 +395,7 @@ class RecordLoader:
         the start and reports its pad (without it, ImageRecordIter reports pad 0 and garbage labels). Labels
         are checked batch by batch."""
         iterator = mx.io.ImageRecordIter(
-            path_imgrec=self.records.rec_path, path_imgidx=self.records.idx_path, resize=self.args.data_val_resize,
+            path_imgrec=self.linked + '.rec', path_imgidx=self.linked + '.idx', resize=self.args.data_val_resize,
             rand_crop=False, rand_mirror=False, shuffle=False, round_batch=True, num_parts=self.num_workers,
             part_index=self.rank, **self._common())
         first = self.part.start

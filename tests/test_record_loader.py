@@ -2,17 +2,20 @@
 folder of its .rec and .idx and stats every entry there (MXNet's dmlc-core), so a file of another chunk
 removed during that listing made the construction fail ("LocalFileSystem.GetPathInfo: ... No such file or
 directory"), about one epoch in 20. These tests pin the ordering down deterministically instead of waiting
-for the race: what each construction lists, and that no iterator outlives its files or leaves files behind."""
+for the race: what each construction lists (training chunks and validation), and that no iterator outlives
+its files or leaves files behind."""
 import gc
 import os
 import threading
 import weakref
 
 import mxnet as mx
-import pytest
+import numpy as np
 
 import data
+from conftest import resolved
 from test_data import training_loader, write_rec
+from train import get_loaders
 
 CHUNK_IMAGES = 16           # chunks of 2 batches of 8: 7 chunks in an epoch of 100 records
 RECORDS, BATCH = 100, 8
@@ -84,5 +87,25 @@ def test_no_iterator_outlives_its_files_and_nothing_is_left(tmp_path, monkeypatc
     assert freed_with_files == [True] * len(alive)
     workdir = loader.workdir
     del loader
+    gc.collect()
+    assert not os.path.exists(workdir)
+
+
+def test_validation_iterator_lists_only_its_own_files(tmp_path, monkeypatch):
+    """The validation data's folder may hold other files that come and go (/tmp, another job's output): the
+    iterator must not list them."""
+    rec, idx = write_rec(str(tmp_path / 'd'), [i % 3 for i in range(20)], size=(8, 8))
+    (tmp_path / 'd' / 'another-job.log').write_text('written and removed by someone else\n')
+    args = resolved(['--data-train', rec, '--data-val', rec, '--num-classes', '3', '--batch-size', '8',
+                     '--image-shape', '3,8,8', '--data-val-resize', '8', '--data-backend', 'mxnet'])
+    listings = []
+    watch_constructions(monkeypatch, lambda rec, idx, _: listings.append(
+        sorted(os.listdir(os.path.dirname(rec))) == sorted({os.path.basename(rec), os.path.basename(idx)})
+        and os.path.dirname(rec) == os.path.dirname(idx)))
+    val = get_loaders(args, 0, 1, train=False)[1]
+    labels = np.concatenate([b.label[0].asnumpy()[:8 - b.pad] for b in val.epoch(0)])
+    assert labels.tolist() == [i % 3 for i in range(20)] and listings == [True]
+    workdir = val.workdir
+    del val
     gc.collect()
     assert not os.path.exists(workdir)
