@@ -8,8 +8,8 @@ training run of many short epochs, each with no failure and no temporary file le
     python scripts/fault_soak.py BACKEND REC IDX EPOCHS     # one backend's reading, in a process of its own
 
 The reading follows the case of issue 24: 20,000 records of 8x8 JPEGs (labels i % 10), batch 64, the loaders
-of 2 workers read together in one process (each its own read-ahead thread), every 4th epoch abandoned midway
-as a --benchmark-iters wrap or a stop does. Each runs with TMPDIR set to a folder of its own, which must hold
+of 2 workers in one process read in turn, every 4th epoch abandoned midway as a --benchmark-iters wrap or a
+stop does. Each runs with TMPDIR set to a folder of its own, which must hold
 no file after any epoch and nothing at all once the loaders are gone.
 """
 import gc
@@ -54,7 +54,7 @@ def files_below(folder):
 
 
 def read_epochs(backend, rec, idx, epochs):
-    """Read `epochs` epochs of the loaders of WORKERS workers together; print one JSON line of counts."""
+    """Read `epochs` epochs of the loaders of WORKERS workers; print one JSON line of counts."""
     sys.path.insert(0, ROOT)
     import mxnet as mx
     import data
@@ -83,17 +83,15 @@ def read_epochs(backend, rec, idx, epochs):
 
 
 def read_epoch(loaders, epoch, abandon):
-    """The batches of `epoch` read from every loader in turn (all of them, or half when `abandon`)."""
-    readers = [loader.epoch(epoch) for loader in loaders]
-    steps = loaders[0].num_batches // 2 if abandon else loaders[0].num_batches
+    """The batches of `epoch` of each loader in turn (all of them, or half when `abandon`), as fast as they
+    come: a consumer that never waits leaves the loader's own threads the least slack."""
     read = 0
-    try:
-        for _, together in zip(range(steps), zip(*readers)):
-            for batch in together:
-                batch.data[0].wait_to_read()
-            read += len(together)
-    finally:
-        for reader in readers:
+    for loader in loaders:
+        reader = loader.epoch(epoch)
+        try:
+            for _ in zip(range(loader.num_batches // 2 if abandon else loader.num_batches), reader):
+                read += 1
+        finally:
             reader.close()
     return read
 
