@@ -7,7 +7,7 @@ training run of many short epochs, each with no failure and no temporary file le
     soak_campaign(camp, epochs)          # camp: fault_campaign.Campaign (datasets, rows)
     python scripts/fault_soak.py BACKEND REC IDX EPOCHS     # one backend's reading, in a process of its own
 
-The reading follows the case of issue 24: 20,000 records of 8x8 JPEGs (labels i % 10), batch 64, the loaders
+The reading follows the case of issue 24: 20,000 records of 8x8 JPEGs (labels i % 10), 64 per batch, the loaders
 of 2 workers in one process read in turn, every 4th epoch abandoned midway as a --benchmark-iters wrap or a
 stop does. Each runs with TMPDIR set to a folder of its own, which must hold
 no file after any epoch and nothing at all once the loaders are gone.
@@ -23,7 +23,7 @@ import time
 from fault_tools import ENV, PY, ROOT, run, temporaries
 
 BACKENDS = ('mxnet', 'dali-cpu', 'synthetic')
-RECORDS, SIDE, BATCH, WORKERS = 20000, 8, 64, 2
+RECORDS, SIDE, BATCH, WORKERS = 20000, 8, 128, 2     # 64 per worker: chunks of 4 batches, as in the issue
 # The training run: the digits at 8x8, 8 steps of 64 per epoch (2 chunks of the native loader), validation
 # (359 images) after every epoch.
 TRAINING_EXAMPLES, TRAINING_BATCH = 512, 64
