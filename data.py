@@ -42,7 +42,6 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
@@ -279,10 +278,28 @@ def finish_images(images, args):
 CHUNK_IMAGES = 256
 
 
-def remove_files(prefix):
-    for suffix in ('.rec', '.idx'):
-        if os.path.exists(prefix + suffix):
-            os.remove(prefix + suffix)
+class Chunk:
+    """One chunk of the native training loader: its records, in the epoch's order, in a .rec and .idx of a
+    folder of its own, and the ImageRecordIter that reads them.
+
+    The folder is the chunk's alone because constructing an ImageRecordIter lists the folder of its .rec and
+    of its .idx and stats every entry there (MXNet 1.9.1's dmlc-core: InputSplitBase::ConvertToURIs calls
+    LocalFileSystem::ListDirectory, which fails with "LocalFileSystem.GetPathInfo: <entry> error: No such
+    file or directory" when an entry is removed between the listing and its stat). When the chunks shared
+    one folder, the removal of the chunk just read raced with the construction of the next one in the
+    background thread: about one epoch in 20 failed (issue 24)."""
+
+    def __init__(self, folder, iterator, indices):
+        self.folder, self.iterator, self.indices = folder, iterator, indices
+
+    def release(self):
+        """Free the iterator (its C++ destructor joins its threads), then remove the folder. An iterator
+        still referenced elsewhere (the traceback of its decoding error holds its frame) keeps its files:
+        the loader's folder is removed with the loader."""
+        iterator = weakref.ref(self.iterator)
+        self.iterator = None
+        if iterator() is None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class RecordLoader:
@@ -306,12 +323,19 @@ class RecordLoader:
                                        args.seed)
             self.num_batches = self.shard.num_batches
             self.chunk_batches = max(1, -(-CHUNK_IMAGES // self.batch_size))
-            self.workdir = tempfile.mkdtemp(prefix='rn50-chunks-')
-            weakref.finalize(self, shutil.rmtree, self.workdir, True)
         else:
             self.num_examples = len(self.records)
             self.part = records.record_iter_part(self.num_examples, rank, num_workers)
             self.num_batches = -(-len(self.part) // self.batch_size)
+        # ImageRecordIter's construction lists the folder of its files and fails if an entry there vanishes
+        # meanwhile (see Chunk), so it only ever opens files in a folder of ours: the training chunks, or
+        # links to the validation files (whose own folder may be shared, such as /tmp).
+        self.workdir = tempfile.mkdtemp(prefix='rn50-chunks-' if training else 'rn50-val-')
+        weakref.finalize(self, shutil.rmtree, self.workdir, True)
+        if not training:
+            self.linked = os.path.join(self.workdir, 'val')
+            os.symlink(os.path.abspath(self.records.rec_path), self.linked + '.rec')
+            os.symlink(os.path.abspath(self.records.idx_path), self.linked + '.idx')
 
     def _common(self):
         args = self.args
@@ -347,12 +371,13 @@ class RecordLoader:
             raise RecipeError(records.undecodable_message(self.records, self.part, e)) from e
 
     def _chunk(self, epoch, chunk):
-        """(ImageRecordIter over a temporary .rec with the chunk's records in order, its path, their
-        indices): run in a background thread, so the next chunk is read (and starts decoding) meanwhile."""
+        """The Chunk of these batches, its iterator constructed: run in a background thread, so the next
+        chunk is written (and starts decoding) while this one is read."""
         first = chunk * self.chunk_batches
         batches = range(first, min(first + self.chunk_batches, self.num_batches))
         indices = np.concatenate([self.shard.batch(epoch, i)[0] for i in batches])
-        path = os.path.join(self.workdir, f'e{epoch}-c{chunk}-{threading.get_ident()}')
+        folder = tempfile.mkdtemp(prefix=f'e{epoch}-c{chunk}-', dir=self.workdir)
+        path = os.path.join(folder, 'chunk')
         sizes = []
         with open(path + '.rec', 'wb') as f:
             for begin in range(0, len(indices), 256):
@@ -367,9 +392,9 @@ class RecordLoader:
         try:
             iterator = self._training_iterator(path, records.epoch_seed(self.args.seed, epoch, self.rank, chunk))
         except mx.base.MXNetError as e:
-            remove_files(path)
+            shutil.rmtree(folder, ignore_errors=True)
             raise RecipeError(records.undecodable_message(self.records, indices, e)) from e
-        return iterator, path, indices
+        return Chunk(folder, iterator, indices)
 
     def _training_batches(self, epoch, start):
         if start >= self.num_batches:
@@ -379,25 +404,24 @@ class RecordLoader:
         pending = pool.submit(self._chunk, epoch, chunk)
         try:
             while pending is not None:
-                iterator, path, indices = pending.result()
+                current = pending.result()
                 first = chunk * self.chunk_batches
                 chunk += 1
                 pending = pool.submit(self._chunk, epoch, chunk) \
                     if chunk * self.chunk_batches < self.num_batches else None
                 try:
-                    for index, batch in enumerate(iterator, first):
+                    for index, batch in enumerate(current.iterator, first):
                         if index >= start:
                             images, labels = on_devices(batch.data[0], batch.label[0], self.args)
                             yield mx.io.DataBatch(data=[images], label=[labels], pad=self.shard.batch(epoch, index)[1])
                 except mx.base.MXNetError as e:
-                    raise RecipeError(records.undecodable_message(self.records, indices, e)) from e
+                    raise RecipeError(records.undecodable_message(self.records, current.indices, e)) from e
                 finally:
-                    del iterator
-                    remove_files(path)
+                    current.release()
         finally:
             if pending is not None:     # abandoned or failed: drop the chunk read ahead
                 try:
-                    remove_files(pending.result()[1])
+                    pending.result().release()
                 except Exception:  # its own error is not ours to report here
                     pass
             pool.shutdown(wait=True)
@@ -407,7 +431,7 @@ class RecordLoader:
         the start and reports its pad (without it, ImageRecordIter reports pad 0 and garbage labels). Labels
         are checked batch by batch."""
         iterator = mx.io.ImageRecordIter(
-            path_imgrec=self.records.rec_path, path_imgidx=self.records.idx_path, resize=self.args.data_val_resize,
+            path_imgrec=self.linked + '.rec', path_imgidx=self.linked + '.idx', resize=self.args.data_val_resize,
             rand_crop=False, rand_mirror=False, shuffle=False, round_batch=True, num_parts=self.num_workers,
             part_index=self.rank, **self._common())
         first = self.part.start

@@ -5,6 +5,7 @@ nothing is lost, nothing is silent, and every user error is one clear line.
     python scripts/fault_campaign.py -o campaign.json          # everything (about 10 min on 2 shared cores)
     python scripts/fault_campaign.py --quick                   # a few rows of every class, a few minutes
     python scripts/fault_campaign.py --only 'kill2|bad-input/weights'
+    python scripts/fault_campaign.py --only '^soak' --soak-epochs 20      # the soak class alone
     python scripts/fault_campaign.py --workdir /tmp/fc         # datasets and baselines are cached there
 
 Every training run is ResNet-18 on 3x32x32 images through ./runner (horovodrun --gloo for 2 workers): 256
@@ -32,6 +33,9 @@ Rows are named "class/fault"; --only is a regular expression searched in that na
                   --mode pred, weights files. Each: exit status 2, exactly one line starting with `error:`
                   (argparse's `prog: error:` counts; its `usage:` line may precede it), no Traceback, and every
                   file already in the workspace unchanged (SHA-256; the two log files may only grow).
+  soak            --soak-epochs epochs of the loaders of 2 workers of each training backend (mxnet, dali-cpu,
+                  synthetic) on 20,000 small JPEGs, every 4th epoch abandoned midway, and a train.py run of as
+                  many short epochs (scripts/fault_soak.py): no failure, no temporary file left.
 
 The table goes to stdout (and to -o FILE as JSON); the exit status is 1 if any row is BAD.
 """
@@ -48,6 +52,7 @@ import time
 import psutil
 
 from fault_inputs import bad_input_campaign
+from fault_soak import soak_campaign
 from fault_tools import (EPOCHS, PY, ROOT, epoch_metrics, file_size_limit, launch, link_copy, one_error,
                          run, runner_argv, sha256, snapshot, state_note, temporaries, unchanged)
 
@@ -410,7 +415,7 @@ def inspect(folder):
 
 
 CLASSES = ['kill1', 'kill2', 'signal', 'worker-lost', 'start-up', 'damaged-state', 'write-failure', 'bad-input',
-           'campaign']
+           'soak', 'campaign']
 
 
 def summary(rows):
@@ -433,6 +438,8 @@ def main(argv=None):
     parser.add_argument('-o', '--output', help='write the rows as JSON to this file')
     parser.add_argument('--starts', type=int, default=None,
                         help='start-up class: starts of the 2-worker run (default 10, 3 with --quick)')
+    parser.add_argument('--soak-epochs', type=int, default=None,
+                        help='soak class: epochs per backend and of the training run (default 20, 4 with --quick)')
     parser.add_argument('--inspect', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.inspect:
@@ -443,7 +450,8 @@ def main(argv=None):
     start = time.time()
     camp.digits()
     for step, *more in ((kill_chain, 1), (kill_chain, 2), (signal_chain, 1), (signal_chain, 2), (worker_lost,),
-                        (repeated_starts,), (damaged_state,), (write_failures,), (bad_input_campaign,)):
+                        (repeated_starts,), (damaged_state,), (write_failures,), (bad_input_campaign,),
+                        (soak_campaign, args.soak_epochs or (4 if args.quick else 20))):
         try:
             step(camp, *more)
         except Exception as e:     # a failure of the campaign itself is a BAD row, and the others still run

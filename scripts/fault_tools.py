@@ -105,10 +105,10 @@ def temporaries(ws):
     return [n for n in os.listdir(ws) if n.endswith('.tmp')] if os.path.isdir(ws) else []
 
 
-def run(argv, timeout=JOB_TIMEOUT, **kwargs):
+def run(argv, timeout=JOB_TIMEOUT, env=ENV, **kwargs):
     """(exit status, stdout, stderr); status None on timeout."""
     try:
-        result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=ENV, timeout=timeout,
+        result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env, timeout=timeout,
                                 cwd=ROOT, **kwargs)
     except subprocess.TimeoutExpired as e:
         return None, e.stdout or '', e.stderr or ''
