@@ -36,6 +36,7 @@ import time
 import mxnet as mx
 import tqdm
 
+import cpu
 from errors import RecipeError, mxnet_message
 
 # What atomic_path's temporary files are called: '.' + the output's name + '.' + mkstemp's 8 characters.
@@ -303,22 +304,9 @@ def library_versions(all_known=False):
     return versions
 
 
-def cpuinfo_field(name):
-    """The value of `name` (e.g. 'model name', 'flags') for the first processor in /proc/cpuinfo, or ''."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                key, _, value = line.partition(':')
-                if key.strip() == name:
-                    return value.strip()
-    except OSError:
-        pass
-    return ''
-
-
 def hardware():
     """CPU model and count, memory and GPU names: what a throughput number needs next to it."""
-    info = {'cpu': cpuinfo_field('model name') or platform.processor() or platform.machine(),
+    info = {'cpu': cpu.cpuinfo_field('model name') or platform.processor() or platform.machine(),
             'cpu_count': os.cpu_count(), 'gpus': mx.context.num_gpus()}
     try:
         import psutil

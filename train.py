@@ -33,19 +33,23 @@ import os
 import sys
 import time
 
-import mxnet as mx
-import numpy as np
+import cpu
+if __name__ == '__main__':   # the program, not an import by the runner or a test: settle the CPU first
+    cpu.prepare_process()
 
-import checkpoint
-import dali
-import data
-import fit
-import flags
-import inference
-import logs
-import models
-import workers
-from errors import RecipeError
+import mxnet as mx  # noqa: E402  (after cpu.prepare_process: oneDNN and OpenMP read the environment once)
+import numpy as np  # noqa: E402
+
+import checkpoint  # noqa: E402
+import dali  # noqa: E402
+import data  # noqa: E402
+import fit  # noqa: E402
+import flags  # noqa: E402
+import inference  # noqa: E402
+import logs  # noqa: E402
+import models  # noqa: E402
+import workers  # noqa: E402
+from errors import RecipeError  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +186,8 @@ def run(args):
     if world.rank == 0:
         checkpoint.clean_workspace(args)
     workers.resolve_hardware(args, world)
+    if args.device == 'cpu':
+        log.info('CPU: %s; %s', cpu.cpuinfo_field('model name') or 'unknown model', cpu.describe())
     data.resolve_backend(args)
     inference.check_inference_flags(args)
     net = models.get_model(**models.model_options(args))

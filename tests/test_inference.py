@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import checkpoint
+import cpu
 import checkpoint_formats as formats
 import data
 import inference
@@ -109,7 +110,7 @@ def test_int8_prediction(digits, model, tmp_path):
 def test_bfloat16_inference_or_a_clear_error(digits, model, tmp_path):
     result = train_py(digits, tmp_path, '--mode', 'val', '--amp', '--load', model / 'model_best.params',
                       check=False)
-    if set(logs.cpuinfo_field("flags").split()) & {'avx512f', 'avx512_bf16', 'amx_bf16'}:
+    if set(cpu.cpuinfo_field('flags').split()) & {'avx512f', 'avx512_bf16', 'amx_bf16'}:
         assert result.returncode == 0, result.stderr[-2000:]
         train_py(digits, tmp_path / 'fp32', '--mode', 'val', '--load', model / 'model_best.params')
         assert abs(summary(tmp_path)['val.accuracy'] - summary(tmp_path / 'fp32')['val.accuracy']) <= 0.01

@@ -10,6 +10,7 @@ import time
 import pytest
 
 import checkpoint
+import cpu
 import logs
 from conftest import ROOT, digits_flags
 
@@ -177,7 +178,7 @@ def test_bad_flags_are_clear_errors(digits, tmp_path):
 def test_amp_is_bfloat16_on_cpu_or_a_clear_error(digits, tmp_path):
     result = run(digits, tmp_path / 'amp', '--amp', '--num-epochs', '1', '--data-backend', 'synthetic',
                  check=False)
-    if set(logs.cpuinfo_field("flags").split()) & {'avx512f', 'avx512_bf16', 'amx_bf16'}:
+    if set(cpu.cpuinfo_field('flags').split()) & {'avx512f', 'avx512_bf16', 'amx_bf16'}:
         assert result.returncode == 0, result.stderr[-2000:]
     else:
         assert result.returncode == 2 and 'needs an AVX-512 CPU' in result.stderr
