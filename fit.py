@@ -115,15 +115,19 @@ def learning_rate(progress, base_lr, num_epochs, warmup_epochs=0, schedule='cosi
 
 
 class StopRequest:
-    """SIGTERM/SIGUSR1 set a flag; training stops at the next iteration boundary all workers agree on."""
+    """SIGTERM, SIGUSR1 and a first Ctrl-C (SIGINT) set a flag; training stops at the next iteration boundary
+    all workers agree on and writes its state. A second Ctrl-C interrupts at once (KeyboardInterrupt)."""
 
     def __init__(self):
         self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
-        log.warning('Signal %d received: stopping at the next iteration boundary', signum)
+        if signum == signal.SIGINT and self.requested:
+            signal.default_int_handler(signum, frame)
+        log.warning('%s received: stopping at the next iteration boundary%s', signal.Signals(signum).name,
+                    ' (Ctrl-C again to stop at once, without saving)' if signum == signal.SIGINT else '')
         self.requested = True
 
 

@@ -213,6 +213,10 @@ def main(argv=None):
         logging.getLogger(__name__).debug('RecipeError', exc_info=True)
         print(f'error: {e}', file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # a second Ctrl-C during training, or one before training catches signals
+        print('error: interrupted: stopped at once, without writing a state (one Ctrl-C stops cleanly once '
+              'training has started)', file=sys.stderr)
+        return 130
     return 0
 
 

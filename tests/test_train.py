@@ -66,8 +66,9 @@ def test_train_val_outputs(digits, tmp_path):
     assert meta['epoch'] == 2 and meta['iteration'] == 0 and meta['seed'] == 3
 
 
-@pytest.mark.parametrize('backend', ['dali-cpu', 'synthetic'])
-def test_exact_resume_after_sigterm(digits, tmp_path, backend):
+@pytest.mark.parametrize('backend, stop_signal', [('dali-cpu', signal.SIGTERM), ('synthetic', signal.SIGTERM),
+                                                  ('synthetic', signal.SIGINT)])
+def test_exact_resume_after_sigterm_or_ctrl_c(digits, tmp_path, backend, stop_signal):
     flags = ['--num-epochs', '3', '--data-backend', backend, '--mixup', '0.2']
     run(digits, tmp_path / 'whole', *flags)
     ws = tmp_path / 'parts'
@@ -77,9 +78,9 @@ def test_exact_resume_after_sigterm(digits, tmp_path, backend):
     while not (log_file.exists() and '"step": [0, 2]' in log_file.read_text()):
         assert process.poll() is None, process.stderr.read()
         time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(stop_signal)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 0 and 'Stopped at epoch 0 iteration' in stderr
+    assert process.returncode == 0 and 'Stopped at epoch 0 iteration' in stderr and 'Traceback' not in stderr
     meta = checkpoint.read_state(str(ws / 'model_last.state')).meta
     assert meta['epoch'] == 0 and 0 < meta['iteration'] < 8
     result = run(digits, ws, *flags)
