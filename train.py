@@ -34,8 +34,10 @@ import sys
 import time
 
 import cpu
-if __name__ == '__main__':   # the program, not an import by the runner or a test: settle the CPU first
-    cpu.prepare_process()
+if __name__ == '__main__':   # the program, not an import by the runner or a test
+    import interpreter
+    interpreter.use_project_python()   # a fresh shell: the project's .venv
+    cpu.prepare_process()           # oneDNN's ISA and OpenMP threads, before MXNet loads
 
 import mxnet as mx  # noqa: E402  (after cpu.prepare_process: oneDNN and OpenMP read the environment once)
 import numpy as np  # noqa: E402

@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Acceptance pass of every GPU path: the first command to run in NVIDIA's MXNet container.
 
     python scripts/gpu_check.py                      # all GPUs of this machine
@@ -35,6 +35,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+import interpreter  # noqa: E402
+interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
 
 SMALL = ['-b', '16', '-e', '1', '--num-layers', '18', '--image-shape', '3,32,32', '--num-classes', '10',
          '--data-val-resize', '32', '--num-examples', '128', '--seed', '1', '--disp-batches', '2']

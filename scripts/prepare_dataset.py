@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Convert an ImageNet-style folder tree into the RecordIO files the recipe trains on.
 
     python scripts/prepare_dataset.py SRC OUT [--splits train,val] [--seed 100] [--workers N]
@@ -37,6 +37,8 @@ import sys
 
 # Run from anywhere: the repository root holds logs.py (atomic writes).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import interpreter  # noqa: E402
+interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
 
 import mxnet as mx  # noqa: E402
 import tqdm  # noqa: E402
