@@ -175,12 +175,22 @@ def run_mode(args, net, world, dllogger, stop):
              logs.peak_memory_mb(), os.path.abspath(args.workspace))
 
 
+def check_weights_folder(args):
+    """val, pred and export without --load take their weights from --workspace: a mistyped one is an error, not
+    a new empty folder (a --no-metrics speed measurement may run on random weights, see inference.py)."""
+    speed_only = args.mode == 'val' and args.no_metrics
+    if args.mode in ('val', 'pred', 'export') and not (args.load or speed_only) and not os.path.isdir(args.workspace):
+        raise RecipeError(f'--workspace {args.workspace} does not exist, and --mode {args.mode} takes its weights '
+                          'from the workspace: give the folder of a training run, or --load a checkpoint')
+
+
 def run(args):
     """Everything after parsing: world, hardware, checks, model, then the mode."""
     args.start_time = time.time()
     # Training catches SIGTERM/SIGUSR1 from the start, so a signal during start-up stops it cleanly too.
     stop = fit.StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
     world = workers.World(args.kv_store)
+    check_weights_folder(args)
     logs.check_workspace(args.workspace)
     if args.logdir:
         logs.check_workspace(args.logdir, '--logdir')

@@ -27,6 +27,7 @@ without --device cpu.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,7 +50,8 @@ def parse_args(argv=None):
                         help='gpu: check the GPU paths; cpu: run their CPU twins')
     parser.add_argument('--gpus', type=int, default=None, help='GPUs to use (default: all)')
     parser.add_argument('--only', default=','.join(CHECKS), help='comma-separated checks to run')
-    parser.add_argument('--workdir', default=None, help='where runs and data go (default: a temporary folder)')
+    parser.add_argument('--workdir', default=None,
+                        help='where runs and data go, kept (default: a temporary folder, removed at the end)')
     parser.add_argument('-o', '--output', default=None, help='write the results as JSON here')
     return parser.parse_args(argv)
 
@@ -218,6 +220,22 @@ def main(argv=None):
     options.gpus = options.gpus or gpus
     workdir = options.workdir or tempfile.mkdtemp(prefix='gpu_check.')
     os.makedirs(workdir, exist_ok=True)
+    try:
+        results = run_checks(options, wanted, workdir)
+    finally:
+        if not options.workdir:   # its runs and datasets (about 500 MB) are of no use once reported
+            shutil.rmtree(workdir, ignore_errors=True)
+    report = {'device': options.device, 'gpus': options.gpus if options.device == 'gpu' else 0,
+              'workdir': options.workdir, 'results': results}
+    print(json.dumps(report))
+    if options.output:
+        with open(options.output, 'w') as f:
+            json.dump(report, f, indent=2)
+    return 0 if all(r['verdict'] != 'FAIL' for r in results) else 1
+
+
+def run_checks(options, wanted, workdir):
+    """Run the wanted checks in CHECKS order, printing a line each; a check that breaks is a failed check."""
     results = []
     for name in CHECKS:
         if name not in wanted:
@@ -230,13 +248,7 @@ def main(argv=None):
         results.append({'check': name, 'verdict': verdict(passed), 'seconds': round(time.time() - start, 1),
                         'detail': detail})
         print(f'{name:15s} {results[-1]["verdict"]:5s} {results[-1]["seconds"]:7.1f} s  {detail}', flush=True)
-    report = {'device': options.device, 'gpus': options.gpus if options.device == 'gpu' else 0,
-              'workdir': workdir, 'results': results}
-    print(json.dumps(report))
-    if options.output:
-        with open(options.output, 'w') as f:
-            json.dump(report, f, indent=2)
-    return 0 if all(r['verdict'] != 'FAIL' for r in results) else 1
+    return results
 
 
 if __name__ == '__main__':

@@ -28,3 +28,11 @@ def test_cpu_twins_pass_and_are_reported(tmp_path):
     assert [(r['check'], r['verdict']) for r in report['results']] == [('float16', 'PASS'), ('export', 'PASS')]
     assert 'weights equal' in report['results'][0]['detail']
     assert result.stdout.splitlines()[0].startswith('float16         PASS')
+
+
+def test_without_workdir_nothing_is_left_behind(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path), PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
+    result = subprocess.run([sys.executable, SCRIPT, '--device', 'cpu', '--only', 'export'], capture_output=True,
+                            text=True, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []

@@ -117,6 +117,9 @@ def trained(digits, tmp_path_factory):
 
 
 def test_val_refuses_random_weights_then_evaluates_checkpoint(digits, trained, tmp_path):
+    result = run(digits, tmp_path / 'mistyped', '--mode', 'val', check=False)
+    assert result.returncode == 2 and 'does not exist' in result.stderr and not (tmp_path / 'mistyped').exists()
+    (tmp_path / 'empty').mkdir()
     result = run(digits, tmp_path / 'empty', '--mode', 'val', check=False)
     assert result.returncode == 2 and 'refuses to run on random weights' in result.stderr
     ws = trained
@@ -272,5 +275,6 @@ def test_finetuning_from_a_checkpoint_of_other_classes(digits, trained, tmp_path
 
 def test_predict_refuses_random_weights(digits, tmp_path):
     image = next((digits / 'images' / 'val' / 'digit_1').iterdir())
+    (tmp_path / 'nothing').mkdir()
     result = run(digits, tmp_path / 'nothing', '--mode', 'pred', '--data-pred', image, check=False)
     assert result.returncode == 2 and 'refuses to run on random weights' in result.stderr
