@@ -352,6 +352,8 @@ def train(args, net, world, get_loaders, dllogger, stop):
                                            val=args.mode == 'train_val')
     if args.mode == 'train_val' and val_loader is None:
         raise RecipeError('--mode train_val needs validation data (--data-val); use --mode train to skip it')
+    earlier_duration = meta.get('duration', 0.0)   # of the runs this one resumes: report.json adds them up
+    meta['duration'] = earlier_duration
     last_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs,
                                                                  meta['epoch'] + args.run_epochs)
     for epoch in range(meta['epoch'], last_epoch):
@@ -365,7 +367,8 @@ def train(args, net, world, get_loaders, dllogger, stop):
         loss_sum, loss_count = world.allreduce_sum([meta['loss_sum'], meta['loss_count']])
         if stopped:
             # The state holds the sums of every worker; rank 0 alone takes them back on resume.
-            meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
+            meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count),
+                        duration=earlier_duration + time.time() - args.start_time)
             write_state(args, net, step, meta, world)
             log.info('Stopped at epoch %d iteration %d; the next run resumes from %s', epoch, next_batch,
                      checkpoint.last_state_path(args))
@@ -379,14 +382,16 @@ def train(args, net, world, get_loaders, dllogger, stop):
             metrics.update(val_metrics)
         dllogger.log((epoch,), metrics)
         meta['history'].append(dict(metrics, epoch=epoch))
-        meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0)
+        meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0,
+                    duration=earlier_duration + time.time() - args.start_time)
         save_epoch_checkpoints(args, net, epoch, metrics, meta, world)
         write_state(args, net, step, meta, world)
-        logs.write_report(args, world.rank, world.size, meta['history'])
+        logs.write_report(args, world.rank, world.size, meta['history'], duration=meta['duration'])
         if stop_agreed(stop, world, 0, 1):
             log.info('Stopped after epoch %d; the next run resumes from %s', epoch,
                      checkpoint.last_state_path(args))
             break
+    meta['duration'] = earlier_duration + time.time() - args.start_time
     return meta
 
 

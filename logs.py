@@ -321,19 +321,27 @@ def peak_memory_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def write_report(args, rank, workers, history, summary=None):
-    """report.json in the workspace (rank 0 only): the resolved configuration, versions, hardware, per-epoch
-    metrics, the summary and the duration so far."""
+def report_name(mode):
+    """report.json is the training run's; the other modes write report_<mode>.json beside it, so a validation
+    or an export in a training workspace never replaces the training report."""
+    return 'report.json' if mode in ('train', 'train_val') else f'report_{mode}.json'
+
+
+def write_report(args, rank, workers, history, summary=None, duration=None):
+    """The mode's report in the workspace (rank 0 only): the resolved configuration, versions, hardware,
+    per-epoch metrics, the summary and the duration so far (`duration`: training's, over all its resumes;
+    else this process's)."""
     if rank != 0:
         return
     config = {k: v for k, v in vars(args).items() if k not in ('contexts',)}
     report = {'model': args.arch, 'mode': args.mode, 'workers': workers,
               'devices': [str(c) for c in args.contexts], 'cmd': sys.argv, 'config': config,
               'versions': library_versions(), 'hardware': hardware(), 'epochs': history,
-              'total_duration': time.time() - args.start_time, 'peak_memory_mb': peak_memory_mb()}
+              'total_duration': time.time() - args.start_time if duration is None else duration,
+              'peak_memory_mb': peak_memory_mb()}
     if summary is not None:
         report['summary'] = summary
-    write_json(in_workspace(args, 'report.json'), report)
+    write_json(in_workspace(args, report_name(args.mode)), report)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -150,7 +150,7 @@ def measure_loader(args, world, dllogger):
 
 
 def run_mode(args, net, world, dllogger, stop):
-    """Run args.mode (or --test-io) on `net`, write report.json and the DLLogger summary."""
+    """Run args.mode (or --test-io) on `net`, write its report and the DLLogger summary."""
     if args.test_io:
         measure_loader(args, world, dllogger)
         return
@@ -166,9 +166,11 @@ def run_mode(args, net, world, dllogger, stop):
     if args.mode == 'val':
         summary, history = inference.evaluate(args, net, world, get_loaders, dllogger)
     else:
-        history = fit.train(args, net, world, get_loaders, dllogger, stop)['history']
+        meta = fit.train(args, net, world, get_loaders, dllogger, stop)
+        history, duration = meta['history'], meta['duration']
         summary = fit.training_summary(history)
-    logs.write_report(args, world.rank, world.size, history, summary)
+    logs.write_report(args, world.rank, world.size, history, summary,
+                      duration=duration if args.mode in ('train', 'train_val') else None)
     mx.nd.waitall()
     dllogger.log((), summary)
     log.info('Done in %.1f s; peak memory %.0f MB. Outputs in %s', time.time() - args.start_time,

@@ -180,7 +180,7 @@ def check_export(options, workdir):
                                 '--data-backend', 'synthetic', '--workspace', workspace))
     if status:
         return False, last_error(output)
-    with open(os.path.join(workspace, 'report.json')) as f:
+    with open(os.path.join(workspace, 'report_export.json')) as f:
         difference = json.load(f)['summary'].get('onnxruntime_max_difference')
     passed = difference is not None and difference < 1e-3
     return passed, f'ONNX float32 NCHW, onnxruntime vs MXNet max |difference| {difference}'

@@ -124,7 +124,7 @@ def test_export_to_symbol_and_onnx_matches_on_real_images(digits, model, tmp_pat
     workspace = tmp_path / 'export'
     train_py(digits, workspace, '--mode', 'export', '--load', model / 'model_best.params')
     folder = workspace / 'export'
-    report = json.loads((workspace / 'report.json').read_text())['summary']
+    report = json.loads((workspace / 'report_export.json').read_text())['summary']
     assert report['onnxruntime_max_difference'] < 1e-4
     graph = onnx.load(str(folder / 'model.onnx')).graph
     assert [i.name for i in graph.input] == ['data'] and len(graph.initializer) > 100  # weights: initializers
@@ -167,7 +167,7 @@ def test_val_pred_int8_and_export_of_foreign_formats(digits, model, tmp_path):
                     '--data-pred', image, '--quantize', 'int8', '--calib-batches', '2')
     assert ' 1. ' in pred.stdout
     train_py(digits, tmp_path / 'export', '--mode', 'export', '--load', tmp_path / 'nvidia_fp16.params')
-    assert json.loads((tmp_path / 'export' / 'report.json').read_text())['summary'][
+    assert json.loads((tmp_path / 'export' / 'report_export.json').read_text())['summary'][
         'onnxruntime_max_difference'] < 1e-4
 
 

@@ -278,3 +278,17 @@ def test_predict_refuses_random_weights(digits, tmp_path):
     (tmp_path / 'nothing').mkdir()
     result = run(digits, tmp_path / 'nothing', '--mode', 'pred', '--data-pred', image, check=False)
     assert result.returncode == 2 and 'refuses to run on random weights' in result.stderr
+
+
+def test_training_report_survives_other_modes_and_adds_up_resumes(digits, tmp_path):
+    ws = tmp_path / 'run'
+    run(digits, ws, '--num-epochs', '2', '--run-epochs', '1', '--data-backend', 'synthetic')
+    first = json.loads((ws / 'report.json').read_text())['total_duration']
+    result = run(digits, ws, '--num-epochs', '2', '--data-backend', 'synthetic')
+    second_process = float(result.stderr.split('Done in ')[1].split(' s')[0])
+    report = json.loads((ws / 'report.json').read_text())
+    assert [e['epoch'] for e in report['epochs']] == [0, 1]
+    assert report['total_duration'] > first + 0.5 * second_process     # both processes, not the last alone
+    run(digits, ws, '--mode', 'val', '--data-backend', 'synthetic')
+    assert json.loads((ws / 'report.json').read_text()) == report
+    assert json.loads((ws / 'report_val.json').read_text())['mode'] == 'val'
