@@ -39,7 +39,9 @@ METRICS = {'train': ['train.ips'],
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     epilog='Every other flag goes to each point\'s runner command unchanged '
+                                     '(`./runner --help`, `python train.py --help`).',
+                                     formatter_class=flags.HelpFormatter)
     parser.add_argument('--executable', default=os.path.join(HERE, 'runner'), help='the launcher to benchmark')
     parser.add_argument('-o', '--output', required=True, help='report path (JSON)')
     parser.add_argument('-n', '--ngpus', type=flags.positive_int_list, required=True,

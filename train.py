@@ -99,7 +99,7 @@ def add_run_args(parser):
 
 def build_parser():
     parser = argparse.ArgumentParser(description='Train, validate or run ResNet-50 v1.5 and relatives',
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=flags.HelpFormatter)
     add_run_args(parser)
     models.add_model_args(parser)
     fit.add_fit_args(parser)

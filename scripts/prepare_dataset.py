@@ -44,12 +44,13 @@ import mxnet as mx  # noqa: E402
 import tqdm  # noqa: E402
 from PIL import Image  # noqa: E402
 
+import flags  # noqa: E402
 import logs  # noqa: E402
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=flags.HelpFormatter)
     parser.add_argument('src', help='folder with one sub-folder per split, each with one folder per class')
     parser.add_argument('out', help='output folder')
     parser.add_argument('--splits', default='train,val', help='comma-separated split folders to convert')

@@ -60,3 +60,23 @@ def test_type_messages():
     assert flags.positive_int_list('1,4,8') == [1, 4, 8]
     with pytest.raises(argparse.ArgumentTypeError, match='one or more'):
         flags.positive_int_list(',')
+
+
+def test_help_says_each_default_once_and_where_other_flags_go():
+    import subprocess
+    import sys
+
+    import train
+    from conftest import ROOT
+    parser = train.build_parser()
+    text = parser.format_help()
+    assert '(default: None)' not in text and '(default: False)' not in text
+    formatter = flags.HelpFormatter('train.py')
+    for action in parser._actions:      # argparse's "(default: X)" only where the text names no default itself
+        said = formatter._get_help_string(action)
+        assert said == action.help or 'default' not in (action.help or '').lower(), said
+    runner_help = subprocess.run([sys.executable, 'runner', '--help'], cwd=ROOT, capture_output=True, text=True).stdout
+    assert 'Every other flag goes to train.py' in runner_help
+    benchmark_help = subprocess.run([sys.executable, 'benchmark.py', '--help'], cwd=ROOT, capture_output=True,
+                                    text=True).stdout
+    assert 'Every other flag goes to' in benchmark_help
