@@ -303,7 +303,9 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
         if done % args.disp_batches == 0:
             ips = args.disp_batches * global_batch / (now - window_start)
             window_start = now
-            dllogger.log((epoch, done), {'train.loss': epoch_loss.window_mean(), 'train.ips': ips, 'train.lr': lr})
+            eta = (iterations - done) * global_batch / ips     # seconds, at this window's speed
+            dllogger.log((epoch, done), {'train.loss': epoch_loss.window_mean(), 'train.ips': ips, 'train.lr': lr},
+                         note=f'of {iterations} iterations, epoch ETA {logs.duration_text(eta)}')
         bar.set_postfix_str(f'{global_batch / max(np.mean(durations[-20:]), 1e-9):.1f} img/s', refresh=False)
         bar.update(1)
         if stop_agreed(stop, step.world, done, args.disp_batches) and done < iterations:

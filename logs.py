@@ -60,6 +60,14 @@ METRIC_UNITS = {
 }
 
 
+def duration_text(seconds):
+    """1 h 05 min, 4 min 10 s, 12 s: an ETA a person reads at a glance."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f'{seconds // 3600} h {seconds % 3600 // 60:02d} min'
+    return f'{seconds // 60} min {seconds % 60:02d} s' if seconds >= 60 else f'{seconds} s'
+
+
 def step_text(step):
     """How a step reads on stdout: PARAMETER, Epoch: E Iteration: I, Epoch: E, or Summary:."""
     if isinstance(step, str):
@@ -104,8 +112,9 @@ class DLLogger:
             except OSError as e:
                 raise RecipeError(f'could not write the DLLogger file {self.file.name}: {e.strerror or e}') from e
 
-    def log(self, step, data):
-        """One LOG record; `step` is "PARAMETER", a list of ints, or [] for the summary."""
+    def log(self, step, data, note=''):
+        """One LOG record; `step` is "PARAMETER", a list of ints, or [] for the summary. `note` is added to
+        the echoed line only (e.g. the epoch's total and ETA), never to the file's record."""
         step = step if isinstance(step, str) else list(step)
         self._write({'type': 'LOG', 'step': step, 'data': data})
         if self.echo:
@@ -113,7 +122,7 @@ class DLLogger:
                                                                  if METRIC_UNITS.get(name) else '')
                               for name, value in data.items())
             now = datetime.datetime.now().strftime('%Y-%m-%dT%H:%M:%S.%f')
-            print(f'DLL {now} - {step_text(step)} {fields}', flush=True)
+            print(f'DLL {now} - {step_text(step)} {fields}' + (f' ({note})' if note else ''), flush=True)
 
     def close(self):
         if self.file is not None:

@@ -35,3 +35,8 @@ def test_steady_durations_drop_warmup():
     assert logs.steady_durations([9.0, 1, 1]) == [1, 1]
     assert len(logs.steady_durations([1.0] * 50)) == 45
     assert len(logs.steady_durations([1.0] * 5000)) == 4900
+
+
+def test_duration_text_reads_at_a_glance():
+    assert [logs.duration_text(s) for s in (7.4, 250, 3900, 36000)] == ['7 s', '4 min 10 s', '1 h 05 min',
+                                                                         '10 h 00 min']

@@ -42,7 +42,8 @@ def metrics_without_speed(records):
 
 def test_train_val_outputs(digits, tmp_path):
     ws = tmp_path / 'ws'
-    run(digits, ws, '--num-epochs', '2', '--save-frequency', '1', '--data-backend', 'mxnet')
+    result = run(digits, ws, '--num-epochs', '2', '--save-frequency', '1', '--data-backend', 'mxnet')
+    assert 'Iteration: 2 train.loss' in result.stdout and '(of 8 iterations, epoch ETA ' in result.stdout
     names = sorted(os.listdir(ws))
     assert names == ['dllogger_log.log', 'log.log', 'model_0000.params', 'model_0001.params', 'model_best.params',
                      'model_last.state', 'model_prev.state', 'report.json']
