@@ -204,14 +204,16 @@ def evaluate(args, net, world, get_loaders, dllogger):
 
 
 def prediction_inputs(path):
-    """The image files --data-pred names: one file, or every image file of a folder (sorted)."""
+    """The image files --data-pred names: one file, or every image file of a folder and its subfolders
+    (sorted by path)."""
     if path is None:
         raise RecipeError('--mode pred needs --data-pred IMAGE_OR_FOLDER')
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, name) for name in os.listdir(path)
+        files = sorted(os.path.join(folder, name) for folder, _, names in os.walk(path) for name in names
                        if name.lower().endswith(IMAGE_SUFFIXES))
         if not files:
-            raise RecipeError(f'--data-pred {path}: no JPEG or PNG images in that folder')
+            raise RecipeError(f'--data-pred {path}: no image files ({" ".join(IMAGE_SUFFIXES)}) in that folder '
+                              'or its subfolders')
         return files
     if not os.path.exists(path):
         raise RecipeError(f'--data-pred {path}: no such file or folder')
@@ -243,11 +245,13 @@ def predict(args, net):
     inference_network (trained weights, INT8 if asked)."""
     names = class_names(args)
     results = []
-    for path in prediction_inputs(args.data_pred):
+    inputs = prediction_inputs(args.data_pred)
+    for path in inputs:
         try:
             image = load_image(path, args).as_in_context(args.contexts[0])
         except RecipeError as e:
-            log.error('%s', e)
+            if len(inputs) > 1:   # one image alone: the error line at the end says it
+                log.error('%s', e)
             results.append({'image': path, 'error': str(e)})
             continue
         probabilities = mx.nd.softmax(net(image).astype('float32')).asnumpy()[0]

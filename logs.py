@@ -86,10 +86,11 @@ def format_value(value):
 
 
 class DLLogger:
-    """Writes DLLogger JSON-lines records to a file (None: no file) and echoes them on stdout."""
+    """Writes DLLogger JSON-lines records to a file (None: no file) and echoes them on stdout (or `stream`)."""
 
-    def __init__(self, path=None, echo=True):
+    def __init__(self, path=None, echo=True, stream=None):
         self.start = time.time()
+        self.stream = stream
         self.echo = echo
         self.file = None
         # Whether the file already holds records of an earlier run (this one appends to them).
@@ -122,7 +123,8 @@ class DLLogger:
                                                                  if METRIC_UNITS.get(name) else '')
                               for name, value in data.items())
             now = datetime.datetime.now().strftime('%Y-%m-%dT%H:%M:%S.%f')
-            print(f'DLL {now} - {step_text(step)} {fields}' + (f' ({note})' if note else ''), flush=True)
+            print(f'DLL {now} - {step_text(step)} {fields}' + (f' ({note})' if note else ''),
+                  file=self.stream or sys.stdout, flush=True)
 
     def close(self):
         if self.file is not None:

@@ -208,7 +208,8 @@ def run(args):
     if args.num_epochs is None:   # the schedule's 90 epochs; one pass for val and the loader test
         args.num_epochs = 1 if args.mode in ('val', 'pred', 'export') or args.test_io else 90
     dllogger_path = os.path.join(args.logdir or args.workspace, args.dllogger_log)
-    dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0)
+    dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0,
+                             stream=sys.stderr if args.mode == 'pred' else None)   # stdout: the predictions
     dllogger.log('PARAMETER', {k: v for k, v in vars(args).items() if k not in ('contexts', 'start_time')})
     try:
         workers.resolve_seed(args, world)

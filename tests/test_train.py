@@ -242,14 +242,17 @@ def test_two_workers_resume_exactly(digits, tmp_path):
 
 def test_predict_image_and_folder(digits, trained, tmp_path):
     folder = tmp_path / 'images'
-    folder.mkdir()
-    for name in ('a.jpg', 'b.jpg'):
+    (folder / 'more').mkdir(parents=True)
+    for name in ('a.jpg', 'more/b.jpg'):          # subfolders are looked into
         shutil.copy(next((digits / 'images' / 'val' / 'digit_3').iterdir()), folder / name)
     (folder / 'c.png').write_bytes(b'not a png')
     output = tmp_path / 'pred.json'
     result = run(digits, trained, '--mode', 'pred', '--data-pred', folder, '--pred-output', output, '--topk', '3')
     assert 'cannot read image' in result.stderr and 'c.png' in result.stderr
     assert result.stdout.count('%') == 6 and ' 1. ' in result.stdout
+    assert 'DLL' not in result.stdout                # stdout holds the predictions alone
+    alone = run(digits, trained, '--mode', 'pred', '--data-pred', folder / 'c.png', check=False)
+    assert alone.returncode == 2 and alone.stderr.count('cannot read image') == 1
     predictions = json.loads(output.read_text())
     assert predictions['checkpoint'].endswith('model_best.params')
     by_image = {os.path.basename(p['image']): p for p in predictions['predictions']}
