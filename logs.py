@@ -123,8 +123,8 @@ class DLLogger:
                                                                  if METRIC_UNITS.get(name) else '')
                               for name, value in data.items())
             now = datetime.datetime.now().strftime('%Y-%m-%dT%H:%M:%S.%f')
-            print(f'DLL {now} - {step_text(step)} {fields}' + (f' ({note})' if note else ''),
-                  file=self.stream or sys.stdout, flush=True)
+            write_line(f'DLL {now} - {step_text(step)} {fields}' + (f' ({note})' if note else ''),
+                       self.stream or sys.stdout)
 
     def close(self):
         if self.file is not None:
@@ -165,6 +165,23 @@ def logged_after(step, position):
     return (step[0], step[1]) > (epoch, iteration)
 
 
+def write_line(text, stream):
+    """One line on `stream`, written around an open progress bar (the bar is cleared and drawn again below
+    it) instead of onto the bar's line: on a terminal stdout and stderr are the same screen."""
+    tqdm.tqdm.write(text, file=stream)
+    stream.flush()
+
+
+class BarSafeHandler(logging.StreamHandler):
+    """The human log on stderr, written with write_line."""
+
+    def emit(self, record):
+        try:
+            write_line(self.format(record), self.stream)
+        except Exception:  # logging's own rule: a failed log line never stops the program
+            self.handleError(record)
+
+
 def setup_logging(log_path=None, rank=0):
     """Human log: INFO on stderr and in `log_path` for rank 0; other ranks only print warnings and errors."""
     root = logging.getLogger()
@@ -173,7 +190,7 @@ def setup_logging(log_path=None, rank=0):
     level = logging.INFO if rank == 0 else logging.WARNING
     formatter = logging.Formatter('%(asctime)s:%(levelname)s: %(message)s' if rank == 0 else
                                   f'%(asctime)s:%(levelname)s: [rank {rank}] %(message)s')
-    handlers = [logging.StreamHandler(sys.stderr)]
+    handlers = [BarSafeHandler(sys.stderr)]
     if log_path is not None and rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
         handlers.append(logging.FileHandler(log_path, mode='a'))
