@@ -24,8 +24,11 @@ import subprocess
 import sys
 import time
 
-import flags
-import logs
+import interpreter
+interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
+
+import flags  # noqa: E402
+import logs  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METRICS = {'train': ['train.ips'],
@@ -36,7 +39,9 @@ METRICS = {'train': ['train.ips'],
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     epilog='Every other flag goes to each point\'s runner command unchanged '
+                                     '(`./runner --help`, `python train.py --help`).',
+                                     formatter_class=flags.HelpFormatter)
     parser.add_argument('--executable', default=os.path.join(HERE, 'runner'), help='the launcher to benchmark')
     parser.add_argument('-o', '--output', required=True, help='report path (JSON)')
     parser.add_argument('-n', '--ngpus', type=flags.positive_int_list, required=True,
@@ -128,31 +133,48 @@ def print_tables(report):
             print(f'{n:^9}|' + '|'.join(cells))
 
 
+def workers_text(n):
+    return f'{n} worker' + ('' if n == 1 else 's')
+
+
 def plot(report, output):
-    """Throughput versus batch size per worker count, and scaling efficiency versus worker count."""
+    """Throughput versus batch size per worker count (batch sizes on a log2 axis, throughput from 0), and
+    scaling efficiency versus worker count where there are at least two worker counts to compare. Returns
+    the files written, and says on stderr which plot was left out and why."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     key = report['metric_keys'][0]
     value = lambda n, b: report['metrics'].get(str(n), {}).get(str(b), {}).get(key)  # noqa: E731
+    if all(value(n, b) is None for n in report['ngpus'] for b in report['bs']):
+        print('benchmark: no plots: every point failed', file=sys.stderr)
+        return []
     figure, axes = plt.subplots()
     for n in report['ngpus']:
-        axes.plot(report['bs'], [value(n, b) for b in report['bs']], marker='o', label=f'{n} workers')
+        axes.plot(report['bs'], [value(n, b) for b in report['bs']], marker='o', label=workers_text(n))
+    axes.set_xscale('log', base=2)
+    axes.set_xticks(report['bs'], [str(b) for b in report['bs']])
+    axes.set_ylim(bottom=0)
     axes.set(xlabel='batch size per device', ylabel=f'{key} (images/s)', title='Throughput')
     axes.legend()
     figure.savefig(f'{output}.throughput.png')
     plt.close(figure)
+    if len(report['ngpus']) < 2:
+        print('benchmark: no scaling plot: it needs at least two worker counts (-n)', file=sys.stderr)
+        return [f'{output}.throughput.png']
     figure, axes = plt.subplots()
     base = min(report['ngpus'])
     for b in report['bs']:
         efficiency = [value(n, b) / (n / base * value(base, b)) if value(n, b) and value(base, b) else None
                       for n in report['ngpus']]
-        axes.plot(report['ngpus'], efficiency, marker='o', label=f'batch {b}')
-    axes.set(xlabel='workers', ylabel=f'{key}(n) / (n x {key}({base}) / {base})', title='Scaling efficiency',
-             ylim=(0, 1.2))
+        axes.plot(report['ngpus'], efficiency, marker='o', label=f'batch {b} per device')
+    baseline = 'n x images/s of 1 worker' if base == 1 else f'n/{base} x images/s of {base} workers'
+    axes.set(xlabel='workers (n)', ylabel=f'images/s of n workers / ({baseline})', title='Scaling efficiency',
+             ylim=(0, 1.2), xticks=report['ngpus'])
     axes.legend()
     figure.savefig(f'{output}.scaling.png')
     plt.close(figure)
+    return [f'{output}.throughput.png', f'{output}.scaling.png']
 
 
 def main(argv=None):
@@ -172,8 +194,8 @@ def main(argv=None):
         print('benchmark: interrupted; the report holds the points measured so far', file=sys.stderr)
     logs.write_json(args.output, report)
     print_tables(report)
-    plot(report, args.output)
-    print(f'\nReport: {args.output}; plots: {args.output}.throughput.png, {args.output}.scaling.png')
+    plots = plot(report, args.output)
+    print(f'\nReport: {args.output}' + (f'; plots: {", ".join(plots)}' if plots else ''))
     failed = sum(1 for row in report['points'].values() for p in row.values() if p['error'])
     return 1 if failed else 0
 

@@ -137,15 +137,19 @@ def learning_rate(progress, base_lr, num_epochs, warmup_epochs=0, schedule='cosi
 
 
 class StopRequest:
-    """SIGTERM/SIGUSR1 set a flag; training stops at the next iteration boundary all workers agree on."""
+    """SIGTERM, SIGUSR1 and a first Ctrl-C (SIGINT) set a flag; training stops at the next iteration boundary
+    all workers agree on and writes its state. A second Ctrl-C interrupts at once (KeyboardInterrupt)."""
 
     def __init__(self):
         self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
-        log.warning('Signal %d received: stopping at the next iteration boundary', signum)
+        if signum == signal.SIGINT and self.requested:
+            signal.default_int_handler(signum, frame)
+        log.warning('%s received: stopping at the next iteration boundary%s', signal.Signals(signum).name,
+                    ' (Ctrl-C again to stop at once, without saving)' if signum == signal.SIGINT else '')
         self.requested = True
 
 
@@ -348,7 +352,9 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
         if done % args.disp_batches == 0:
             ips = args.disp_batches * global_batch / (now - window_start)
             window_start = now
-            dllogger.log((epoch, done), {'train.loss': epoch_loss.window_mean(), 'train.ips': ips, 'train.lr': lr})
+            eta = (iterations - done) * global_batch / ips     # seconds, at this window's speed
+            dllogger.log((epoch, done), {'train.loss': epoch_loss.window_mean(), 'train.ips': ips, 'train.lr': lr},
+                         note=f'of {iterations} iterations, epoch ETA {logs.duration_text(eta)}')
         bar.set_postfix_str(f'{global_batch / max(np.mean(durations[-20:]), 1e-9):.1f} img/s', refresh=False)
         bar.update(1)
         if stop_agreed(stop, step.world, done, args.disp_batches) and done < iterations:
@@ -397,6 +403,8 @@ def train(args, net, world, get_loaders, dllogger, stop):
                                            val=args.mode == 'train_val')
     if args.mode == 'train_val' and val_loader is None:
         raise RecipeError('--mode train_val needs validation data (--data-val); use --mode train to skip it')
+    earlier_duration = meta.get('duration', 0.0)   # of the runs this one resumes: report.json adds them up
+    meta['duration'] = earlier_duration
     last_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs,
                                                                  meta['epoch'] + args.run_epochs)
     for epoch in range(meta['epoch'], last_epoch):
@@ -410,7 +418,8 @@ def train(args, net, world, get_loaders, dllogger, stop):
         loss_sum, loss_count = world.allreduce_sum([meta['loss_sum'], meta['loss_count']])
         if stopped:
             # The state holds the sums of every worker; rank 0 alone takes them back on resume.
-            meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
+            meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count),
+                        duration=earlier_duration + time.time() - args.start_time)
             write_state(args, net, step, meta, world)
             log.info('Stopped at epoch %d iteration %d; the next run resumes from %s', epoch, next_batch,
                      checkpoint.last_state_path(args))
@@ -424,14 +433,16 @@ def train(args, net, world, get_loaders, dllogger, stop):
             metrics.update(val_metrics)
         dllogger.log((epoch,), metrics)
         meta['history'].append(dict(metrics, epoch=epoch))
-        meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0)
+        meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0,
+                    duration=earlier_duration + time.time() - args.start_time)
         save_epoch_checkpoints(args, net, epoch, metrics, meta, world)
         write_state(args, net, step, meta, world)
-        logs.write_report(args, world.rank, world.size, meta['history'])
+        logs.write_report(args, world.rank, world.size, meta['history'], duration=meta['duration'])
         if stop_agreed(stop, world, 0, 1):
             log.info('Stopped after epoch %d; the next run resumes from %s', epoch,
                      checkpoint.last_state_path(args))
             break
+    meta['duration'] = earlier_duration + time.time() - args.start_time
     return meta
 
 

@@ -101,3 +101,15 @@ def image_shape(text):
     if len(shape) != 3 or shape[0] not in (3, 4) or min(shape) < 1:
         raise argparse.ArgumentTypeError(f'{text!r}: expected C,H,W with C = 3, or 4 for a zero 4th channel')
     return shape
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each flag's default said once: argparse's "(default: X)" is added only where the help
+    text does not already speak of its default, and never for None or an off switch (it would contradict
+    texts such as "default: float16 on GPU, float32 on CPU")."""
+
+    def _get_help_string(self, action):
+        text = action.help or ''
+        if 'default' in text.lower() or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)

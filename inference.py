@@ -47,6 +47,9 @@ CALIB_MODES = ('naive', 'entropy')
 
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp')
+# INT8 calibration reads batches of this size, not --batch-size: the ranges then depend on the calibration
+# images alone, and val at any batch size and pred (one image at a time) share one calibrated model.
+CALIBRATION_BATCH = 64
 
 
 def add_inference_args(parser):
@@ -64,7 +67,8 @@ def add_inference_args(parser):
                        help='val and pred modes: run the network in INT8 (oneDNN, CPU), calibrated once on the '
                             'training set and cached in the workspace')
     group.add_argument('--calib-batches', type=flags.integer(minimum=1), default=10,
-                       help='--quantize: how many training batches (of --batch-size) calibrate the ranges')
+                       help=f'--quantize: how many training batches of {CALIBRATION_BATCH} images calibrate the '
+                            'ranges (whatever --batch-size, so every mode and batch size shares one INT8 model)')
     group.add_argument('--calib-mode', default='naive', choices=CALIB_MODES,
                        help='--quantize: naive (min/max of each layer output) or entropy (KL-divergence '
                             'thresholds; slower to calibrate)')
@@ -211,14 +215,16 @@ def evaluate(args, net, world, get_loaders, dllogger):
 
 
 def prediction_inputs(path):
-    """The image files --data-pred names: one file, or every image file of a folder (sorted)."""
+    """The image files --data-pred names: one file, or every image file of a folder and its subfolders
+    (sorted by path)."""
     if path is None:
         raise RecipeError('--mode pred needs --data-pred IMAGE_OR_FOLDER')
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, name) for name in os.listdir(path)
+        files = sorted(os.path.join(folder, name) for folder, _, names in os.walk(path) for name in names
                        if name.lower().endswith(IMAGE_SUFFIXES))
         if not files:
-            raise RecipeError(f'--data-pred {path}: no JPEG or PNG images in that folder')
+            raise RecipeError(f'--data-pred {path}: no image files ({" ".join(IMAGE_SUFFIXES)}) in that folder '
+                              'or its subfolders')
         return files
     if not os.path.exists(path):
         raise RecipeError(f'--data-pred {path}: no such file or folder')
@@ -246,11 +252,13 @@ def predict(args, net):
     inference_network (trained weights, INT8 if asked)."""
     names = class_names(args)
     results = []
-    for path in prediction_inputs(args.data_pred):
+    inputs = prediction_inputs(args.data_pred)
+    for path in inputs:
         try:
             image = load_image(path, args).as_in_context(args.contexts[0])
         except RecipeError as e:
-            log.error('%s', e)
+            if len(inputs) > 1:   # one image alone: the error line at the end says it
+                log.error('%s', e)
             results.append({'image': path, 'error': str(e)})
             continue
         probabilities = mx.nd.softmax(net(image).astype('float32')).asnumpy()[0]
@@ -281,14 +289,16 @@ def int8_network(args, net, source, world, get_loaders):
     if world.rank == 0 and cached_calibration(prefix) != wanted:
         if os.path.exists(prefix + '.json'):
             os.remove(prefix + '.json')             # it must not vouch for the files about to be replaced
-        export_block(calibrate(args, net, get_loaders), prefix)
-        logs.write_json(prefix + '.json', wanted)   # written last: it vouches for the two files
+        quantized, images = calibrate(args, net, get_loaders)
+        export_block(quantized, prefix)
+        logs.write_json(prefix + '.json', dict(wanted, calib_images=images))   # last: it vouches for the files
         log.info('Saved the calibrated INT8 model as %s-symbol.json / -0000.params', prefix)
     world.barrier()
-    if cached_calibration(prefix) != wanted:
+    record = cached_calibration(prefix)
+    if record != wanted:
         raise RecipeError(f'{prefix}.json does not describe this calibration (another run wrote it meanwhile?)')
-    log.info('INT8 model: %s-symbol.json (%s calibration on %d batches)', prefix, args.calib_mode,
-             args.calib_batches)
+    log.info('INT8 model: %s-symbol.json (%s calibration on %d training images)', prefix, args.calib_mode,
+             record['calib_images'])
     try:
         block = mx.gluon.SymbolBlock.imports(prefix + '-symbol.json', ['data'], prefix + '-0000.params',
                                              ctx=args.contexts[0])
@@ -308,8 +318,19 @@ def calibration_record(args, net, source):
             'graph_sha256': hashlib.sha256(graph).hexdigest(),
             'arch': args.arch, 'num_layers': args.num_layers, 'num_classes': args.num_classes,
             'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
-            'calib_mode': args.calib_mode, 'calib_batches': args.calib_batches, 'batch_size': args.batch_size,
+            'calib_mode': args.calib_mode, 'calib_batches': args.calib_batches, 'calib_batch_size': CALIBRATION_BATCH,
             'data': args.data_train if args.data_backend != 'synthetic' else 'synthetic'}
+
+
+class CalibrationRecord(dict):
+    """A saved model_int8.json: equal to a wanted calibration_record when every key of that record matches
+    (what it adds, such as calib_images, is what the calibration found)."""
+
+    def __eq__(self, wanted):
+        return isinstance(wanted, dict) and all(self.get(k) == v for k, v in wanted.items())
+
+    def __ne__(self, wanted):
+        return not self == wanted
 
 
 def cached_calibration(prefix):
@@ -319,26 +340,29 @@ def cached_calibration(prefix):
     except (OSError, ValueError):
         return None
     ready = all(os.path.exists(prefix + suffix) for suffix in ('-symbol.json', '-0000.params'))
-    return record if ready else None
+    return CalibrationRecord(record) if ready and isinstance(record, dict) else None
 
 
 def calibrate(args, net, get_loaders):
-    """Quantize `net` with ranges measured on --calib-batches training batches, preprocessed as validation
-    images are (no random crops: the ranges should be those the model meets at inference)."""
+    """Quantize `net` with ranges measured on --calib-batches training batches of CALIBRATION_BATCH images,
+    preprocessed as validation images are (no random crops: the ranges should be those the model meets at
+    inference). Returns the quantized network and how many images calibrated it."""
     from mxnet.contrib import quantization
     calib_args = copy.copy(args)
     calib_args.data_val, calib_args.data_val_idx = args.data_train, args.data_train_idx
+    calib_args.batch_size = CALIBRATION_BATCH
     _, loader = get_loaders(calib_args, 0, 1, train=False, val=True)
     count = min(args.calib_batches, loader.num_batches)
     images = [whole(batch.data[0]).copyto(mx.cpu()) for batch in batches(loader, 0, 0, count)]
-    log.info('Calibrating INT8 ranges (%s) on %d batches of %d training images', args.calib_mode, count,
-             loader.batch_size)
+    log.info('Calibrating INT8 ranges (%s) on %d batches of %d training images%s', args.calib_mode, count,
+             loader.batch_size, '' if count == args.calib_batches else
+             f' (the training set has only {count} batches, not --calib-batches {args.calib_batches})')
     calib_data = mx.io.NDArrayIter(data=mx.nd.concat(*images, dim=0), batch_size=loader.batch_size)
     quantized = quantization.quantize_net_v2(net, quantized_dtype='auto', calib_mode=args.calib_mode,
                                              calib_data=calib_data, num_calib_examples=count * loader.batch_size,
                                              ctx=mx.cpu(), logger=None)
     quantized(images[0])   # export() saves the parameters of the graph a forward pass has built (else none)
-    return quantized
+    return quantized, count * loader.batch_size
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -426,8 +450,14 @@ def input_shape(args, channels=None):
 def write_onnx(symbol_path, params_path, shape, onnx_path):
     """ONNX with a free batch dimension; weights stay initializers and are removed from the graph inputs."""
     import onnx
-    mx.onnx.export_model(symbol_path, params_path, [(1,) + shape], [np.float32], onnx_path, dynamic=True,
-                         dynamic_input_shapes=[(None,) + shape], verbose=False)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.WARNING)   # mx.onnx logs each step at INFO on the root logger: not the user's news
+    try:
+        mx.onnx.export_model(symbol_path, params_path, [(1,) + shape], [np.float32], onnx_path, dynamic=True,
+                             dynamic_input_shapes=[(None,) + shape], verbose=False)
+    finally:
+        root.setLevel(level)
     model = onnx.load(onnx_path)
     weights = {initializer.name for initializer in model.graph.initializer}
     inputs = [value for value in model.graph.input if value.name not in weights]
@@ -445,9 +475,12 @@ def check_onnx(args, net, onnx_path, get_loaders):
         log.info('onnxruntime is not installed: the ONNX model was checked by onnx.checker only')
         return None
     _, loader = get_loaders(args, 0, 1, train=False, val=True)
-    images = portable_images(whole(next(iter(loader.epoch(0))).data[0]), args)
+    batch = next(iter(loader.epoch(0)))
+    images = whole(batch.data[0])
+    real = len(images) - batch.pad        # a small set's only batch is padded with repeated images
+    images = portable_images(images, args)[:real]
     session = onnxruntime.InferenceSession(onnx_path, providers=['CPUExecutionProvider'])
     onnx_logits = session.run(None, {session.get_inputs()[0].name: images.asnumpy()})[0]
     difference = float(np.abs(onnx_logits - net(images).asnumpy()).max())
-    log.info('onnxruntime and MXNet agree within %.2g on %d validation images', difference, len(images))
+    log.info('onnxruntime and MXNet agree within %.2g on %d validation images', difference, real)
     return difference

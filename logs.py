@@ -36,6 +36,7 @@ import time
 import mxnet as mx
 import tqdm
 
+import cpu
 from errors import RecipeError, mxnet_message
 
 # What atomic_path's temporary files are called: '.' + the output's name + '.' + mkstemp's 8 characters.
@@ -59,6 +60,14 @@ METRIC_UNITS = {
 }
 
 
+def duration_text(seconds):
+    """1 h 05 min, 4 min 10 s, 12 s: an ETA a person reads at a glance."""
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f'{seconds // 3600} h {seconds % 3600 // 60:02d} min'
+    return f'{seconds // 60} min {seconds % 60:02d} s' if seconds >= 60 else f'{seconds} s'
+
+
 def step_text(step):
     """How a step reads on stdout: PARAMETER, Epoch: E Iteration: I, Epoch: E, or Summary:."""
     if isinstance(step, str):
@@ -77,10 +86,11 @@ def format_value(value):
 
 
 class DLLogger:
-    """Writes DLLogger JSON-lines records to a file (None: no file) and echoes them on stdout."""
+    """Writes DLLogger JSON-lines records to a file (None: no file) and echoes them on stdout (or `stream`)."""
 
-    def __init__(self, path=None, echo=True):
+    def __init__(self, path=None, echo=True, stream=None):
         self.start = time.time()
+        self.stream = stream
         self.echo = echo
         self.file = None
         # Whether the file already holds records of an earlier run (this one appends to them).
@@ -103,8 +113,9 @@ class DLLogger:
             except OSError as e:
                 raise RecipeError(f'could not write the DLLogger file {self.file.name}: {e.strerror or e}') from e
 
-    def log(self, step, data):
-        """One LOG record; `step` is "PARAMETER", a list of ints, or [] for the summary."""
+    def log(self, step, data, note=''):
+        """One LOG record; `step` is "PARAMETER", a list of ints, or [] for the summary. `note` is added to
+        the echoed line only (e.g. the epoch's total and ETA), never to the file's record."""
         step = step if isinstance(step, str) else list(step)
         self._write({'type': 'LOG', 'step': step, 'data': data})
         if self.echo:
@@ -112,7 +123,8 @@ class DLLogger:
                                                                  if METRIC_UNITS.get(name) else '')
                               for name, value in data.items())
             now = datetime.datetime.now().strftime('%Y-%m-%dT%H:%M:%S.%f')
-            print(f'DLL {now} - {step_text(step)} {fields}', flush=True)
+            write_line(f'DLL {now} - {step_text(step)} {fields}' + (f' ({note})' if note else ''),
+                       self.stream or sys.stdout)
 
     def close(self):
         if self.file is not None:
@@ -153,6 +165,23 @@ def logged_after(step, position):
     return (step[0], step[1]) > (epoch, iteration)
 
 
+def write_line(text, stream):
+    """One line on `stream`, written around an open progress bar (the bar is cleared and drawn again below
+    it) instead of onto the bar's line: on a terminal stdout and stderr are the same screen."""
+    tqdm.tqdm.write(text, file=stream)
+    stream.flush()
+
+
+class BarSafeHandler(logging.StreamHandler):
+    """The human log on stderr, written with write_line."""
+
+    def emit(self, record):
+        try:
+            write_line(self.format(record), self.stream)
+        except Exception:  # logging's own rule: a failed log line never stops the program
+            self.handleError(record)
+
+
 def setup_logging(log_path=None, rank=0):
     """Human log: INFO on stderr and in `log_path` for rank 0; other ranks only print warnings and errors."""
     root = logging.getLogger()
@@ -161,7 +190,7 @@ def setup_logging(log_path=None, rank=0):
     level = logging.INFO if rank == 0 else logging.WARNING
     formatter = logging.Formatter('%(asctime)s:%(levelname)s: %(message)s' if rank == 0 else
                                   f'%(asctime)s:%(levelname)s: [rank {rank}] %(message)s')
-    handlers = [logging.StreamHandler(sys.stderr)]
+    handlers = [BarSafeHandler(sys.stderr)]
     if log_path is not None and rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
         handlers.append(logging.FileHandler(log_path, mode='a'))
@@ -303,22 +332,9 @@ def library_versions(all_known=False):
     return versions
 
 
-def cpuinfo_field(name):
-    """The value of `name` (e.g. 'model name', 'flags') for the first processor in /proc/cpuinfo, or ''."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                key, _, value = line.partition(':')
-                if key.strip() == name:
-                    return value.strip()
-    except OSError:
-        pass
-    return ''
-
-
 def hardware():
     """CPU model and count, memory and GPU names: what a throughput number needs next to it."""
-    info = {'cpu': cpuinfo_field('model name') or platform.processor() or platform.machine(),
+    info = {'cpu': cpu.cpuinfo_field('model name') or platform.processor() or platform.machine(),
             'cpu_count': os.cpu_count(), 'gpus': mx.context.num_gpus()}
     try:
         import psutil
@@ -333,19 +349,27 @@ def peak_memory_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def write_report(args, rank, workers, history, summary=None):
-    """report.json in the workspace (rank 0 only): the resolved configuration, versions, hardware, per-epoch
-    metrics, the summary and the duration so far."""
+def report_name(mode):
+    """report.json is the training run's; the other modes write report_<mode>.json beside it, so a validation
+    or an export in a training workspace never replaces the training report."""
+    return 'report.json' if mode in ('train', 'train_val') else f'report_{mode}.json'
+
+
+def write_report(args, rank, workers, history, summary=None, duration=None):
+    """The mode's report in the workspace (rank 0 only): the resolved configuration, versions, hardware,
+    per-epoch metrics, the summary and the duration so far (`duration`: training's, over all its resumes;
+    else this process's)."""
     if rank != 0:
         return
     config = {k: v for k, v in vars(args).items() if k not in ('contexts',)}
     report = {'model': args.arch, 'mode': args.mode, 'workers': workers,
               'devices': [str(c) for c in args.contexts], 'cmd': sys.argv, 'config': config,
               'versions': library_versions(), 'hardware': hardware(), 'epochs': history,
-              'total_duration': time.time() - args.start_time, 'peak_memory_mb': peak_memory_mb()}
+              'total_duration': time.time() - args.start_time if duration is None else duration,
+              'peak_memory_mb': peak_memory_mb()}
     if summary is not None:
         report['summary'] = summary
-    write_json(in_workspace(args, 'report.json'), report)
+    write_json(in_workspace(args, report_name(args.mode)), report)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -33,20 +33,26 @@ import os
 import sys
 import time
 
-import mxnet as mx
-import numpy as np
+import cpu
+if __name__ == '__main__':   # the program, not an import by the runner or a test
+    import interpreter
+    interpreter.use_project_python()   # a fresh shell: the project's .venv
+    cpu.prepare_process()           # oneDNN's ISA and OpenMP threads, before MXNet loads
 
-import checkpoint
-import dali
-import data
-import fit
-import flags
-import inference
-import logs
-import memory
-import models
-import workers
-from errors import RecipeError
+import mxnet as mx  # noqa: E402  (after cpu.prepare_process: oneDNN and OpenMP read the environment once)
+import numpy as np  # noqa: E402
+
+import checkpoint  # noqa: E402
+import dali  # noqa: E402
+import data  # noqa: E402
+import fit  # noqa: E402
+import flags  # noqa: E402
+import inference  # noqa: E402
+import logs  # noqa: E402
+import memory  # noqa: E402
+import models  # noqa: E402
+import workers  # noqa: E402
+from errors import RecipeError  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +100,7 @@ def add_run_args(parser):
 
 def build_parser():
     parser = argparse.ArgumentParser(description='Train, validate or run ResNet-50 v1.5 and relatives',
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=flags.HelpFormatter)
     add_run_args(parser)
     models.add_model_args(parser)
     fit.add_fit_args(parser)
@@ -147,7 +153,7 @@ def measure_loader(args, world, dllogger):
 
 
 def run_mode(args, net, world, dllogger, stop):
-    """Run args.mode (or --test-io) on `net`, write report.json and the DLLogger summary."""
+    """Run args.mode (or --test-io) on `net`, write its report and the DLLogger summary."""
     if args.test_io:
         measure_loader(args, world, dllogger)
         return
@@ -163,13 +169,24 @@ def run_mode(args, net, world, dllogger, stop):
     if args.mode == 'val':
         summary, history = inference.evaluate(args, net, world, get_loaders, dllogger)
     else:
-        history = fit.train(args, net, world, get_loaders, dllogger, stop)['history']
+        meta = fit.train(args, net, world, get_loaders, dllogger, stop)
+        history, duration = meta['history'], meta['duration']
         summary = fit.training_summary(history)
-    logs.write_report(args, world.rank, world.size, history, summary)
+    logs.write_report(args, world.rank, world.size, history, summary,
+                      duration=duration if args.mode in ('train', 'train_val') else None)
     mx.nd.waitall()
     dllogger.log((), summary)
     log.info('Done in %.1f s; peak memory %.0f MB. Outputs in %s', time.time() - args.start_time,
              logs.peak_memory_mb(), os.path.abspath(args.workspace))
+
+
+def check_weights_folder(args):
+    """val, pred and export without --load take their weights from --workspace: a mistyped one is an error, not
+    a new empty folder (a --no-metrics speed measurement may run on random weights, see inference.py)."""
+    speed_only = args.mode == 'val' and args.no_metrics
+    if args.mode in ('val', 'pred', 'export') and not (args.load or speed_only) and not os.path.isdir(args.workspace):
+        raise RecipeError(f'--workspace {args.workspace} does not exist, and --mode {args.mode} takes its weights '
+                          'from the workspace: give the folder of a training run, or --load a checkpoint')
 
 
 def run(args):
@@ -179,6 +196,7 @@ def run(args):
     # Training catches SIGTERM/SIGUSR1 from the start, so a signal during start-up stops it cleanly too.
     stop = fit.StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
     world = workers.World(args.kv_store)
+    check_weights_folder(args)
     logs.check_workspace(args.workspace)
     if args.logdir:
         logs.check_workspace(args.logdir, '--logdir')
@@ -186,6 +204,8 @@ def run(args):
     if world.rank == 0:
         checkpoint.clean_workspace(args)
     workers.resolve_hardware(args, world)
+    if args.device == 'cpu':
+        log.info('CPU: %s; %s', cpu.cpuinfo_field('model name') or 'unknown model', cpu.describe())
     data.resolve_backend(args)
     inference.check_inference_flags(args)
     net = models.get_model(**models.model_options(args))
@@ -195,7 +215,8 @@ def run(args):
     if args.warmup_epochs is None:
         args.warmup_epochs = fit.DEFAULT_WARMUP_EPOCHS
     dllogger_path = os.path.join(args.logdir or args.workspace, args.dllogger_log)
-    dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0)
+    dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0,
+                             stream=sys.stderr if args.mode == 'pred' else None)   # stdout: the predictions
     dllogger.log('PARAMETER', {k: v for k, v in vars(args).items() if k not in ('contexts', 'start_time')})
     try:
         workers.resolve_seed(args, world)
@@ -214,6 +235,10 @@ def main(argv=None):
         logging.getLogger(__name__).debug('RecipeError', exc_info=True)
         print(f'error: {e}', file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # a second Ctrl-C during training, or one before training catches signals
+        print('error: interrupted: stopped at once, without writing a state (one Ctrl-C stops cleanly once '
+              'training has started)', file=sys.stderr)
+        return 130
     return 0
 
 

@@ -22,7 +22,7 @@ import re
 import mxnet as mx
 import numpy as np
 
-import logs
+import cpu
 from errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -332,17 +332,16 @@ def resolve_precision(args, on_gpu):
 
 
 def check_cpu_bfloat16():
-    """oneDNN runs bfloat16 natively with avx512_bf16 or AMX, emulated on other AVX-512 CPUs, not at all on
-    AVX2-only CPUs (it fails deep inside with 'could not create a primitive descriptor')."""
-    flags = set(logs.cpuinfo_field('flags').split())
-    if flags & {'avx512_bf16', 'amx_bf16'}:
-        return
-    if 'avx512f' in flags:
-        log.warning('This CPU has no native bfloat16 (avx512_bf16 or AMX): oneDNN emulates it, --amp may be '
-                    'slower than float32')
-        return
-    raise RecipeError('--amp on the CPU means bfloat16, which needs an AVX-512 CPU (native with avx512_bf16 or '
-                      'AMX) and this CPU has neither: train in float32 (leave out --amp)')
+    """oneDNN runs bfloat16 fast on AMX, natively but slower than float32 with avx512_bf16 alone, emulated on
+    other AVX-512 CPUs, and not at all on AVX2-only CPUs (it fails deep inside with 'could not create a
+    primitive descriptor'). Slower than float32 is said once, with the reason."""
+    flags = cpu.cpu_flags()
+    if 'avx512f' not in flags:
+        raise RecipeError('--amp on the CPU means bfloat16, which needs an AVX-512 CPU (fast with AMX) and this '
+                          'CPU has none: train in float32 (leave out --amp)')
+    warning = cpu.bfloat16_speed_warning(flags)
+    if warning:
+        log.warning(warning)
 
 
 def resolve_seed(args, world):

@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Time to read and convert a ResNet-50 checkpoint of every format weights.py knows into this recipe's
 float32 NCHW ResNet-50 (the target is 5 s each).
 
@@ -22,7 +22,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
-os.environ.setdefault('OMP_NUM_THREADS', str(os.cpu_count() or 1))
+import interpreter  # noqa: E402
+interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
+import cpu  # noqa: E402
+cpu.prepare_process()   # before MXNet loads: oneDNN's ISA (AMX where there is one), OpenMP threads
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402

@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Validation throughput and top-1 of one trained model in float32 MXNet, INT8 MXNet and onnxruntime, in
 one run on the same preprocessed batches.
 
@@ -23,9 +23,10 @@ import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
-# MXNet reads this once, at import, and otherwise uses fewer threads than cores; onnxruntime uses them all.
-# The runner sets it the same way.
-os.environ.setdefault('OMP_NUM_THREADS', str(os.cpu_count() or 1))
+import interpreter  # noqa: E402
+interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
+import cpu  # noqa: E402
+cpu.prepare_process()   # before MXNet loads: oneDNN's ISA (AMX where there is one), OpenMP threads
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402

@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Data loader benchmarks: throughput on ImageNet-sized JPEGs, and (issue 15) the training order, start-up
 and resume at ImageNet scale, each optionally against the code of another git revision.
 

@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """The recipe's training throughput against a bare hybridized Gluon loop on the same network, in one run.
 
     python scripts/benchmark_training.py [--batch-size 32] [--iters 12] [--image-size 224] [--rounds 2] [--amp]
@@ -22,6 +22,10 @@ import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
+import interpreter  # noqa: E402
+interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
+import cpu  # noqa: E402
+cpu.prepare_process()   # before MXNet loads: oneDNN's ISA (AMX where there is one), OpenMP threads
 
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402

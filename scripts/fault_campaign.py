@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Fault campaign: kill, signal, damage and feed bad input to the recipe on small data, and check that
 nothing is lost, nothing is silent, and every user error is one clear line.
 

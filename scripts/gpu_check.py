@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Acceptance pass of every GPU path: the first command to run in NVIDIA's MXNet container.
 
     python scripts/gpu_check.py                      # all GPUs of this machine
@@ -30,6 +30,7 @@ without --device cpu.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+import interpreter  # noqa: E402
+interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
 
 SMALL = ['-b', '16', '-e', '1', '--num-layers', '18', '--image-shape', '3,32,32', '--num-classes', '10',
          '--data-val-resize', '32', '--num-examples', '128', '--seed', '1', '--disp-batches', '2']
@@ -50,7 +53,8 @@ def parse_args(argv=None):
                         help='gpu: check the GPU paths; cpu: run their CPU twins')
     parser.add_argument('--gpus', type=int, default=None, help='GPUs to use (default: all)')
     parser.add_argument('--only', default=','.join(CHECKS), help='comma-separated checks to run')
-    parser.add_argument('--workdir', default=None, help='where runs and data go (default: a temporary folder)')
+    parser.add_argument('--workdir', default=None,
+                        help='where runs and data go, kept (default: a temporary folder, removed at the end)')
     parser.add_argument('-o', '--output', default=None, help='write the results as JSON here')
     return parser.parse_args(argv)
 
@@ -208,7 +212,7 @@ def check_export(options, workdir):
                                 '--data-backend', 'synthetic', '--workspace', workspace))
     if status:
         return False, last_error(output)
-    with open(os.path.join(workspace, 'report.json')) as f:
+    with open(os.path.join(workspace, 'report_export.json')) as f:
         difference = json.load(f)['summary'].get('onnxruntime_max_difference')
     passed = difference is not None and difference < 1e-3
     return passed, f'ONNX float32 NCHW, onnxruntime vs MXNet max |difference| {difference}'
@@ -248,6 +252,22 @@ def main(argv=None):
     options.gpus = options.gpus or gpus
     workdir = options.workdir or tempfile.mkdtemp(prefix='gpu_check.')
     os.makedirs(workdir, exist_ok=True)
+    try:
+        results = run_checks(options, wanted, workdir)
+    finally:
+        if not options.workdir:   # its runs and datasets (about 500 MB) are of no use once reported
+            shutil.rmtree(workdir, ignore_errors=True)
+    report = {'device': options.device, 'gpus': options.gpus if options.device == 'gpu' else 0,
+              'workdir': options.workdir, 'results': results}
+    print(json.dumps(report))
+    if options.output:
+        with open(options.output, 'w') as f:
+            json.dump(report, f, indent=2)
+    return 0 if all(r['verdict'] != 'FAIL' for r in results) else 1
+
+
+def run_checks(options, wanted, workdir):
+    """Run the wanted checks in CHECKS order, printing a line each; a check that breaks is a failed check."""
     results = []
     for name in CHECKS:
         if name not in wanted:
@@ -260,13 +280,7 @@ def main(argv=None):
         results.append({'check': name, 'verdict': verdict(passed), 'seconds': round(time.time() - start, 1),
                         'detail': detail})
         print(f'{name:15s} {results[-1]["verdict"]:5s} {results[-1]["seconds"]:7.1f} s  {detail}', flush=True)
-    report = {'device': options.device, 'gpus': options.gpus if options.device == 'gpu' else 0,
-              'workdir': workdir, 'results': results}
-    print(json.dumps(report))
-    if options.output:
-        with open(options.output, 'w') as f:
-            json.dump(report, f, indent=2)
-    return 0 if all(r['verdict'] != 'FAIL' for r in results) else 1
+    return results
 
 
 if __name__ == '__main__':

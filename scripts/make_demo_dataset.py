@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Write the demo dataset: real images that need no network, as an ImageNet-style folder tree.
 
     python scripts/make_demo_dataset.py OUT [--size 32] [--val-fraction 0.2] [--seed 0]
@@ -18,9 +18,13 @@ import argparse
 import os
 import sys
 
-import numpy as np
-from PIL import Image
-from sklearn.datasets import load_digits
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import interpreter  # noqa: E402
+interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
+
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
 
 NAMES = ['zero', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine']
 

@@ -1,4 +1,4 @@
-#!/usr/bin/env python
+#!/usr/bin/env python3
 """Convert an ImageNet-style folder tree into the RecordIO files the recipe trains on.
 
     python scripts/prepare_dataset.py SRC OUT [--splits train,val] [--seed 100] [--workers N]
@@ -37,17 +37,20 @@ import sys
 
 # Run from anywhere: the repository root holds logs.py (atomic writes).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import interpreter  # noqa: E402
+interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
 
 import mxnet as mx  # noqa: E402
 import tqdm  # noqa: E402
 from PIL import Image  # noqa: E402
 
+import flags  # noqa: E402
 import logs  # noqa: E402
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=flags.HelpFormatter)
     parser.add_argument('src', help='folder with one sub-folder per split, each with one folder per class')
     parser.add_argument('out', help='output folder')
     parser.add_argument('--splits', default='train,val', help='comma-separated split folders to convert')
@@ -96,8 +99,17 @@ def image_bytes(job):
 
 
 def progress(iterable, stage, total):
-    """A tqdm bar over `iterable` on stderr when it is a terminal (nothing in logs and pipes)."""
-    return tqdm.tqdm(iterable, total=total, desc=f'  {stage}', unit='file', disable=not sys.stderr.isatty())
+    """`iterable`, with its progress on stderr: a tqdm bar on a terminal; elsewhere (a log file, a pipe) a line
+    at every tenth, so a conversion of 1.28 M images shows it is alive. Consume it to its end (the bar
+    reaches 100% when the iterable is exhausted)."""
+    if sys.stderr.isatty():
+        yield from tqdm.tqdm(iterable, total=total, desc=f'  {stage}', unit='file')
+        return
+    every = max(1, total // 10)
+    for done, item in enumerate(iterable, 1):
+        yield item
+        if done % every == 0 or done == total:
+            print(f'  {stage}: {done}/{total} files ({100 * done // max(total, 1)}%)', file=sys.stderr, flush=True)
 
 
 def convert_split(args, split, classes, pool):
@@ -138,7 +150,7 @@ def write_split(args, split, split_dir, numbered, pool):
         writer = mx.recordio.MXIndexedRecordIO(idx_tmp, rec_tmp, 'w')
         jobs = [(os.path.join(split_dir, path), reencode, args.quality) for _, path, _, reencode in numbered]
         payloads = progress(pool.imap(image_bytes, jobs, chunksize=16), 'written', len(numbered))
-        for (index, _, label, _), payload in zip(numbered, payloads):
+        for payload, (index, _, label, _) in zip(payloads, numbered):   # payloads first: its bar ends at 100%
             header = mx.recordio.IRHeader(0, float(label), index, 0)
             writer.write_idx(index, mx.recordio.pack(header, payload))
         writer.close()

@@ -64,6 +64,20 @@ def test_report_plots_and_failed_point(tmp_path, capsys):
     assert 'train.ips' in out and 'failed' in out
 
 
+def test_plots_only_what_can_be_shown(tmp_path, capsys):
+    """One worker count: no scaling plot; every point failed: no plot at all; each said on stderr."""
+    output = str(tmp_path / 'one.json')
+    benchmark.main(['--executable', fake_runner(tmp_path), '-o', output, '-n', '1', '-b', '8,16', '-e', '3', '-w',
+                    '1', '--mode', 'train'])
+    assert os.path.exists(f'{output}.throughput.png') and not os.path.exists(f'{output}.scaling.png')
+    assert 'no scaling plot' in capsys.readouterr().err
+    output = str(tmp_path / 'failed.json')
+    benchmark.main(['--executable', fake_runner(tmp_path), '-o', output, '-n', '1,2', '-b', '13', '-e', '3', '-w',
+                    '1', '--mode', 'train'])
+    assert not os.path.exists(f'{output}.throughput.png') and not os.path.exists(f'{output}.scaling.png')
+    assert 'no plots: every point failed' in capsys.readouterr().err
+
+
 def test_real_cpu_sweep(tmp_path):
     output = str(tmp_path / 'cpu.json')
     env_path = os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH']

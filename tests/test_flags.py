@@ -101,3 +101,18 @@ def test_train_py_and_the_runner_refuse_them_before_anything_starts(argv, messag
         assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
         assert result.stderr.strip().splitlines()[-1].startswith(f'error: {message}'), result.stderr[-2000:]
         assert not (tmp_path / 'w').exists()   # nothing started, nothing written
+
+
+def test_help_says_each_default_once_and_where_other_flags_go():
+    parser = train.build_parser()
+    text = parser.format_help()
+    assert '(default: None)' not in text and '(default: False)' not in text
+    formatter = flags.HelpFormatter('train.py')
+    for action in parser._actions:      # argparse's "(default: X)" only where the text names no default itself
+        said = formatter._get_help_string(action)
+        assert said == action.help or 'default' not in (action.help or '').lower(), said
+    runner_help = subprocess.run([sys.executable, 'runner', '--help'], cwd=ROOT, capture_output=True, text=True).stdout
+    assert 'Every other flag goes to train.py' in runner_help
+    benchmark_help = subprocess.run([sys.executable, 'benchmark.py', '--help'], cwd=ROOT, capture_output=True,
+                                    text=True).stdout
+    assert 'Every other flag goes to' in benchmark_help

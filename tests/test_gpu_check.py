@@ -37,3 +37,12 @@ def test_dali_copy_twin_reads_complete_copies(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert result.stdout.splitlines()[0].startswith('dali-copy       PASS')
     assert 'max |MXNet - DALI| 0.0' in result.stdout
+
+
+def test_without_workdir_nothing_is_left_behind(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
+    result = subprocess.run([sys.executable, SCRIPT, '--device', 'cpu', '--only', 'export'], capture_output=True,
+                            text=True, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []

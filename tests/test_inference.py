@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import checkpoint
+import cpu
 import checkpoint_formats as formats
 import data
 import inference
@@ -51,14 +52,17 @@ def test_int8_is_within_a_point_of_float32_and_calibrates_once(digits, model, tm
     float32 = summary(tmp_path / 'fp32')['val.accuracy']
     assert float32 > 0.8
     first = train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4')
-    assert 'Calibrating INT8 ranges (naive) on 4 batches' in first.stderr
+    assert 'Calibrating INT8 ranges (naive) on 4 batches of 64 training images' in first.stderr
+    assert 'calibration on 256 training images' in first.stderr   # what it said is what it did
     record = json.loads((model / 'model_int8.json').read_text())
     assert record['calib_batches'] == 4 and record['weights'].endswith('model_best.params')
+    assert record['calib_images'] == 256
     int8 = summary(model)['val.accuracy']
     assert abs(int8 - float32) <= 0.01
-    again = train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4')
-    assert 'Calibrating' not in again.stderr                  # the saved INT8 model is reused
-    assert summary(model)['val.accuracy'] == int8
+    again = train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4',
+                     '--batch-size', '16')
+    assert 'Calibrating' not in again.stderr          # the saved INT8 model is reused, at any batch size
+    assert abs(summary(model)['val.accuracy'] - int8) <= 1 / 359 + 1e-9    # another batch: another kernel
     entropy = train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4',
                        '--calib-mode', 'entropy')
     assert 'Calibrating INT8 ranges (entropy)' in entropy.stderr    # other settings: calibrated again
@@ -109,7 +113,7 @@ def test_int8_prediction(digits, model, tmp_path):
 def test_bfloat16_inference_or_a_clear_error(digits, model, tmp_path):
     result = train_py(digits, tmp_path, '--mode', 'val', '--amp', '--load', model / 'model_best.params',
                       check=False)
-    if set(logs.cpuinfo_field("flags").split()) & {'avx512f', 'avx512_bf16', 'amx_bf16'}:
+    if set(cpu.cpuinfo_field('flags').split()) & {'avx512f', 'avx512_bf16', 'amx_bf16'}:
         assert result.returncode == 0, result.stderr[-2000:]
         train_py(digits, tmp_path / 'fp32', '--mode', 'val', '--load', model / 'model_best.params')
         assert abs(summary(tmp_path)['val.accuracy'] - summary(tmp_path / 'fp32')['val.accuracy']) <= 0.01
@@ -121,9 +125,12 @@ def test_export_to_symbol_and_onnx_matches_on_real_images(digits, model, tmp_pat
     onnx = pytest.importorskip('onnx')
     onnxruntime = pytest.importorskip('onnxruntime')
     workspace = tmp_path / 'export'
-    train_py(digits, workspace, '--mode', 'export', '--load', model / 'model_best.params')
+    result = train_py(digits, workspace, '--mode', 'export', '--load', model / 'model_best.params',
+                      '--batch-size', '512')      # more than the 359 validation images: one padded batch
+    assert 'on 359 validation images' in result.stderr            # the real images, not the padded batch
+    assert 'Input shape of the model' not in result.stderr and 'saved to disk' not in result.stderr
     folder = workspace / 'export'
-    report = json.loads((workspace / 'report.json').read_text())['summary']
+    report = json.loads((workspace / 'report_export.json').read_text())['summary']
     assert report['onnxruntime_max_difference'] < 1e-4
     graph = onnx.load(str(folder / 'model.onnx')).graph
     assert [i.name for i in graph.input] == ['data'] and len(graph.initializer) > 100  # weights: initializers
@@ -166,7 +173,7 @@ def test_val_pred_int8_and_export_of_foreign_formats(digits, model, tmp_path):
                     '--data-pred', image, '--quantize', 'int8', '--calib-batches', '2')
     assert ' 1. ' in pred.stdout
     train_py(digits, tmp_path / 'export', '--mode', 'export', '--load', tmp_path / 'nvidia_fp16.params')
-    assert json.loads((tmp_path / 'export' / 'report.json').read_text())['summary'][
+    assert json.loads((tmp_path / 'export' / 'report_export.json').read_text())['summary'][
         'onnxruntime_max_difference'] < 1e-4
 
 

@@ -1,5 +1,6 @@
 """logs.py: the DLLogger format and the steady-state timing."""
 import json
+import os
 
 import logs
 
@@ -35,3 +36,38 @@ def test_steady_durations_drop_warmup():
     assert logs.steady_durations([9.0, 1, 1]) == [1, 1]
     assert len(logs.steady_durations([1.0] * 50)) == 45
     assert len(logs.steady_durations([1.0] * 5000)) == 4900
+
+
+def test_duration_text_reads_at_a_glance():
+    assert [logs.duration_text(s) for s in (7.4, 250, 3900, 36000)] == ['7 s', '4 min 10 s', '1 h 05 min',
+                                                                         '10 h 00 min']
+
+
+def test_lines_never_land_on_the_progress_bar(digits, tmp_path):
+    """On a terminal (a pseudo-terminal here) the DLL and log lines start on lines of their own, not after
+    the text of the bar, which tqdm draws without a newline."""
+    import pty
+    import subprocess
+    import sys
+
+    from conftest import ROOT, digits_flags
+    main, child = pty.openpty()
+    process = subprocess.Popen([sys.executable, 'train.py', *digits_flags(digits), '--num-layers', '18',
+                                '--num-epochs', '1', '--num-examples', '128', '--disp-batches', '2',
+                                '--data-backend', 'synthetic', '--mode', 'train', '--workspace', str(tmp_path)],
+                               cwd=ROOT, stdin=child, stdout=child, stderr=child)
+    os.close(child)
+    output = b''
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:          # the child closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    assert process.wait() == 0, output[-2000:]
+    text = output.decode(errors='replace')
+    assert 'batch/s' in text or 'it/s' in text or '/8 [' in text          # a bar was drawn
+    starts = [text[i - 1] for i in range(1, len(text)) if text.startswith('DLL ', i)]
+    assert starts and set(starts) <= {'\n', '\r'}, set(starts)

@@ -49,6 +49,7 @@ def test_labels_bytes_report_and_classes(tree, tmp_path):
     result = run_script('scripts/prepare_dataset.py', tree, out, '--workers', '2')
     records = read_records(out, 'train')
     assert len(records) == 6 + 6 + 1                    # 12 JPEGs + the PNG; broken and text skipped
+    assert '  written: 13/13 files (100%)' in result.stderr      # progress in a pipe too, to the end
     lst = [line.split('\t') for line in (out / 'train.lst').read_text().splitlines()]
     for (key, header, payload), (index, label, path) in zip(records, lst):
         assert key == int(index) == header.id and header.flag == 0

@@ -10,6 +10,7 @@ import time
 import pytest
 
 import checkpoint
+import cpu
 import logs
 from conftest import ROOT, digits_flags
 
@@ -41,7 +42,8 @@ def metrics_without_speed(records):
 
 def test_train_val_outputs(digits, tmp_path):
     ws = tmp_path / 'ws'
-    run(digits, ws, '--num-epochs', '2', '--save-frequency', '1', '--data-backend', 'mxnet')
+    result = run(digits, ws, '--num-epochs', '2', '--save-frequency', '1', '--data-backend', 'mxnet')
+    assert 'Iteration: 2 train.loss' in result.stdout and '(of 8 iterations, epoch ETA ' in result.stdout
     names = sorted(os.listdir(ws))
     assert names == ['dllogger_log.log', 'log.log', 'model_0000.params', 'model_0001.params', 'model_best.params',
                      'model_last.state', 'model_prev.state', 'report.json']
@@ -65,8 +67,9 @@ def test_train_val_outputs(digits, tmp_path):
     assert meta['epoch'] == 2 and meta['iteration'] == 0 and meta['seed'] == 3
 
 
-@pytest.mark.parametrize('backend', ['dali-cpu', 'synthetic'])
-def test_exact_resume_after_sigterm(digits, tmp_path, backend):
+@pytest.mark.parametrize('backend, stop_signal', [('dali-cpu', signal.SIGTERM), ('synthetic', signal.SIGTERM),
+                                                  ('synthetic', signal.SIGINT)])
+def test_exact_resume_after_sigterm_or_ctrl_c(digits, tmp_path, backend, stop_signal):
     flags = ['--num-epochs', '3', '--data-backend', backend, '--mixup', '0.2']
     run(digits, tmp_path / 'whole', *flags)
     ws = tmp_path / 'parts'
@@ -76,9 +79,9 @@ def test_exact_resume_after_sigterm(digits, tmp_path, backend):
     while not (log_file.exists() and '"step": [0, 2]' in log_file.read_text()):
         assert process.poll() is None, process.stderr.read()
         time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(stop_signal)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 0 and 'Stopped at epoch 0 iteration' in stderr
+    assert process.returncode == 0 and 'Stopped at epoch 0 iteration' in stderr and 'Traceback' not in stderr
     meta = checkpoint.read_state(str(ws / 'model_last.state')).meta
     assert meta['epoch'] == 0 and 0 < meta['iteration'] < 8
     result = run(digits, ws, *flags)
@@ -115,6 +118,9 @@ def trained(digits, tmp_path_factory):
 
 
 def test_val_refuses_random_weights_then_evaluates_checkpoint(digits, trained, tmp_path):
+    result = run(digits, tmp_path / 'mistyped', '--mode', 'val', check=False)
+    assert result.returncode == 2 and 'does not exist' in result.stderr and not (tmp_path / 'mistyped').exists()
+    (tmp_path / 'empty').mkdir()
     result = run(digits, tmp_path / 'empty', '--mode', 'val', check=False)
     assert result.returncode == 2 and 'refuses to run on random weights' in result.stderr
     ws = trained
@@ -177,7 +183,7 @@ def test_bad_flags_are_clear_errors(digits, tmp_path):
 def test_amp_is_bfloat16_on_cpu_or_a_clear_error(digits, tmp_path):
     result = run(digits, tmp_path / 'amp', '--amp', '--num-epochs', '1', '--data-backend', 'synthetic',
                  check=False)
-    if set(logs.cpuinfo_field("flags").split()) & {'avx512f', 'avx512_bf16', 'amx_bf16'}:
+    if set(cpu.cpuinfo_field('flags').split()) & {'avx512f', 'avx512_bf16', 'amx_bf16'}:
         assert result.returncode == 0, result.stderr[-2000:]
     else:
         assert result.returncode == 2 and 'needs an AVX-512 CPU' in result.stderr
@@ -236,14 +242,17 @@ def test_two_workers_resume_exactly(digits, tmp_path):
 
 def test_predict_image_and_folder(digits, trained, tmp_path):
     folder = tmp_path / 'images'
-    folder.mkdir()
-    for name in ('a.jpg', 'b.jpg'):
+    (folder / 'more').mkdir(parents=True)
+    for name in ('a.jpg', 'more/b.jpg'):          # subfolders are looked into
         shutil.copy(next((digits / 'images' / 'val' / 'digit_3').iterdir()), folder / name)
     (folder / 'c.png').write_bytes(b'not a png')
     output = tmp_path / 'pred.json'
     result = run(digits, trained, '--mode', 'pred', '--data-pred', folder, '--pred-output', output, '--topk', '3')
     assert 'cannot read image' in result.stderr and 'c.png' in result.stderr
     assert result.stdout.count('%') == 6 and ' 1. ' in result.stdout
+    assert 'DLL' not in result.stdout                # stdout holds the predictions alone
+    alone = run(digits, trained, '--mode', 'pred', '--data-pred', folder / 'c.png', check=False)
+    assert alone.returncode == 2 and alone.stderr.count('cannot read image') == 1
     predictions = json.loads(output.read_text())
     assert predictions['checkpoint'].endswith('model_best.params')
     by_image = {os.path.basename(p['image']): p for p in predictions['predictions']}
@@ -270,5 +279,20 @@ def test_finetuning_from_a_checkpoint_of_other_classes(digits, trained, tmp_path
 
 def test_predict_refuses_random_weights(digits, tmp_path):
     image = next((digits / 'images' / 'val' / 'digit_1').iterdir())
+    (tmp_path / 'nothing').mkdir()
     result = run(digits, tmp_path / 'nothing', '--mode', 'pred', '--data-pred', image, check=False)
     assert result.returncode == 2 and 'refuses to run on random weights' in result.stderr
+
+
+def test_training_report_survives_other_modes_and_adds_up_resumes(digits, tmp_path):
+    ws = tmp_path / 'run'
+    run(digits, ws, '--num-epochs', '2', '--run-epochs', '1', '--data-backend', 'synthetic')
+    first = json.loads((ws / 'report.json').read_text())['total_duration']
+    result = run(digits, ws, '--num-epochs', '2', '--data-backend', 'synthetic')
+    second_process = float(result.stderr.split('Done in ')[1].split(' s')[0])
+    report = json.loads((ws / 'report.json').read_text())
+    assert [e['epoch'] for e in report['epochs']] == [0, 1]
+    assert report['total_duration'] > first + 0.5 * second_process     # both processes, not the last alone
+    run(digits, ws, '--mode', 'val', '--data-backend', 'synthetic')
+    assert json.loads((ws / 'report.json').read_text()) == report
+    assert json.loads((ws / 'report_val.json').read_text())['mode'] == 'val'

@@ -1,0 +1,40 @@
+"""Every entry point works from a fresh shell that did not activate .venv: started by an interpreter without
+MXNet, it runs itself again with the project's .venv (interpreter.py)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+ENTRY_POINTS = ['runner', 'train.py', 'benchmark.py', 'scripts/prepare_dataset.py', 'scripts/make_demo_dataset.py',
+                'scripts/gpu_check.py', 'scripts/benchmark_training.py', 'scripts/benchmark_inference.py']
+
+
+def bare_python(*argv, env=None):
+    """This interpreter without its site-packages (-S): what a fresh shell's system python3 is to the recipe."""
+    base = getattr(sys, '_base_executable', sys.executable)
+    environ = {k: v for k, v in os.environ.items() if k not in ('VIRTUAL_ENV', 'PYTHONPATH')}
+    environ['PATH'] = os.pathsep.join(p for p in environ.get('PATH', '').split(os.pathsep) if '.venv' not in p)
+    return subprocess.run([base, '-S', *argv], cwd=ROOT, capture_output=True, text=True, env=env or environ,
+                          timeout=300)
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, '.venv', 'bin', 'python')),
+                    reason='no .venv here (make setup creates it)')
+@pytest.mark.parametrize('entry_point', ENTRY_POINTS)
+def test_entry_point_finds_the_project_environment(entry_point):
+    result = bare_python(entry_point, '--help')
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'usage:' in result.stdout
+
+
+def test_without_any_environment_it_says_how_to_set_up(tmp_path):
+    """A copy of interpreter.py in a folder with no .venv: one error line, no traceback."""
+    (tmp_path / 'interpreter.py').write_text(open(os.path.join(ROOT, 'interpreter.py')).read())
+    (tmp_path / 'main.py').write_text('import interpreter\ninterpreter.use_project_python()\nprint("ran")\n')
+    result = subprocess.run([getattr(sys, '_base_executable', sys.executable), '-S', 'main.py'], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode == 1 and 'Traceback' not in result.stderr
+    assert result.stderr.startswith('error: ') and 'make setup' in result.stderr
