@@ -161,7 +161,7 @@ def run_mode(args, net, world, dllogger, stop):
         summary, history = inference.evaluate(args, net, world, get_loaders, dllogger)
     else:
         history = fit.train(args, net, world, get_loaders, dllogger, stop)['history']
-        summary = fit.training_summary(history)
+        summary = fit.training_summary(history, args.target_accuracy)
     logs.write_report(args, world.rank, world.size, history, summary)
     mx.nd.waitall()
     dllogger.log((), summary)

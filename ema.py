@@ -1,0 +1,66 @@
+"""Exponential moving average of the weights (--model-ema, --model-ema-decay), as timm's ModelEmaV2.
+
+    average = ema.WeightAverage(net, decay=0.9999, ctx=args.contexts[0])    # a float32 copy of every array
+    average.update()                                      # after every optimizer step: a = d * a + (1 - d) * w
+    with average.swapped_in():                            # the network computes with the average meanwhile
+        metrics, _ = inference.validate(args, net, val_loader, world)
+        checkpoint.save_params(net, path)                 # a .params file like any other (`--load` reads it)
+
+Every array of the network is averaged, batchnorm running statistics included, in float32 whatever the
+network's precision (a float16 network's weights are averaged as float32 values). With several devices in
+one process the first device's arrays are averaged (the trained weights are the same on every device; each
+device keeps its own batchnorm statistics). With several workers every worker keeps its own average (the
+same weights, its own batchnorm statistics) and validates its part of the data with it.
+"""
+import contextlib
+
+import mxnet as mx
+
+# Names under which the average goes into a .state file (checkpoint.save_state's `extra` arrays).
+STATE_PREFIX = 'ema:'
+
+
+class WeightAverage:
+    """A float32 exponential moving average of every array of `net` on the device `ctx`."""
+
+    def __init__(self, net, decay, ctx):
+        self.decay = decay
+        self.ctx = ctx
+        self.params = net._collect_params_with_prefix()
+        self.average = {name: param.data(ctx).astype('float32', copy=True) for name, param in self.params.items()}
+
+    def update(self):
+        """Move the average towards the current weights (call after every optimizer step)."""
+        for name, param in self.params.items():
+            average = self.average[name]
+            average *= self.decay
+            average += (1 - self.decay) * param.data(self.ctx).astype('float32')
+
+    @contextlib.contextmanager
+    def swapped_in(self):
+        """The network holds the average (in its own dtypes, on all its devices) inside the block; its own
+        arrays, per device, come back afterwards, also on an exception."""
+        saved = {name: [data.copy() for data in param.list_data()] for name, param in self.params.items()}
+        try:
+            for name, param in self.params.items():
+                param.set_data(self.average[name].astype(param.dtype))
+            yield
+        finally:
+            for name, param in self.params.items():
+                for data, kept in zip(param.list_data(), saved[name]):
+                    kept.copyto(data)
+
+    def state_arrays(self):
+        """The average as {STATE_PREFIX + name: array} for the .state file."""
+        return {STATE_PREFIX + name: value for name, value in self.average.items()}
+
+    def restore(self, arrays):
+        """Take the average back from a read .state (checkpoint.State.extra); False when it holds none (a
+        run that did not average, or other names), so the average starts from the current weights."""
+        saved = {name[len(STATE_PREFIX):]: value for name, value in arrays.items() if name.startswith(STATE_PREFIX)}
+        if set(saved) != set(self.average):
+            return False
+        for name, value in saved.items():
+            value = value if isinstance(value, mx.nd.NDArray) else mx.nd.array(value)
+            self.average[name] = value.astype('float32').as_in_context(self.ctx)
+        return True
