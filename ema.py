@@ -31,6 +31,11 @@ class WeightAverage:
 
     def update(self):
         """Move the average towards the current weights (call after every optimizer step)."""
+        if self.ctx.device_type == 'cpu':
+            # MXNet's oneDNN batchnorm writes the running statistics outside the engine's dependency
+            # tracking (apache/mxnet#18610): without waiting, the average read them half-updated (seen as
+            # a run and its resumed twin disagreeing). GPUs (cuDNN) are tracked and keep the pipeline.
+            mx.nd.waitall()
         for name, param in self.params.items():
             average = self.average[name]
             average *= self.decay

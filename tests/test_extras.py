@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import mxnet as mx
 import numpy as np
@@ -11,12 +12,11 @@ import pytest
 
 import checkpoint
 import ema
-import logs
 import losses
 import train
 from conftest import ROOT
 from float16_twin import Float16Net, batch_of, step_for
-from test_train import epoch_records, run, train_cmd
+from test_train import epoch_records, metrics_without_speed, run, train_cmd
 
 
 # ---- CutMix -----------------------------------------------------------------------------------------------
@@ -178,3 +178,58 @@ def test_target_accuracy_stops_and_reports(digits, tmp_path):
 def test_target_accuracy_needs_validation(digits, tmp_path):
     result = run(digits, tmp_path / 'ws', '--mode', 'train', '--target-accuracy', '0.5', check=False)
     assert result.returncode == 2 and 'error: --target-accuracy needs a validation' in result.stderr
+
+
+def test_weight_average_is_validated_saved_and_loadable(digits, tmp_path):
+    ws = tmp_path / 'ws'
+    run(digits, ws, '--num-epochs', '2', '--data-backend', 'mxnet', '--model-ema', '--model-ema-decay', '0.8')
+    epochs = epoch_records(ws)
+    assert {'val.ema.loss', 'val.ema.accuracy', 'val.ema.top_k_accuracy_5'} <= set(epochs[1]['data'])
+    assert epochs[1]['data']['val.ema.loss'] != epochs[1]['data']['val.loss']
+    report = json.loads((ws / 'report.json').read_text())
+    assert [e['val.ema.accuracy'] for e in report['epochs']] == [e['data']['val.ema.accuracy'] for e in epochs]
+    assert report['summary']['val.ema.accuracy'] == max(e['data']['val.ema.accuracy'] for e in epochs)
+    state = checkpoint.read_state(str(ws / 'model_last.state'))
+    assert set(state.extra) == {'ema:' + name for name in state.params}
+    assert state.meta['ema_best_accuracy'] == report['summary']['val.ema.accuracy']
+    best_epoch = max(epochs, key=lambda e: e['data']['val.ema.accuracy'])['data']
+    cmd = train_cmd(digits, tmp_path / 'eval', '--mode', 'val', '--data-backend', 'mxnet', '--load',
+                    ws / 'model_ema_best.params')
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert epoch_records(tmp_path / 'eval')[0]['data']['val.accuracy'] == pytest.approx(best_epoch['val.ema.accuracy'])
+
+
+def scalars(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {tag: [(e.step, round(e.value, 5)) for e in events.Scalars(tag)] for tag in events.Tags()['scalars']}
+
+
+def test_resume_after_kill_is_exact_with_every_feature(digits, tmp_path):
+    """--model-ema, CutMix with mixup, --grad-accum-steps and --tensorboard: a run killed (-9) in its second
+    epoch and resumed gives the metrics of an uninterrupted run, and TensorBoard's reader sees every step
+    once, with the uninterrupted run's values (speeds aside)."""
+    flags = ['--num-epochs', '2', '--data-backend', 'synthetic', '--model-ema', '--model-ema-decay', '0.8',
+             '--cutmix', '1.0', '--mixup', '0.2', '--grad-accum-steps', '2', '--tensorboard']
+    run(digits, tmp_path / 'whole', *flags)
+    ws = tmp_path / 'killed'
+    process = subprocess.Popen(train_cmd(digits, ws, *flags), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log_file = ws / 'dllogger_log.log'
+    while not (log_file.exists() and '"step": [1, 4]' in log_file.read_text()):
+        assert process.poll() is None
+        time.sleep(0.05)
+    process.kill()
+    process.wait()
+    run(digits, ws, *flags)
+    assert metrics_without_speed(epoch_records(ws)) == metrics_without_speed(epoch_records(tmp_path / 'whole'))
+    assert 'val.ema.accuracy' in epoch_records(ws)[1]['data']
+    whole, resumed = scalars(tmp_path / 'whole' / 'tensorboard'), scalars(ws / 'tensorboard')
+    assert len(os.listdir(ws / 'tensorboard')) == 2                      # the killed run's file and the resumed one's
+    assert set(whole) == {'train/loss', 'train/lr', 'train/ips', 'val/loss', 'val/accuracy',
+                          'val/top_k_accuracy_5', 'val/ema/loss', 'val/ema/accuracy', 'val/ema/top_k_accuracy_5'}
+    assert [s for s, _ in resumed['train/loss']] == [2, 4, 6, 8, 10, 12, 14, 16]
+    for tag in whole:
+        if tag != 'train/ips':
+            assert resumed[tag] == whole[tag], tag
