@@ -55,16 +55,25 @@ class WeightAverage:
                 for data, kept in zip(param.list_data(), saved[name]):
                     kept.copyto(data)
 
-    def state_arrays(self):
-        """The average as {STATE_PREFIX + name: array} for the .state file."""
-        return {STATE_PREFIX + name: value for name, value in self.average.items()}
+    def state_arrays(self, worker_statistics=None):
+        """The average as {STATE_PREFIX + name: array} for the .state file, with `worker_statistics` ({rank:
+        {name: array}} of every worker's averaged batchnorm statistics, several workers) as
+        STATE_PREFIX + 'rank<r>:' + name."""
+        arrays = {STATE_PREFIX + name: value for name, value in self.average.items()}
+        for rank, statistics in (worker_statistics or {}).items():
+            arrays.update({f'{STATE_PREFIX}rank{rank}:{name}': mx.nd.array(value) for name, value in statistics.items()})
+        return arrays
 
-    def restore(self, arrays):
-        """Take the average back from a read .state (checkpoint.State.extra); False when it holds none (a
-        run that did not average, or other names), so the average starts from the current weights."""
-        saved = {name[len(STATE_PREFIX):]: value for name, value in arrays.items() if name.startswith(STATE_PREFIX)}
+    def restore(self, arrays, rank=0):
+        """Take the average back from a read .state (checkpoint.State.extra), with worker `rank`'s own
+        batchnorm statistics when the state has them; False when it holds no average (a run that did not
+        average, or other names), so the average starts from the current weights."""
+        own = f'{STATE_PREFIX}rank{rank}:'
+        saved = {name[len(STATE_PREFIX):]: value for name, value in arrays.items()
+                 if name.startswith(STATE_PREFIX) and not name[len(STATE_PREFIX):].startswith('rank')}
         if set(saved) != set(self.average):
             return False
+        saved.update({name[len(own):]: value for name, value in arrays.items() if name.startswith(own)})
         for name, value in saved.items():
             value = value if isinstance(value, mx.nd.NDArray) else mx.nd.array(value)
             self.average[name] = value.astype('float32').as_in_context(self.ctx)

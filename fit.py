@@ -331,7 +331,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
     state = checkpoint.training_start(args, net)
     step = TrainingStep(args, net, world)
     world.broadcast_parameters(step.params)
-    step.average = training_extras.start_average(args, net, state)
+    step.average = training_extras.start_average(args, net, world, state)
     if state is None:
         meta = {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
                 'loss_sum': 0.0, 'loss_count': 0}
@@ -456,6 +456,7 @@ def write_state(args, net, step, meta, world):
     """<prefix>_last.state (rank 0 writes it, with every worker's batchnorm statistics), the one it replaces
     kept as <prefix>_prev.state."""
     statistics = checkpoint.worker_statistics(net, world)
+    average = training_extras.average_state(step.average, net, world)   # a collective too
     if world.rank != 0:
         return
     meta = dict(meta, seed=args.seed, loss_scaler=step.scaler_state(), global_batch=args.batch_size,
@@ -465,7 +466,7 @@ def write_state(args, net, step, meta, world):
                     'data_val_resize': args.data_val_resize})
     checkpoint.save_state(checkpoint.last_state_path(args), net, step.gluon_trainer, meta,
                           previous=checkpoint.previous_state_path(args), worker_statistics=statistics,
-                          extra=step.average.state_arrays() if step.average is not None else None)
+                          extra=average)
 
 
 def training_summary(history, target_accuracy=None):

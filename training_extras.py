@@ -109,15 +109,26 @@ class Accumulation:
 # The weight average
 
 
-def start_average(args, net, state):
-    """The WeightAverage of --model-ema (None without it): the resumed state's when it holds one, else the
-    current weights'."""
+def start_average(args, net, world, state):
+    """The WeightAverage of --model-ema (None without it): the resumed state's when it holds one (with this
+    worker's own batchnorm statistics when the state was written by as many workers), else the current
+    weights'."""
     if not args.model_ema:
         return None
     average = ema.WeightAverage(net, args.model_ema_decay, args.contexts[0])
-    if state is not None and not average.restore(state.extra):
+    if state is not None and not average.restore(state.extra, world.rank):
         log.warning('The resumed state holds no weight average: --model-ema starts from the current weights')
     return average
+
+
+def average_state(average, net, world):
+    """The arrays of the weight average for the .state file (None without --model-ema), with every worker's
+    averaged batchnorm statistics: a collective, every worker calls it."""
+    if average is None:
+        return None
+    with average.swapped_in():
+        statistics = checkpoint.worker_statistics(net, world)
+    return average.state_arrays(statistics)
 
 
 def validate_average(args, net, average, val_loader, world, meta, epoch):

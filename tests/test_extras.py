@@ -14,6 +14,7 @@ import checkpoint
 import ema
 import losses
 import train
+import training_extras
 from conftest import ROOT
 from float16_twin import Float16Net, batch_of, step_for
 from test_train import epoch_records, metrics_without_speed, run, train_cmd
@@ -129,6 +130,28 @@ def test_weight_average_follows_the_weights_and_swaps_in_and_out():
     copy = ema.WeightAverage(step.net, 0.5, mx.cpu())
     assert copy.restore(average.state_arrays())
     np.testing.assert_array_equal(copy.average['weight'].asnumpy(), average.average['weight'].asnumpy())
+
+
+class TwoWorkers:
+    """A stand-in for workers.World of rank 1 of 2 whose rank 0 holds batchnorm statistics 1 larger."""
+    size, rank = 2, 1
+
+    def gather(self, row):
+        return np.stack([row + 1, row])
+
+
+def test_every_worker_resumes_its_own_averaged_batchnorm_statistics():
+    mx.random.seed(1)
+    step = step_for(Float16Net())
+    average = ema.WeightAverage(step.net, 0.5, mx.cpu())
+    average.average['bn.running_mean'][:] = 0.25
+    arrays = training_extras.average_state(average, step.net, TwoWorkers())
+    assert arrays['ema:rank0:bn.running_mean'].asnumpy() == pytest.approx([1.25] * 4)
+    resumed = ema.WeightAverage(step.net, 0.5, mx.cpu())
+    assert resumed.restore(arrays, rank=1)
+    assert resumed.average['bn.running_mean'].asnumpy() == pytest.approx([0.25] * 4)
+    assert resumed.restore(arrays, rank=0)
+    assert resumed.average['bn.running_mean'].asnumpy() == pytest.approx([1.25] * 4)
 
 
 # ---- flags ------------------------------------------------------------------------------------------------
