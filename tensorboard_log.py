@@ -5,8 +5,8 @@
 The returned logger writes every record to the DLLogger as before, and the scalars to DIR (relative: in the
 workspace) on the global step, the batches trained since the run began (epoch * iterations + iteration):
 `train/loss`, `train/lr`, `train/ips` every --disp-batches, and per epoch `val/accuracy`, `val/top_k_accuracy_5`,
-`val/loss` (`val/ema/...` with --model-ema) at the step of the epoch's last batch. A resumed run opens the
-writer with purge_step one past the step it resumes from: TensorBoard then drops what the interrupted run wrote
+`val/loss` (`val/ema/...` with --model-ema) at the step of the epoch's last batch. Every run opens the
+writer with purge_step one past the step it starts from: TensorBoard then drops what the interrupted run wrote
 after its last state (it ran on before it was stopped or killed), so every step appears once. Each record is
 flushed at once, so a kill -9 loses none that the state already covers.
 """
@@ -24,7 +24,8 @@ def teed(args, world, dllogger, iterations, meta):
         return dllogger
     from tensorboardX import SummaryWriter
     position = meta['epoch'] * iterations + meta['iteration']
-    writer = SummaryWriter(logs.in_workspace(args, args.tensorboard), purge_step=position + 1 if position else None)
+    # Also at position 0: a run killed before its first state may have left events to supersede.
+    writer = SummaryWriter(logs.in_workspace(args, args.tensorboard), purge_step=position + 1)
     return TeeLogger(dllogger, writer, iterations)
 
 

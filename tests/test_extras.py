@@ -234,13 +234,13 @@ def test_resume_after_kill_is_exact_with_every_feature(digits, tmp_path):
     """--model-ema, CutMix with mixup, --grad-accum-steps and --tensorboard: a run killed (-9) in its second
     epoch and resumed gives the metrics of an uninterrupted run, and TensorBoard's reader sees every step
     once, with the uninterrupted run's values (speeds aside)."""
-    flags = ['--num-epochs', '2', '--data-backend', 'synthetic', '--model-ema', '--model-ema-decay', '0.8',
-             '--cutmix', '1.0', '--mixup', '0.2', '--grad-accum-steps', '2', '--tensorboard']
+    flags = ['--num-epochs', '2', '--data-backend', 'synthetic', '--num-examples', '128', '--model-ema',
+             '--model-ema-decay', '0.8', '--cutmix', '1.0', '--mixup', '0.2', '--grad-accum-steps', '2', '--tensorboard']
     run(digits, tmp_path / 'whole', *flags)
     ws = tmp_path / 'killed'
     process = subprocess.Popen(train_cmd(digits, ws, *flags), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log_file = ws / 'dllogger_log.log'
-    while not (log_file.exists() and '"step": [1, 4]' in log_file.read_text()):
+    while not (log_file.exists() and '"step": [1, 2]' in log_file.read_text()):
         assert process.poll() is None
         time.sleep(0.05)
     process.kill()
@@ -252,7 +252,7 @@ def test_resume_after_kill_is_exact_with_every_feature(digits, tmp_path):
     assert len(os.listdir(ws / 'tensorboard')) == 2                      # the killed run's file and the resumed one's
     assert set(whole) == {'train/loss', 'train/lr', 'train/ips', 'val/loss', 'val/accuracy',
                           'val/top_k_accuracy_5', 'val/ema/loss', 'val/ema/accuracy', 'val/ema/top_k_accuracy_5'}
-    assert [s for s, _ in resumed['train/loss']] == [2, 4, 6, 8, 10, 12, 14, 16]
+    assert [s for s, _ in resumed['train/loss']] == [2, 4, 6, 8]
     for tag in whole:
         if tag != 'train/ips':
             assert resumed[tag] == whole[tag], tag
