@@ -8,9 +8,11 @@ a rename, so a crash leaves the old file or the new one, never half of one):
 * `<prefix>_last.state`: everything an exact resume needs, one `mx.nd.save` dictionary: `param:<name>`
   arrays, `rank<r>:<name>` batchnorm statistics of every worker (with several workers), `trainer` (the
   optimizer state as bytes), `meta` (JSON bytes: epoch, iteration, seed, loss scaler, global batch, workers,
-  best accuracy, metric history, the epoch's loss sums, preprocessing) and `checksum` (SHA-256 of all of
-  it). Each new one keeps the one it replaces as `<prefix>_prev.state`, the fallback if the last is damaged.
+  best accuracy, metric history, the epoch's loss sums, preprocessing), with --model-ema the `ema:<name>`
+  float32 averages (ema.py), and `checksum` (SHA-256 of all of it). Each new one keeps the one it replaces as `<prefix>_prev.state`, the fallback if the last is damaged.
   Never written with NaN or infinite parameters (fit.py checks first).
+* `<prefix>_ema_best.params` (--model-ema): the weight average on its own best top-1, same format.
+* --keep-checkpoints N keeps the newest N `<prefix>_NNNN.params` (prune_epoch_params, after each new one).
 
 Read for weights (`--load`, val, pred, INT8, export, fine-tuning): those files, and any parameter dictionary
 weights.py recognises (`.params` of NVIDIA's original recipe or GluonCV, torchvision/timm `.safetensors` or
@@ -26,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import zipfile
 
@@ -40,15 +43,20 @@ log = logging.getLogger(__name__)
 
 WEIGHT_SUFFIXES = ('.params', '.safetensors', '.npz')
 
-class State(collections.namedtuple('State', 'params trainer meta worker_statistics')):
-    """A .state file's contents: parameters by name (NDArrays), the optimizer state (bytes), the meta dict, and
-    {rank: {name: numpy array}} of every worker's batchnorm statistics (empty with one worker); `checksum`, the
-    file's SHA-256 (hex), tells the workers of a run whether they read the same state."""
+class State(collections.namedtuple('State', 'params trainer meta worker_statistics extra')):
+    """A .state file's contents: parameters by name (NDArrays), the optimizer state (bytes), the meta dict,
+    {rank: {name: numpy array}} of every worker's batchnorm statistics (empty with one worker), and the other
+    named arrays of optional features ({'ema:<name>': NDArray}); `checksum`, the file's SHA-256 (hex), tells
+    the workers of a run whether they read the same state."""
+    checksum = None
 
-    def __new__(cls, params, trainer, meta, worker_statistics, checksum=None):
-        state = super().__new__(cls, params, trainer, meta, worker_statistics)
+    def __new__(cls, params, trainer, meta, worker_statistics, extra=None, checksum=None):
+        state = super().__new__(cls, params, trainer, meta, worker_statistics, {} if extra is None else extra)
         state.checksum = checksum
         return state
+
+
+EXTRA_PREFIXES = ('ema:',)
 
 
 def last_state_path(args):
@@ -65,6 +73,24 @@ def best_params_path(args):
 
 def epoch_params_path(args, epoch):
     return logs.in_workspace(args, f'{args.model_prefix}_{epoch:04d}.params')
+
+
+def ema_best_params_path(args):
+    return logs.in_workspace(args, f'{args.model_prefix}_ema_best.params')
+
+
+def prune_epoch_params(args):
+    """--keep-checkpoints N: delete all but the newest N `<prefix>_NNNN.params` of the workspace (by epoch
+    number; 0 keeps all). Called after a new one is written (atomically), so a crash at any moment leaves
+    at least the N newest."""
+    if not args.keep_checkpoints:
+        return
+    folder = logs.in_workspace(args, '.')
+    pattern = re.compile(re.escape(args.model_prefix) + r'_([0-9]{4,})\.params$')
+    epochs = sorted(int(m.group(1)) for m in map(pattern.match, os.listdir(folder)) if m)
+    for epoch in epochs[:-args.keep_checkpoints]:
+        os.remove(epoch_params_path(args, epoch))
+        log.info('Removed %s (--keep-checkpoints %d)', epoch_params_path(args, epoch), args.keep_checkpoints)
 
 
 def clean_workspace(args):
@@ -135,13 +161,15 @@ def checksum(arrays):
     return digest.hexdigest()
 
 
-def save_state(path, net, trainer, meta, previous=None, worker_statistics=None):
+def save_state(path, net, trainer, meta, previous=None, worker_statistics=None, extra=None):
     """One file with everything an exact resume needs: parameters (by their save_parameters names), every
     worker's batchnorm statistics (`worker_statistics`: {rank: {name: array}}), the gluon.Trainer's optimizer
-    state, `meta` as JSON and a checksum; written atomically, the replaced file kept as `previous`."""
+    state, `meta` as JSON, the `extra` named arrays (names starting with one of EXTRA_PREFIXES) and a
+    checksum; written atomically, the replaced file kept as `previous`."""
     arrays = {f'param:{name}': p._reduce() for name, p in net._collect_params_with_prefix().items()}
     for rank, statistics in (worker_statistics or {}).items():
         arrays.update({f'rank{rank}:{name}': mx.nd.array(value) for name, value in statistics.items()})
+    arrays.update(extra or {})
     arrays['trainer'] = bytes_array(trainer_state_bytes(trainer))
     arrays['meta'] = bytes_array(json.dumps(logs.finite_or_none(meta)).encode())
     arrays['checksum'] = bytes_array(checksum(arrays).encode())
@@ -176,7 +204,8 @@ def read_state(path, fallback=None):
         if name.startswith('rank'):
             rank, _, param = name[len('rank'):].partition(':')
             statistics.setdefault(int(rank), {})[param] = value.asnumpy()
-    return State(params, arrays['trainer'].asnumpy().tobytes(), meta, statistics, stored)
+    extra = {name: value for name, value in arrays.items() if name.startswith(EXTRA_PREFIXES)}
+    return State(params, arrays['trainer'].asnumpy().tobytes(), meta, statistics, extra, stored)
 
 
 def read_arrays(path):

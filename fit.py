@@ -10,7 +10,8 @@ What happens, in order:
    worker must find rank 0's, or all stop with one error.
 2. Per epoch: iterations with the learning rate `learning_rate(...)`, a pure function of (epoch, iteration);
    validation (train_val, inference.validate); then checkpoints: `<prefix>_NNNN.params` every
-   --save-frequency epochs, `<prefix>_best.params` on a new best top-1, and always `<prefix>_last.state`,
+   --save-frequency epochs (the newest --keep-checkpoints kept), `<prefix>_best.params` on a new best top-1
+   (`<prefix>_ema_best.params` of --model-ema's average, training_extras.py), and always `<prefix>_last.state`,
    which holds everything an exact resume needs (parameters, optimizer state, loss scale, epoch and
    iteration, best accuracy, metric history and the seed that fixes the data order and mixup draws).
 3. SIGTERM or SIGUSR1 stops the run at the next iteration boundary (the next --disp-batches boundary with
@@ -30,8 +31,11 @@ import flags
 import inference
 import logs
 import losses
+import tensorboard_log
+import training_extras
 from data import batches, device_slices
 from errors import RecipeError
+from schedule import learning_rate
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +90,7 @@ def add_fit_args(parser):
     group.add_argument('--backbone-lr-mult', type=flags.real(minimum=0, maximum=1), default=1.0,
                        help='learning rate of every layer but the classifier, as a multiple of the schedule\'s '
                             '(e.g. 0.1 when fine-tuning: the pretrained layers move less than the new head)')
+    training_extras.add_args(group)
     return group
 
 
@@ -104,32 +109,6 @@ def check_schedule_flags(args):
         raise RecipeError(f'--warmup-epochs {args.warmup_epochs:g} is longer than the {epochs}-epoch schedule '
                           '(--num-epochs): the learning rate would never reach --lr; shorten the warmup or '
                           'lengthen the run')
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Learning rate, targets, loss scaling
-
-
-def learning_rate(progress, base_lr, num_epochs, warmup_epochs=0, schedule='cosine', steps=(), factor=0.1):
-    """The learning rate at `progress` = epoch + iteration / iterations_per_epoch (a pure function).
-
-    Linear warmup from 0 over `warmup_epochs`, then either
-    - cosine: half a cosine from base_lr to 0 at num_epochs; with `steps`, the span is cut into segments at
-      those epochs and each segment k restarts the cosine from base_lr * factor**k;
-    - multistep: base_lr * factor**(number of steps <= progress).
-    """
-    if progress >= num_epochs:
-        return 0.0
-    decays = sum(1 for s in steps if s <= progress)
-    if progress < warmup_epochs:
-        scale = factor ** decays if schedule == 'multistep' else 1.0
-        return base_lr * scale * progress / warmup_epochs
-    if schedule == 'multistep':
-        return base_lr * factor ** decays
-    bounds = [warmup_epochs] + [s for s in steps if warmup_epochs < s < num_epochs] + [num_epochs]
-    segment = max(k for k in range(len(bounds) - 1) if bounds[k] <= progress)
-    start, end = bounds[segment], bounds[segment + 1]
-    return base_lr * factor ** segment * 0.5 * (1 + math.cos(math.pi * (progress - start) / (end - start)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -160,7 +139,7 @@ class TrainingStep:
     def __init__(self, args, net, world):
         self.args, self.net, self.world = args, net, world
         self.contexts = args.contexts
-        self.sparse_labels = args.label_smoothing == 0 and args.mixup == 0
+        self.sparse_labels = args.label_smoothing == 0 and args.mixup == 0 and args.cutmix == 0
         self.loss = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=self.sparse_labels)
         self.loss.hybridize(static_alloc=True, static_shape=True)
         optimizer_params = {'learning_rate': 0.0, 'wd': args.wd,
@@ -187,13 +166,21 @@ class TrainingStep:
             from mxnet.contrib import amp
             amp.init_trainer(self.gluon_trainer)
         self.loss_scale = losses.DynamicLossScale() if args.dtype == 'float16' and not args.amp else None
+        self.accumulation = training_extras.Accumulation(args.grad_accum_steps, self.params)
+        self.average = None   # --model-ema's ema.WeightAverage, set by train() once the weights are final
 
     def inputs_and_targets(self, images, labels, epoch, iteration, part):
         """(images, targets) as the loss wants them: the labels sparse or as smoothed one-hot vectors, and
-        with mixup both the images and the targets blended."""
+        with mixup or CutMix (one of them per batch with both) the images and the targets blended."""
         if self.sparse_labels:
             return images, labels
         targets = losses.smoothed_one_hot(labels, self.args.num_classes, self.args.label_smoothing)
+        position = (self.args.seed, epoch, iteration, self.world.rank, part)
+        if self.args.cutmix > 0 and (self.args.mixup == 0 or
+                                     losses.cutmix_uses(*position, self.args.mixup_switch_prob)):
+            height, width = images.shape[self.args.input_layout.index('H'):][:2]
+            box = losses.cutmix_box(*position, height, width, self.args.cutmix)
+            return losses.cutmix(images, targets, box, self.args.input_layout)
         if self.args.mixup > 0:
             lam = losses.mixup_weights(self.args.seed, epoch, iteration, self.world.rank, part, labels.shape[0],
                                 self.args.mixup)
@@ -221,8 +208,9 @@ class TrainingStep:
                 autograd.backward([loss * self.loss_scale.scale for loss in device_losses])
             else:
                 autograd.backward(device_losses)
-        local_batch = sum(x.shape[0] for x in images)
-        means = [loss.mean().as_in_context(self.contexts[0]) for loss in device_losses]
+        if self.accumulation.collecting(iteration):   # --grad-accum-steps: the step comes after the group
+            return self.mean_loss(device_losses)
+        local_batch = sum(x.shape[0] for x in images) * self.accumulation.pending
         # Trainer.step split around the host's wait; all-reduce first, so every worker skips alike.
         self.gluon_trainer.allreduce_grads()
         finite = self.loss_scale.check(self.params.values()) if self.loss_scale is not None else None
@@ -232,11 +220,18 @@ class TrainingStep:
             self.gluon_trainer.update(local_batch)      # AMP's update reads its own overflow flag
         elif not self.loss_scale.overflowed(finite):
             self.gluon_trainer.update(local_batch * self.loss_scale.scale)
+        self.accumulation.after_step()
+        if self.average is not None:
+            self.average.update()
         scale = self.current_loss_scale()
         if scale is not None and scale < losses.LOSS_SCALE_FLOOR:
             raise RecipeError(f'the loss scale fell below {losses.LOSS_SCALE_FLOOR:g} at epoch {epoch} '
                               f'iteration {iteration}: every step overflows, so the training has diverged (a NaN '
                               'loss does that). Lower --lr or add --warmup-epochs, and resume from the last state')
+        return self.mean_loss(device_losses)
+
+    def mean_loss(self, device_losses):
+        means = [loss.mean().as_in_context(self.contexts[0]) for loss in device_losses]
         return mx.nd.add_n(*means) / len(means)
 
     def current_loss_scale(self):
@@ -334,12 +329,14 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     global_batch = loader.batch_size * step.world.size
     durations, epoch_loss, previous = [], EpochLoss(meta), None
     bar = logs.progress_bar(iterations - start_batch, f'Epoch {epoch}', step.world.rank == 0)
+    step.accumulation.start_epoch(iterations)
     tick = window_start = time.time()
     iteration = start_batch
     stopped = False
     ahead = LookAhead(batches(loader, epoch, start_batch, iterations - start_batch))
     for iteration, batch in enumerate(ahead, start_batch):
-        lr = learning_rate(epoch + iteration / iterations, args.lr, args.num_epochs, args.warmup_epochs,
+        lr = learning_rate(epoch + step.accumulation.group_start(iteration) / iterations, args.lr, args.num_epochs,
+                           args.warmup_epochs,
                            args.lr_schedule, args.lr_steps, args.lr_factor)
         loss = step.run(batch, epoch, iteration, lr, before_sync=ahead.fetch_next)
         if previous is not None:
@@ -357,7 +354,8 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
                          note=f'of {iterations} iterations, epoch ETA {logs.duration_text(eta)}')
         bar.set_postfix_str(f'{global_batch / max(np.mean(durations[-20:]), 1e-9):.1f} img/s', refresh=False)
         bar.update(1)
-        if stop_agreed(stop, step.world, done, args.disp_batches) and done < iterations:
+        if step.accumulation.at_step(done) and stop_agreed(stop, step.world, done, args.disp_batches) \
+                and done < iterations:
             stopped = True
             break
     if previous is not None:
@@ -385,9 +383,11 @@ def train(args, net, world, get_loaders, dllogger, stop):
     meta (its 'history' holds the metrics of every epoch). The loaders come from
     `get_loaders(args, rank, workers, train=..., val=...)` once the state to start from, and so the seed
     that orders the data, is known. `stop` (a StopRequest) says when a signal asked the run to stop."""
+    training_extras.check(args)
     state = checkpoint.agreed_training_start(args, net, world)
     step = TrainingStep(args, net, world)
     world.broadcast_parameters(step.params)
+    step.average = training_extras.start_average(args, net, world, state)
     if state is None:
         meta = {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
                 'loss_sum': 0.0, 'loss_count': 0}
@@ -403,10 +403,12 @@ def train(args, net, world, get_loaders, dllogger, stop):
                                            val=args.mode == 'train_val')
     if args.mode == 'train_val' and val_loader is None:
         raise RecipeError('--mode train_val needs validation data (--data-val); use --mode train to skip it')
-    earlier_duration = meta.get('duration', 0.0)   # of the runs this one resumes: report.json adds them up
-    meta['duration'] = earlier_duration
     last_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs,
                                                                  meta['epoch'] + args.run_epochs)
+    if training_extras.target_reached(args, meta):   # an earlier run stopped at --target-accuracy
+        last_epoch = meta['epoch']
+    dllogger = tensorboard_log.teed(args, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
+    clock = training_extras.WallClock(meta, args.start_time)
     for epoch in range(meta['epoch'], last_epoch):
         start_batch = meta['iteration'] if epoch == meta['epoch'] else 0
         if start_batch == 0:
@@ -418,8 +420,8 @@ def train(args, net, world, get_loaders, dllogger, stop):
         loss_sum, loss_count = world.allreduce_sum([meta['loss_sum'], meta['loss_count']])
         if stopped:
             # The state holds the sums of every worker; rank 0 alone takes them back on resume.
-            meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count),
-                        duration=earlier_duration + time.time() - args.start_time)
+            meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
+            clock.record(meta)
             write_state(args, net, step, meta, world)
             log.info('Stopped at epoch %d iteration %d; the next run resumes from %s', epoch, next_batch,
                      checkpoint.last_state_path(args))
@@ -431,18 +433,21 @@ def train(args, net, world, get_loaders, dllogger, stop):
             log.info('Validating epoch %d', epoch)
             val_metrics, _ = inference.validate(args, net, val_loader, world)
             metrics.update(val_metrics)
+            metrics.update(training_extras.validate_average(args, net, step.average, val_loader, world, meta, epoch))
         dllogger.log((epoch,), metrics)
         meta['history'].append(dict(metrics, epoch=epoch))
-        meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0,
-                    duration=earlier_duration + time.time() - args.start_time)
+        clock.record(meta)
+        meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0)
         save_epoch_checkpoints(args, net, epoch, metrics, meta, world)
         write_state(args, net, step, meta, world)
-        logs.write_report(args, world.rank, world.size, meta['history'], duration=meta['duration'])
+        logs.write_report(args, world.rank, world.size, meta['history'], duration=meta['wall_seconds'])
+        if training_extras.target_reached(args, meta):
+            break
         if stop_agreed(stop, world, 0, 1):
             log.info('Stopped after epoch %d; the next run resumes from %s', epoch,
                      checkpoint.last_state_path(args))
             break
-    meta['duration'] = earlier_duration + time.time() - args.start_time
+    clock.record(meta)   # report.json's total_duration: the training's wall time over all its resumes
     return meta
 
 
@@ -495,6 +500,7 @@ def save_epoch_checkpoints(args, net, epoch, metrics, meta, world):
         path = checkpoint.epoch_params_path(args, epoch)
         checkpoint.save_params(net, path)
         log.info('[Epoch %d] Saved %s', epoch, path)
+        checkpoint.prune_epoch_params(args)
     accuracy = metrics.get('val.accuracy')
     if accuracy is not None and (meta['best_accuracy'] is None or accuracy > meta['best_accuracy']):
         meta['best_accuracy'] = accuracy
@@ -507,6 +513,7 @@ def write_state(args, net, step, meta, world):
     """<prefix>_last.state (rank 0 writes it, with every worker's batchnorm statistics), the one it replaces
     kept as <prefix>_prev.state."""
     statistics = checkpoint.worker_statistics(net, world)
+    average = training_extras.average_state(step.average, net, world)   # a collective too
     if world.rank != 0:
         return
     meta = dict(meta, seed=args.seed, loss_scaler=step.scaler_state(), global_batch=args.batch_size,
@@ -515,17 +522,19 @@ def write_state(args, net, step, meta, world):
                     'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
                     'data_val_resize': args.data_val_resize})
     checkpoint.save_state(checkpoint.last_state_path(args), net, step.gluon_trainer, meta,
-                          previous=checkpoint.previous_state_path(args), worker_statistics=statistics)
+                          previous=checkpoint.previous_state_path(args), worker_statistics=statistics,
+                          extra=average)
 
 
-def training_summary(history):
-    """Summary record: lowest loss, mean throughput, best accuracies over the epochs."""
-    summary = {}
-    for key in sorted({k for m in history for k in m if k != 'epoch'}):
+def training_summary(history, target_accuracy=None):
+    """Summary record: lowest loss, mean throughput, best accuracies over the epochs, and where
+    --target-accuracy was reached."""
+    summary = training_extras.target_summary(history, target_accuracy)
+    for key in sorted({k for m in history for k in m if k not in ('epoch', 'wall_seconds')}):
         values = [m[key] for m in history if key in m]
-        if key in ('train.loss', 'val.loss'):
+        if key in ('train.loss', 'val.loss', 'val.ema.loss'):
             summary[key] = min(values)
-        elif key in ('val.accuracy', 'val.top_k_accuracy_5'):
+        elif key in ('val.accuracy', 'val.top_k_accuracy_5', 'val.ema.accuracy', 'val.ema.top_k_accuracy_5'):
             summary[key] = max(values)
         else:
             summary[key] = float(np.mean(values))

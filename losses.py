@@ -1,7 +1,9 @@
-"""What the loss sees: label-smoothed targets, mixup, and dynamic loss scaling for float16.
+"""What the loss sees: label-smoothed targets, mixup, CutMix, and dynamic loss scaling for float16.
 
     targets = losses.smoothed_one_hot(labels, num_classes, 0.1)
     images, targets = losses.mixup(images, targets, lam)          # lam from losses.mixup_weights(...)
+    box = losses.cutmix_box(seed, epoch, iteration, rank, part, height, width, alpha)
+    images, targets = losses.cutmix(images, targets, box, layout)  # or losses.blend(...): one per batch
     scale = losses.DynamicLossScale()                              # --dtype float16 without AMP
     finite = scale.check(params)                                   # queued on the device
     if not scale.overflowed(finite): trainer.update(batch * scale.scale)   # the host reads it
@@ -40,6 +42,41 @@ def mixup_weights(seed, epoch, iteration, rank, part, size, alpha):
     resumed run draws exactly what an uninterrupted one would."""
     rng = np.random.default_rng([seed, epoch, iteration, rank, part])
     return rng.beta(alpha, alpha, size=size).astype(np.float32)
+
+
+def cutmix_uses(seed, epoch, iteration, rank, part, switch_prob):
+    """With both --mixup and --cutmix, whether this device's batch gets CutMix (probability `switch_prob`,
+    timm's --mixup-switch-prob) rather than mixup; drawn from the position in training like the rest."""
+    return np.random.default_rng([seed, epoch, iteration, rank, part, 1]).random() < switch_prob
+
+
+def cutmix_box(seed, epoch, iteration, rank, part, height, width, alpha):
+    """One CutMix box for a device's batch: lam ~ Beta(alpha, alpha), a box of sides sqrt(1 - lam) times the
+    image's centred on a uniform pixel, clipped to the image. Returns (top, bottom, left, right, kept), where
+    `kept` = 1 - the clipped box's area / the image's is the weight of the image's own target."""
+    rng = np.random.default_rng([seed, epoch, iteration, rank, part, 2])
+    lam = rng.beta(alpha, alpha)
+    cut = np.sqrt(1.0 - lam)
+    box_h, box_w = int(height * cut), int(width * cut)
+    centre_y, centre_x = rng.integers(0, height), rng.integers(0, width)
+    top, bottom = np.clip([centre_y - box_h // 2, centre_y + box_h // 2], 0, height)
+    left, right = np.clip([centre_x - box_w // 2, centre_x + box_w // 2], 0, width)
+    kept = 1.0 - (bottom - top) * (right - left) / (height * width)
+    return int(top), int(bottom), int(left), int(right), float(kept)
+
+
+def cutmix(images, targets, box, layout='NCHW'):
+    """Paste the box of sample B-1-i into sample i (the pairing of mixup) and mix the targets by the area
+    actually pasted (`box` from cutmix_box)."""
+    top, bottom, left, right, kept = box
+    height_axis = layout.index('H')
+    mask = np.zeros((images.shape[height_axis], images.shape[height_axis + 1]), dtype=np.float32)
+    mask[top:bottom, left:right] = 1
+    shape = [1] * images.ndim
+    shape[height_axis:height_axis + 2] = mask.shape
+    pasted = mx.nd.array(mask.reshape(shape), ctx=images.context, dtype=images.dtype)
+    mixed_images = mx.nd.broadcast_mul(images, 1 - pasted) + mx.nd.broadcast_mul(images[::-1], pasted)
+    return mixed_images, kept * targets + (1 - kept) * targets[::-1]
 
 
 class DynamicLossScale:

@@ -170,8 +170,8 @@ def run_mode(args, net, world, dllogger, stop):
         summary, history = inference.evaluate(args, net, world, get_loaders, dllogger)
     else:
         meta = fit.train(args, net, world, get_loaders, dllogger, stop)
-        history, duration = meta['history'], meta['duration']
-        summary = fit.training_summary(history)
+        history, duration = meta['history'], meta['wall_seconds']
+        summary = fit.training_summary(history, args.target_accuracy)
     logs.write_report(args, world.rank, world.size, history, summary,
                       duration=duration if args.mode in ('train', 'train_val') else None)
     mx.nd.waitall()

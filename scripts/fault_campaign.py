@@ -9,7 +9,8 @@ nothing is lost, nothing is silent, and every user error is one clear line.
     python scripts/fault_campaign.py --workdir /tmp/fc         # datasets and baselines are cached there
 
 Every training run is ResNet-18 on 3x32x32 images through ./runner (horovodrun --gloo for 2 workers): 256
-synthetic examples, global batch 32 (8 iterations per epoch), 2 epochs, --disp-batches 1, --save-frequency 1.
+synthetic examples, global batch 32 (8 iterations per epoch), 2 epochs, --disp-batches 1, --save-frequency 1,
+--model-ema, --keep-checkpoints 1, --tensorboard.
 Rows are named "class/fault"; --only is a regular expression searched in that name. The classes:
 
   kill1, kill2    kill -9 (of the whole job) at many moments with 1 and 2 workers: inside an iteration, during
@@ -177,11 +178,12 @@ KILL1 = [('at start-up', lambda job: reached_note(job.wait_for(
              lambda: '"PARAMETER"' in job.text('dllogger_log.log')) and job.freeze() and not job.reached(0, 0),
              'after the PARAMETER record, before the first iteration')),
          at_record(0, 3), ('during validation', validation_hit), in_write('model_0000.params'),
-         in_write('model_best.params'), in_write('model_last.state', ' (the first)'),
+         in_write('model_best.params'), in_write('model_ema_best.params'), in_write('model_last.state', ' (the first)'),
          ('writing report.json', report_write(0)), at_log('while loading the state to resume', 'Resuming from'),
          at_record(1, 3), in_write('model_0001.params'), stop_then_kill(signal.SIGTERM),
          in_write('model_last.state', ' (model_prev.state kept)'), FINAL_REPORT]
 KILL2 = [at_record(0, 3), ('during validation', validation_hit), in_write('model_best.params'),
+         in_write('model_ema_best.params'),
          in_write('model_last.state', ' (the first)'), at_record(1, 3),
          at_log('while loading the state to resume', 'Resuming from'),
          in_write('model_last.state', ' (model_prev.state kept)'), FINAL_REPORT]

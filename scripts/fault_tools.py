@@ -25,10 +25,12 @@ LOGS = ('log.log', 'dllogger_log.log')
 JOB_TIMEOUT = 420
 ERROR_LINE = re.compile(r'^(?:[\w.-]+: )?error: ')
 
-# The campaign's training run: ResNet-18 on 3x32x32 synthetic images, global batch 32, 2 epochs of 8 steps.
+# The campaign's training run: ResNet-18 on 3x32x32 synthetic images, global batch 32, 2 epochs of 8 steps,
+# with the weight average, the newest epoch file kept, and TensorBoard files, so their writes are killed too.
 EPOCHS, BATCH = 2, 32
 COMMON = ['--data-backend', 'synthetic', '--num-examples', '256', '--num-layers', '18', '--image-shape', '3,32,32',
-          '--num-classes', '10', '--seed', '3', '--warmup-epochs', '1', '--disp-batches', '1', '--save-frequency', '1']
+          '--num-classes', '10', '--seed', '3', '--warmup-epochs', '1', '--disp-batches', '1', '--save-frequency', '1',
+          '--model-ema', '--model-ema-decay', '0.8', '--keep-checkpoints', '1', '--tensorboard']
 
 
 def runner_argv(ws, workers, *extra):

@@ -41,10 +41,11 @@ class Float16Net(gluon.HybridBlock):
         return F.sum(F.broadcast_mul(features.expand_dims(1), weight.expand_dims(0)), axis=2).astype('float32')
 
 
-def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='device'):
-    """The recipe's TrainingStep for `net` (initialised here, cast to `dtype`) on `contexts`."""
+def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='device', extra=()):
+    """The recipe's TrainingStep for `net` (initialised here, cast to `dtype`) on `contexts`; `extra`: more
+    train.py flags."""
     args = resolved(['--batch-size', str(batch), '--lr', '0.1', '--wd', '0', '--label-smoothing', '0.1',
-                     '--num-classes', '3', '--seed', '1', '--kv-store', kv_store])
+                     '--num-classes', '3', '--seed', '1', '--kv-store', kv_store] + list(extra))
     args.dtype, args.contexts = dtype, list(contexts)
     net.initialize(ctx=args.contexts)
     if dtype == 'float16':

@@ -33,9 +33,11 @@ def test_state_round_trip(tmp_path):
     loss.backward()
     trainer.step(2)
     path = str(tmp_path / 'm_last.state')
-    checkpoint.save_state(path, net, trainer, {'epoch': 3, 'iteration': 7})
-    params, trainer_states, meta, _ = checkpoint.read_state(path)
+    checkpoint.save_state(path, net, trainer, {'epoch': 3, 'iteration': 7}, extra={'ema:w': mx.nd.ones((2,)) / 4})
+    state = checkpoint.read_state(path)
+    params, trainer_states, meta = state.params, state.trainer, state.meta
     assert meta == {'epoch': 3, 'iteration': 7}
+    assert list(state.extra) == ['ema:w'] and state.extra['ema:w'].asnumpy().tolist() == [0.25, 0.25]
     other = tiny_net()
     checkpoint.load_params_into(other, params, [mx.cpu()])
     x = mx.nd.random.uniform(shape=(2, 3))

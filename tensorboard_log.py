@@ -1,0 +1,54 @@
+"""--tensorboard [DIR]: the DLLogger records of training also as TensorBoard event files (tensorboardX).
+
+    dllogger = tensorboard_log.teed(args, world, dllogger, iterations, meta)   # in fit.train, rank 0 only
+
+The returned logger writes every record to the DLLogger as before, and the scalars to DIR (relative: in the
+workspace) on the global step, the batches trained since the run began (epoch * iterations + iteration):
+`train/loss`, `train/lr`, `train/ips` every --disp-batches, and per epoch `val/accuracy`, `val/top_k_accuracy_5`,
+`val/loss` (`val/ema/...` with --model-ema) at the step of the epoch's last batch. Every run opens the
+writer with purge_step one past the step it starts from: TensorBoard then drops what the interrupted run wrote
+after its last state (it ran on before it was stopped or killed), so every step appears once. Each record is
+flushed at once, so a kill -9 loses none that the state already covers.
+"""
+import logs
+
+# What goes to TensorBoard of each kind of record (the speed of validation and latencies stay in DLLogger).
+ITERATION_METRICS = ('train.loss', 'train.lr', 'train.ips')
+EPOCH_PREFIX = 'val.'
+EPOCH_SKIPPED = ('val.ips', 'val.latency')
+
+
+def teed(args, world, dllogger, iterations, meta):
+    """`dllogger`, or with --tensorboard on rank 0 a TeeLogger in front of it."""
+    if args.tensorboard is None or world.rank != 0:
+        return dllogger
+    from tensorboardX import SummaryWriter
+    position = meta['epoch'] * iterations + meta['iteration']
+    # Also at position 0: a run killed before its first state may have left events to supersede.
+    writer = SummaryWriter(logs.in_workspace(args, args.tensorboard), purge_step=position + 1)
+    return TeeLogger(dllogger, writer, iterations)
+
+
+class TeeLogger:
+    """A DLLogger that also writes the training scalars to a tensorboardX SummaryWriter."""
+
+    def __init__(self, dllogger, writer, iterations):
+        self.dllogger, self.writer, self.iterations = dllogger, writer, iterations
+
+    def __getattr__(self, name):          # appending, close, ...: the DLLogger's
+        return getattr(self.dllogger, name)
+
+    def log(self, step, data):
+        self.dllogger.log(step, data)
+        if isinstance(step, str) or len(step) == 0:
+            return
+        if len(step) == 2:
+            global_step = step[0] * self.iterations + step[1]
+            scalars = {key: value for key, value in data.items() if key in ITERATION_METRICS}
+        else:
+            global_step = (step[0] + 1) * self.iterations
+            scalars = {key: value for key, value in data.items()
+                       if key.startswith(EPOCH_PREFIX) and not key.startswith(EPOCH_SKIPPED)}
+        for key, value in scalars.items():
+            self.writer.add_scalar(key.replace('.', '/'), value, global_step)
+        self.writer.flush()

@@ -1,0 +1,192 @@
+"""The training features users of timm and torchvision expect, as hooks fit.py calls at fixed points:
+
+* --model-ema, --model-ema-decay: a float32 moving average of the weights (ema.py), validated every epoch
+  beside the trained weights (`val.ema.*`), saved as `<prefix>_ema_best.params` on its own best top-1 and
+  kept in `<prefix>_last.state`.
+* --cutmix, --mixup-switch-prob: losses.py draws and pastes the boxes; TrainingStep picks one per batch.
+* --grad-accum-steps K: Accumulation (gradients summed over K batches, one optimizer step).
+* --keep-checkpoints N: checkpoint.prune_epoch_params.
+* --target-accuracy A: the run stops after the first validation whose top-1 reaches A (target_reached).
+* --tensorboard [DIR]: tensorboard_log.py.
+
+Every draw is a function of the seed and the position in training, and every piece of state is in the
+.state file, so a resumed run continues as an uninterrupted one would.
+"""
+import logging
+import time
+
+import checkpoint
+import ema
+import flags
+import inference
+from errors import RecipeError
+
+log = logging.getLogger(__name__)
+
+# Of the validation metrics, those computed again with the weight average (the speed ones would repeat).
+EMA_METRICS = ('val.loss', 'val.accuracy', 'val.top_k_accuracy_5')
+
+
+def add_args(group):
+    """The flags, in fit.py's Training group."""
+    group.add_argument('--cutmix', type=flags.real(minimum=0), default=0,
+                       help='alpha of CutMix (0: off): a box of another image of the batch pasted in, the targets '
+                            'mixed by its area; with --mixup too, one of them per batch')
+    group.add_argument('--mixup-switch-prob', type=flags.real(minimum=0, maximum=1), default=0.5,
+                       help='with both --mixup and --cutmix, the probability that a batch gets CutMix')
+    group.add_argument('--grad-accum-steps', type=flags.integer(minimum=1), default=1,
+                       help='one optimizer step every K batches (the effective batch is K times --batch-size; '
+                            'the runner scales -l by it)')
+    group.add_argument('--model-ema', action='store_true',
+                       help='keep a moving average of the weights, validated every epoch (val.ema.*) and saved '
+                            'as <prefix>_ema_best.params')
+    group.add_argument('--model-ema-decay', type=flags.real(minimum=0, maximum=1), default=0.9998,
+                       help='the average\'s decay per optimizer step: it spans about 1/(1-decay) steps')
+    group.add_argument('--keep-checkpoints', type=flags.integer(minimum=0), default=0,
+                       help='keep only the newest N <prefix>_NNNN.params (0: all)')
+    group.add_argument('--target-accuracy', type=flags.real(minimum=0, maximum=1, exclusive=True), default=None,
+                       help='stop after the first validation whose top-1 reaches this (e.g. 0.759)')
+    group.add_argument('--tensorboard', nargs='?', const='tensorboard', default=None, metavar='DIR',
+                       help='write TensorBoard event files to DIR (relative: in the workspace; default '
+                            'tensorboard)')
+
+
+def check(args):
+    """Flag combinations that cannot work, before any training."""
+    if args.target_accuracy is not None and args.mode != 'train_val':
+        raise RecipeError('--target-accuracy needs a validation every epoch: use --mode train_val')
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Gradient accumulation
+
+
+class Accumulation:
+    """--grad-accum-steps K: the batches of an epoch form groups of K (iterations 0..K-1, K..2K-1, ...), the
+    gradients of a group are summed (grad_req 'add') and one optimizer step is taken after its last batch,
+    normalised by all the group's images; the last group of an epoch whose batch count is not a multiple of K
+    is shorter (its step averages over the batches it has). The learning rate of a step is the schedule's at
+    its group's first batch, so steps follow the schedule of a K times larger batch. A run stops (signal) only
+    after a step, so a resume never needs a half-summed gradient."""
+
+    def __init__(self, steps, params):
+        self.steps = steps
+        self.params = [p for p in params.values() if p.grad_req != 'null']
+        self.pending = 0          # batches summed since the last step
+        self.iterations = None    # batches in the current epoch
+        if steps > 1:
+            for param in self.params:
+                param.grad_req = 'add'
+
+    def start_epoch(self, iterations):
+        self.iterations = iterations
+        self.pending = 0
+
+    def group_start(self, iteration):
+        """The first iteration of `iteration`'s group (where its learning rate is read)."""
+        return iteration - iteration % self.steps
+
+    def collecting(self, iteration):
+        """Count this batch; True while its group has more batches to come (no step yet)."""
+        self.pending += 1
+        done = iteration + 1
+        return done % self.steps != 0 and done != self.iterations
+
+    def after_step(self):
+        """The number of batches the step just taken covered; the summed gradients start again from zero."""
+        batches, self.pending = self.pending, 0
+        if self.steps > 1:
+            for param in self.params:
+                param.zero_grad()
+        return batches
+
+    def at_step(self, done):
+        """Whether `done` batches of the epoch end a group (a run may stop there)."""
+        return done % self.steps == 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The weight average
+
+
+def start_average(args, net, world, state):
+    """The WeightAverage of --model-ema (None without it): the resumed state's when it holds one (with this
+    worker's own batchnorm statistics when the state was written by as many workers), else the current
+    weights'."""
+    if not args.model_ema:
+        return None
+    average = ema.WeightAverage(net, args.model_ema_decay, args.contexts[0])
+    if state is not None and not average.restore(state.extra, world.rank):
+        log.warning('The resumed state holds no weight average: --model-ema starts from the current weights')
+    return average
+
+
+def average_state(average, net, world):
+    """The arrays of the weight average for the .state file (None without --model-ema), with every worker's
+    averaged batchnorm statistics: a collective, every worker calls it."""
+    if average is None:
+        return None
+    with average.swapped_in():
+        statistics = checkpoint.worker_statistics(net, world)
+    return average.state_arrays(statistics)
+
+
+def validate_average(args, net, average, val_loader, world, meta, epoch):
+    """`val.ema.*` metrics of the weight average, and `<prefix>_ema_best.params` (rank 0) on its best top-1."""
+    if average is None or val_loader is None:
+        return {}
+    with average.swapped_in():
+        metrics, _ = inference.validate(args, net, val_loader, world, passes_label=' of the weight average')
+        accuracy = metrics.get('val.accuracy')
+        best = meta.get('ema_best_accuracy')
+        if accuracy is not None and (best is None or accuracy > best):
+            meta['ema_best_accuracy'] = accuracy
+            if world.rank == 0 and args.save_frequency != 0:
+                path = checkpoint.ema_best_params_path(args)
+                checkpoint.save_params(net, path)
+                log.info('[Epoch %d] Saved %s with accuracy %.4f', epoch, path, accuracy)
+    return {'val.ema.' + key[len('val.'):]: metrics[key] for key in EMA_METRICS if key in metrics}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Wall time and the target accuracy
+
+
+class WallClock:
+    """Training wall time over every run of a workspace: the time the resumed state had, plus this process's
+    since it started (`start`, time.time()); what a kill -9 interrupts after the last state is not counted."""
+
+    def __init__(self, meta, start):
+        self.before = meta.get('wall_seconds', 0.0)
+        self.start = start
+
+    def record(self, meta):
+        """Store the time so far in `meta` (and so in the state) and in the newest history entry."""
+        meta['wall_seconds'] = self.before + time.time() - self.start
+        if meta['history']:
+            meta['history'][-1].setdefault('wall_seconds', meta['wall_seconds'])
+
+
+def target_epoch(history, target):
+    """The first history entry whose top-1 reaches `target`, or None."""
+    if target is None:
+        return None
+    return next((m for m in history if m.get('val.accuracy') is not None and m['val.accuracy'] >= target), None)
+
+
+def target_reached(args, meta):
+    """Whether the run stops here (--target-accuracy reached by this epoch or an earlier one); logs it once."""
+    reached = target_epoch(meta['history'], args.target_accuracy)
+    if reached is not None and reached is meta['history'][-1]:
+        log.info('Target accuracy %.4f reached at epoch %d (top-1 %.4f) after %.1f s: stopping', args.target_accuracy,
+                 reached['epoch'], reached['val.accuracy'], reached.get('wall_seconds', float('nan')))
+    return reached is not None
+
+
+def target_summary(history, target):
+    """The summary's target fields: the epoch and wall time at which `target` was reached (None: never)."""
+    if target is None:
+        return {}
+    reached = target_epoch(history, target) or {}
+    return {'target_accuracy': target, 'target_accuracy.epoch': reached.get('epoch'),
+            'target_accuracy.wall_seconds': reached.get('wall_seconds')}
