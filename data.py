@@ -1,7 +1,6 @@
 """Data: the Data and MXNet-augmentation flags, the native RecordIO and synthetic loaders, and image loading
 for prediction. The DALI loaders live in dali.py and follow the same contract.
 
-    python train.py --data-backend mxnet --data-train data/train.rec --data-train-idx data/train.idx ...
     python train.py --data-backend synthetic --test-io     # loader throughput alone
     train.get_loaders(args, rank, num_workers)             # -> (train loader, val loader), any backend
 
@@ -33,10 +32,9 @@ Semantics shared by every backend:
 * Bad data fails with a RecipeError naming the file and record: a missing file, an .idx that does not match
   its .rec, or a label outside [0, --num-classes). Start-up parses the .idx and checks STARTUP_CHECKS
   records (all of them up to 256); every other record is checked when its batch is read, before the batch
-  leaves the loader. Start-up takes well under a second on a 1.28 M-record index.
-* Synthetic data has the shapes and dtypes of the real path; its validation set is ImageNet's share of the
-  epoch (50,000 for the default 1,281,167). Its validation labels are random and independent of its training
-  data, so validation accuracy stays at chance: it measures speed, not learning.
+  leaves the loader (start-up: well under a second on a 1.28 M-record index).
+* Synthetic data has the real path's shapes and dtypes, a validation set of ImageNet's share of the epoch,
+  and random validation labels (accuracy stays at chance: it measures speed, not learning).
 """
 import logging
 import os

@@ -8,7 +8,7 @@
     finite = scale.check(params)                                   # queued on the device
     if not scale.overflowed(finite): trainer.update(batch * scale.scale)   # the host reads it
 
-fit.TrainingStep uses them; they are pure functions of their inputs (mixup draws of the position in
+step.TrainingStep uses them; they are pure functions of their inputs (mixup draws of the position in
 training), so a resumed run computes what an uninterrupted one would.
 """
 import logging

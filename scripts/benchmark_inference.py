@@ -51,8 +51,8 @@ def parse_args():
 def validation_batches(args, world):
     """The whole validation set as (images, labels, real sample count) batches in memory."""
     _, loader = train.get_loaders(args, 0, 1, train=False, val=True)
-    return [(batch.data[0].copyto(mx.cpu()), batch.label[0].asnumpy(), len(batch.label[0]) - batch.pad)
-            for batch in loader.epoch(0)]
+    return [(data.whole(batch.data[0]).copyto(mx.cpu()), data.whole(batch.label[0]).asnumpy(),
+             len(data.whole(batch.label[0])) - batch.pad) for batch in loader.epoch(0)]
 
 
 def top1(run, batches):

@@ -19,10 +19,10 @@ from mxnet import gluon
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import fit  # noqa: E402
 import losses  # noqa: E402
 import workers  # noqa: E402
 from conftest import resolved  # noqa: E402
+from step import TrainingStep  # noqa: E402
 
 
 class Float16Net(gluon.HybridBlock):
@@ -50,7 +50,7 @@ def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='devi
     net.initialize(ctx=args.contexts)
     if dtype == 'float16':
         net.cast('float16')
-    return fit.TrainingStep(args, net, workers.World(kv_store))
+    return TrainingStep(args, net, workers.World(kv_store))
 
 
 def batch_of(values, labels, dtype='float32'):

@@ -20,6 +20,7 @@ import workers
 from conftest import ROOT, digits_flags, resolved
 from float16_twin import Float16Net, batch_of, step_for
 from errors import RecipeError
+from step import TrainingStep
 
 
 # ---- learning rate schedule -------------------------------------------------------------------------------
@@ -209,7 +210,7 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
         mx.random.seed(5)
         net = Float16Net(classes=10, channels=3, batchnorm=False)
         net.initialize(ctx=contexts)
-        step = fit.TrainingStep(args, net, workers.World('device'))
+        step = TrainingStep(args, net, workers.World('device'))
         seen = []
         step.net = lambda x, net=net, seen=seen: seen.append(x) or net(x)
         initial = net.weight.data(contexts[0]).asnumpy().copy()

@@ -1,0 +1,153 @@
+"""The training step of one worker: forward and backward on each of its devices, the targets (label
+smoothing, mixup, CutMix), loss scaling for float16 and AMP, gradient accumulation, and the update through
+a gluon.Trainer (Horovod's DistributedTrainer with several workers). fit.py's epoch loop calls
+
+    step = TrainingStep(args, net, world)
+    loss = step.run(batch, epoch, iteration, lr, before_sync=fetch_next_batch)   # an NDArray, not synchronised
+"""
+import mxnet as mx
+from mxnet import autograd, gluon
+
+import losses
+import training_extras
+from data import device_slices
+from errors import RecipeError
+
+# Optimizers whose MXNet implementation takes a momentum argument.
+MOMENTUM_OPTIMIZERS = ('sgd', 'nag', 'signum', 'dcasgd', 'lbsgd')
+
+
+class TrainingStep:
+    """The training step of one worker: forward and backward on each of its devices, loss scaling, and the
+    update through `gluon_trainer` (a gluon.Trainer, or Horovod's DistributedTrainer)."""
+
+    def __init__(self, args, net, world):
+        self.args, self.net, self.world = args, net, world
+        self.contexts = args.contexts
+        self.sparse_labels = args.label_smoothing == 0 and args.mixup == 0 and args.cutmix == 0
+        self.loss = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=self.sparse_labels)
+        self.loss.hybridize(static_alloc=True, static_shape=True)
+        optimizer_params = {'learning_rate': 0.0, 'wd': args.wd,
+                            'multi_precision': args.dtype == 'float16'}
+        if args.optimizer in MOMENTUM_OPTIMIZERS:
+            optimizer_params['momentum'] = args.mom
+        self.params = net.collect_params()
+        if args.backbone_lr_mult != 1:
+            for name, param in net._collect_params_with_prefix().items():
+                if not name.startswith('output.'):
+                    param.lr_mult = args.backbone_lr_mult
+        try:
+            if world.horovod is not None:
+                self.gluon_trainer = world.horovod.DistributedTrainer(self.params, args.optimizer,
+                                                                      optimizer_params)
+            else:
+                self.gluon_trainer = gluon.Trainer(self.params, args.optimizer, optimizer_params,
+                                                   kvstore=args.kv_store if len(self.contexts) > 1 else None,
+                                                   update_on_kvstore=False if len(self.contexts) > 1 else None)
+        except (ValueError, KeyError, mx.base.MXNetError) as e:
+            raise RecipeError(f'--optimizer {args.optimizer}: {e}') from e
+        self.amp_scaling = args.amp_dtype == 'float16'
+        if self.amp_scaling:
+            from mxnet.contrib import amp
+            amp.init_trainer(self.gluon_trainer)
+        self.loss_scale = losses.DynamicLossScale() if args.dtype == 'float16' and not args.amp else None
+        self.accumulation = training_extras.Accumulation(args.grad_accum_steps, self.params)
+        self.average = None   # --model-ema's ema.WeightAverage, set by train() once the weights are final
+
+    def inputs_and_targets(self, images, labels, epoch, iteration, part):
+        """(images, targets) as the loss wants them: the labels sparse or as smoothed one-hot vectors, and
+        with mixup or CutMix (one of them per batch with both) the images and the targets blended."""
+        if self.sparse_labels:
+            return images, labels
+        targets = losses.smoothed_one_hot(labels, self.args.num_classes, self.args.label_smoothing)
+        position = (self.args.seed, epoch, iteration, self.world.rank, part)
+        if self.args.cutmix > 0 and (self.args.mixup == 0 or
+                                     losses.cutmix_uses(*position, self.args.mixup_switch_prob)):
+            height, width = images.shape[self.args.input_layout.index('H'):][:2]
+            box = losses.cutmix_box(*position, height, width, self.args.cutmix)
+            return losses.cutmix(images, targets, box, self.args.input_layout)
+        if self.args.mixup > 0:
+            lam = losses.mixup_weights(self.args.seed, epoch, iteration, self.world.rank, part, labels.shape[0],
+                                self.args.mixup)
+            images, targets = losses.mixup(images, targets, mx.nd.array(lam, ctx=images.context))
+        return images, targets
+
+    def run(self, batch, epoch, iteration, lr, before_sync=None):
+        """One optimisation step; returns the batch's mean loss as an NDArray (not synchronised).
+        `before_sync()` runs once all up to the update is queued, before the host waits for the overflow
+        flag (float16, AMP): the loop fetches the next batch there, so the loader's host work (DALI's feed and
+        copy) overlaps the device's instead of leaving it idle. `batch` is not read after that call."""
+        self.gluon_trainer.set_learning_rate(lr)
+        images = device_slices(batch.data[0], self.contexts)
+        labels = device_slices(batch.label[0], self.contexts)
+        with autograd.record():
+            device_losses = []
+            for part, (x, y) in enumerate(zip(images, labels)):
+                x, target = self.inputs_and_targets(x, y, epoch, iteration, part)
+                device_losses.append(self.loss(self.net(x), target))
+            if self.amp_scaling:
+                from mxnet.contrib import amp
+                with amp.scale_loss(device_losses, self.gluon_trainer) as scaled:
+                    autograd.backward(scaled)
+            elif self.loss_scale is not None:
+                autograd.backward([loss * self.loss_scale.scale for loss in device_losses])
+            else:
+                autograd.backward(device_losses)
+        if self.accumulation.collecting(iteration):   # --grad-accum-steps: the step comes after the group
+            return self.mean_loss(device_losses)
+        local_batch = sum(x.shape[0] for x in images) * self.accumulation.pending
+        # Trainer.step split around the host's wait; all-reduce first, so every worker skips alike.
+        self.gluon_trainer.allreduce_grads()
+        finite = self.loss_scale.check(self.params.values()) if self.loss_scale is not None else None
+        if before_sync is not None:
+            before_sync()
+        if self.loss_scale is None:
+            self.gluon_trainer.update(local_batch)      # AMP's update reads its own overflow flag
+        elif not self.loss_scale.overflowed(finite):
+            self.gluon_trainer.update(local_batch * self.loss_scale.scale)
+        self.accumulation.after_step()
+        if self.average is not None:
+            self.average.update()
+        scale = self.current_loss_scale()
+        if scale is not None and scale < losses.LOSS_SCALE_FLOOR:
+            raise RecipeError(f'the loss scale fell below {losses.LOSS_SCALE_FLOOR:g} at epoch {epoch} '
+                              f'iteration {iteration}: every step overflows, so the training has diverged (a NaN '
+                              'loss does that). Lower --lr or add --warmup-epochs, and resume from the last state')
+        return self.mean_loss(device_losses)
+
+    def mean_loss(self, device_losses):
+        means = [loss.mean().as_in_context(self.contexts[0]) for loss in device_losses]
+        return mx.nd.add_n(*means) / len(means)
+
+    def current_loss_scale(self):
+        """The loss scale in use (host value, no synchronisation), or None without loss scaling."""
+        if self.loss_scale is not None:
+            return self.loss_scale.scale
+        if self.amp_scaling:
+            return self.gluon_trainer._amp_loss_scaler.loss_scale
+        return None
+
+    def scaler_state(self):
+        """What a resume needs of the loss scaler (ours, or AMP's), or None."""
+        if self.loss_scale is not None:
+            return self.loss_scale.state()
+        if self.amp_scaling:
+            scaler = self.gluon_trainer._amp_loss_scaler
+            return {'scale': scaler.loss_scale, 'next_scale': scaler._next_loss_scale,
+                    'unskipped': scaler._unskipped}
+        return None
+
+    def restore_scaler(self, state):
+        if state is None:
+            return
+        if self.loss_scale is not None:
+            self.loss_scale.restore(state)
+        elif self.amp_scaling:
+            scaler = self.gluon_trainer._amp_loss_scaler
+            scaler._loss_scale, scaler._next_loss_scale, scaler._unskipped = \
+                state['scale'], state['next_scale'], state['unskipped']
+
+    @property
+    def skips_bad_steps(self):
+        """With loss scaling a non-finite loss is an overflow to skip, not a divergence to stop on."""
+        return self.amp_scaling or self.loss_scale is not None
