@@ -15,6 +15,6 @@ RUN python -c "import importlib.metadata as m; print(*[f'{d.metadata[\"Name\"]}=
     cat /tmp/container.txt && \
     pip install --no-cache-dir -c /tmp/container.txt -r requirements-container.txt && \
     pip install --no-cache-dir --no-deps -r requirements-container-nodeps.txt && \
-    python -c "import tqdm, safetensors.numpy, PIL, psutil, sklearn, matplotlib, onnx, onnxruntime"
+    python -c "import tqdm, safetensors.numpy, PIL, psutil, sklearn, matplotlib, onnx, onnxruntime, tensorboardX"
 COPY . .
 ENV MXNET_CUDNN_AUTOTUNE_DEFAULT=0
