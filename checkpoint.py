@@ -398,15 +398,18 @@ def start_fingerprint(state):
 
 def training_start(args, net, set_aside=True):
     """Where training starts: the State to resume, or None for a new run, with the weights already in `net`.
-    The workspace's last state is resumed when it exists (with --finetune too, so an interrupted fine-tuning
-    run continues); else --load gives the weights of a new run (with --finetune every layer but a classifier
-    of another width); else the fresh initialisation stays. `set_aside`: whether this process may set a
-    damaged last state aside (one worker of a run does it)."""
+    One rule: the workspace's last state is resumed when it exists, whatever weights --load names (with or
+    without --finetune: an interrupted run rerun with its own command continues); only --load of a .state
+    file (without --finetune) resumes that state instead. Else --load gives the weights of a new run (with
+    --finetune every layer but a classifier of another width); else the fresh initialisation stays.
+    `set_aside`: whether this process may set a damaged last state aside (one worker of a run does it)."""
     last = last_state_path(args)
-    resume = os.path.exists(last) and (args.load is None or args.finetune)
-    if resume or (args.load and args.load.endswith('.state') and not args.finetune):
+    explicit_state = bool(args.load and args.load.endswith('.state') and not args.finetune)
+    resume = os.path.exists(last) and not explicit_state
+    if resume or explicit_state:
         path = last if resume else args.load
-        log.info('Resuming from %s', path)
+        log.info('Resuming from %s%s', path, f' (the workspace\'s state wins over --load {args.load}: give another '
+                 '--workspace to start again from it)' if resume and args.load else '')
         if set_aside and not resume and os.path.exists(last) and os.path.abspath(last) != os.path.abspath(path):
             set_aside_if_damaged(last)
         state = read_state(path, fallback=previous_state_path(args))

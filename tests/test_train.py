@@ -277,6 +277,16 @@ def test_finetuning_from_a_checkpoint_of_other_classes(digits, trained, tmp_path
     assert meta['preprocessing']['rgb_mean'] == [123.68, 116.779, 103.939]
 
 
+def test_load_over_an_interrupted_run_resumes_it(digits, trained, tmp_path):
+    """The same command after an interruption continues the run, with --load of weights as without; only
+    --load of a .state resumes that state instead."""
+    flags = ['--load', trained / 'model_best.params', '--data-backend', 'synthetic', '--num-epochs', '2']
+    run(digits, tmp_path / 'w', *flags, '--run-epochs', '1')
+    again = run(digits, tmp_path / 'w', *flags)
+    assert 'Resuming from' in again.stderr and 'wins over --load' in again.stderr
+    assert [r['step'] for r in epoch_records(tmp_path / 'w')] == [[0], [1]]   # epoch 0 is not trained again
+
+
 def test_predict_refuses_random_weights(digits, tmp_path):
     image = next((digits / 'images' / 'val' / 'digit_1').iterdir())
     (tmp_path / 'nothing').mkdir()
