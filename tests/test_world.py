@@ -177,7 +177,7 @@ def srun_tasks(argv, environ, tasks=2):
         task_environ = dict(RUN_ENV, **{name: value for name, value in step.items() if value is not None})
         started.append(subprocess.Popen([sys.executable, os.path.join(ROOT, 'runner')] + argv, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True, env=task_environ))
-    return [(task.returncode, out + err) for task in started for out, err in [task.communicate(timeout=300)]]
+    return [(task.returncode, out + err) for task in started for out, err in [task.communicate(timeout=600)]]
 
 
 def synthetic_argv(workspace, n=2):
