@@ -405,7 +405,9 @@ def training_start(args, net, set_aside=True):
     `set_aside`: whether this process may set a damaged last state aside (one worker of a run does it)."""
     last = last_state_path(args)
     explicit_state = bool(args.load and args.load.endswith('.state') and not args.finetune)
-    resume = os.path.exists(last) and not explicit_state
+    # A --benchmark-iters run measures afresh every time: a finished state in its workspace would leave it
+    # nothing to train (benchmark.py's points, or a sweep of runs in one folder, reported stale numbers).
+    resume = os.path.exists(last) and not explicit_state and not args.benchmark_iters
     if resume or explicit_state:
         path = last if resume else args.load
         log.info('Resuming from %s%s', path, f' (the workspace\'s state wins over --load {args.load}: give another '

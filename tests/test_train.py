@@ -306,3 +306,13 @@ def test_training_report_survives_other_modes_and_adds_up_resumes(digits, tmp_pa
     run(digits, ws, '--mode', 'val', '--data-backend', 'synthetic')
     assert json.loads((ws / 'report.json').read_text()) == report
     assert json.loads((ws / 'report_val.json').read_text())['mode'] == 'val'
+
+
+def test_a_measurement_measures_afresh_and_writes_no_state(digits, tmp_path):
+    """--benchmark-iters runs in one folder (a sweep, benchmark.py rerun) each train and report their own
+    figures; none resumes the other's state, and none leaves checkpoints behind."""
+    flags = ['--benchmark-iters', '2', '--num-epochs', '1', '--data-backend', 'synthetic', '--disp-batches', '1']
+    for batch in (16, 32):
+        result = run(digits, tmp_path / 'w', *flags, batch=batch)
+        assert 'Iteration: 2 train.loss' in result.stdout, result.stderr[-2000:]
+    assert not [name for name in os.listdir(tmp_path / 'w') if name.endswith(('.state', '.params'))]
