@@ -19,6 +19,7 @@ What happens, in order:
 """
 import logging
 import math
+import os
 import signal
 import time
 
@@ -267,6 +268,10 @@ def train(args, net, world, get_loaders, dllogger, stop):
                                                                  meta['epoch'] + args.run_epochs)
     if training_extras.target_reached(args, meta):   # an earlier run stopped at --target-accuracy
         last_epoch = meta['epoch']
+    if state is not None and meta['epoch'] >= last_epoch:
+        log.info('This run is finished (%d of %d epochs): its results are in %s (report.json, model_best.params); '
+                 'give a new --workspace to train again', meta['epoch'], args.num_epochs,
+                 os.path.abspath(args.workspace))
     dllogger = tensorboard_log.teed(args, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
     clock = training_extras.WallClock(meta, args.start_time)
     for epoch in range(meta['epoch'], last_epoch):
@@ -381,7 +386,7 @@ def write_state(args, net, step, meta, world):
     if world.rank != 0:
         return
     meta = dict(meta, seed=args.seed, loss_scaler=step.scaler_state(), global_batch=args.batch_size,
-                workers=world.size, preprocessing={
+                workers=world.size, settings=checkpoint.run_settings(args), preprocessing={
                     'rgb_mean': list(args.rgb_mean), 'rgb_std': list(args.rgb_std),
                     'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
                     'data_val_resize': args.data_val_resize})

@@ -316,3 +316,15 @@ def test_a_measurement_measures_afresh_and_writes_no_state(digits, tmp_path):
         result = run(digits, tmp_path / 'w', *flags, batch=batch)
         assert 'Iteration: 2 train.loss' in result.stdout, result.stderr[-2000:]
     assert not [name for name in os.listdir(tmp_path / 'w') if name.endswith(('.state', '.params'))]
+
+
+def test_a_workspace_resumes_only_its_own_run(digits, tmp_path):
+    ws = tmp_path / 'w'
+    run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
+    finished = run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
+    assert 'This run is finished (1 of 1 epochs)' in finished.stderr
+    other = run(digits, ws, '--num-epochs', '2', '--mixup', '0.2', '--data-backend', 'synthetic', check=False)
+    assert other.returncode == 2 and 'Traceback' not in other.stderr, other.stderr[-2000:]
+    error = other.stderr.strip().splitlines()[-1]
+    assert error.startswith('error: ') and '--num-epochs 1 in the saved run, 2 now' in error and '--mixup 0' in error
+    assert checkpoint.read_state(str(ws / 'model_last.state')).meta['epoch'] == 1     # nothing replaced
