@@ -89,17 +89,24 @@ def test_exact_resume_after_sigterm_or_ctrl_c(digits, tmp_path, backend, stop_si
     assert metrics_without_speed(epoch_records(ws)) == metrics_without_speed(epoch_records(tmp_path / 'whole'))
 
 
+def kill_once_logged(digits, workspace, flags, step='"step": [1, 2]'):
+    """Start train.py in `workspace` and kill -9 it once its DLLogger file holds `step`; returns that file."""
+    process = subprocess.Popen(train_cmd(digits, workspace, *flags), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    log_file = workspace / 'dllogger_log.log'
+    while not (log_file.exists() and step in log_file.read_text()):
+        assert process.poll() is None
+        time.sleep(0.05)
+    process.kill()                                   # no chance to save
+    process.wait()
+    return log_file
+
+
 def test_exact_resume_after_kill(digits, tmp_path):
     flags = ['--num-epochs', '3', '--data-backend', 'synthetic']
     run(digits, tmp_path / 'whole', *flags)
     ws = tmp_path / 'killed'
-    process = subprocess.Popen(train_cmd(digits, ws, *flags), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log_file = ws / 'dllogger_log.log'
-    while not (log_file.exists() and '"step": [1, 2]' in log_file.read_text()):
-        assert process.poll() is None
-        time.sleep(0.05)
-    process.kill()                                   # no chance to save: resume from the end of epoch 0
-    process.wait()
+    log_file = kill_once_logged(digits, ws, flags)     # in epoch 1: resume from the end of epoch 0
     run(digits, ws, *flags)
     resumed = [r for r in metrics_without_speed(epoch_records(ws))]
     whole = metrics_without_speed(epoch_records(tmp_path / 'whole'))
