@@ -20,6 +20,7 @@ worker count) and `<output>.scaling.png` (scaling efficiency ips(n) / (n x ips(1
 """
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -85,7 +86,8 @@ def summarise(records, keys, warmup):
 def run_point(args, forwarded, workers, batch):
     """(metrics or None, point record) for one (workers, batch) launch."""
     folder = os.path.abspath(f'{args.output}.points/{workers}x{batch}')
-    os.makedirs(folder, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)     # a rerun measures afresh: no earlier log is read as this one's
+    os.makedirs(folder)
     command = point_command(args, forwarded, workers, batch, folder)
     record = {'command': command, 'returncode': None, 'duration': None, 'error': None,
               'log': os.path.join(folder, 'output.log')}

@@ -396,6 +396,43 @@ def start_fingerprint(state):
             int(state.checksum[:13], 16)]
 
 
+# What changes a run's result, recorded in its state: a resume must have the same (the global batch and the
+# worker count may change, as resume() says; --wd and --mom too, the flags win). The learning rate is compared
+# only at the same global batch, since the runner scales it with the batch.
+RUN_SETTINGS = ('data_train', 'num_classes', 'arch', 'num_layers', 'image_shape', 'num_epochs', 'lr_schedule',
+                'lr_steps', 'lr_factor', 'warmup_epochs', 'optimizer', 'dtype', 'amp', 'label_smoothing', 'mixup',
+                'cutmix', 'mixup_switch_prob', 'grad_accum_steps')
+
+
+def run_settings(args):
+    """The settings of RUN_SETTINGS as the state records them (JSON values; the data file as an absolute path)."""
+    settings = {name: getattr(args, name, None) for name in RUN_SETTINGS}
+    settings['data_train'] = None if args.data_backend == 'synthetic' or not args.data_train else \
+        os.path.abspath(args.data_train)
+    settings['image_shape'] = list(args.image_shape)
+    settings['lr_steps'] = list(args.lr_steps)
+    settings['lr'], settings['global_batch'] = args.lr, args.batch_size
+    return settings
+
+
+def check_same_run(args, meta, path):
+    """RecipeError listing every setting in which this command differs from the run whose state `path` is
+    (a workspace holds one run: resuming another's state would train it with the wrong settings, or not at
+    all). States written before the settings were recorded are not checked."""
+    saved, now = meta.get('settings'), run_settings(args)
+    if saved is None:
+        return
+    names = [name for name in RUN_SETTINGS if saved.get(name) != now[name]]
+    if saved.get('global_batch') == now['global_batch'] and saved.get('lr') != now['lr']:
+        names.append('lr')
+    if names:
+        differences = '; '.join(f'--{name.replace("_", "-")} {saved.get(name)} in the saved run, {now[name]} now'
+                                for name in names)
+        raise RecipeError(f'{path} belongs to a run with other settings ({differences}). A workspace holds one '
+                          f'run: give this one a new --workspace, or move {os.path.basename(path)} away to start '
+                          'over here')
+
+
 def training_start(args, net, set_aside=True):
     """Where training starts: the State to resume, or None for a new run, with the weights already in `net`.
     One rule: the workspace's last state is resumed when it exists, whatever weights --load names (with or
@@ -405,7 +442,9 @@ def training_start(args, net, set_aside=True):
     `set_aside`: whether this process may set a damaged last state aside (one worker of a run does it)."""
     last = last_state_path(args)
     explicit_state = bool(args.load and args.load.endswith('.state') and not args.finetune)
-    resume = os.path.exists(last) and not explicit_state
+    # A --benchmark-iters run measures afresh every time: a finished state in its workspace would leave it
+    # nothing to train (benchmark.py's points, or a sweep of runs in one folder, reported stale numbers).
+    resume = os.path.exists(last) and not explicit_state and not args.benchmark_iters
     if resume or explicit_state:
         path = last if resume else args.load
         log.info('Resuming from %s%s', path, f' (the workspace\'s state wins over --load {args.load}: give another '
@@ -413,6 +452,8 @@ def training_start(args, net, set_aside=True):
         if set_aside and not resume and os.path.exists(last) and os.path.abspath(last) != os.path.abspath(path):
             set_aside_if_damaged(last)
         state = read_state(path, fallback=previous_state_path(args))
+        if resume:
+            check_same_run(args, state.meta, path)
         load_params_into(net, weights.convert(state.params, net, source=path)[0], args.contexts)
         log.info('Loaded %s: epoch %d, iteration %d', path, state.meta['epoch'], state.meta['iteration'])
         return state

@@ -19,6 +19,7 @@ What happens, in order:
 """
 import logging
 import math
+import os
 import signal
 import time
 
@@ -267,6 +268,10 @@ def train(args, net, world, get_loaders, dllogger, stop):
                                                                  meta['epoch'] + args.run_epochs)
     if training_extras.target_reached(args, meta):   # an earlier run stopped at --target-accuracy
         last_epoch = meta['epoch']
+    if state is not None and meta['epoch'] >= last_epoch:
+        log.info('This run is finished (%d of %d epochs): its results are in %s (report.json, model_best.params); '
+                 'give a new --workspace to train again', meta['epoch'], args.num_epochs,
+                 os.path.abspath(args.workspace))
     dllogger = tensorboard_log.teed(args, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
     clock = training_extras.WallClock(meta, args.start_time)
     for epoch in range(meta['epoch'], last_epoch):
@@ -283,8 +288,8 @@ def train(args, net, world, get_loaders, dllogger, stop):
             meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
             clock.record(meta)
             write_state(args, net, step, meta, world)
-            log.info('Stopped at epoch %d iteration %d; the next run resumes from %s', epoch, next_batch,
-                     checkpoint.last_state_path(args))
+            log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, ' (a measurement: no state)'
+                     if args.benchmark_iters else f'; the next run resumes from {checkpoint.last_state_path(args)}')
             return meta
         steady = logs.steady_durations(durations)
         metrics = {'train.loss': loss_sum / max(loss_count, 1),
@@ -353,8 +358,9 @@ def check_parameters(args, net, world, epoch, iteration):
 
 
 def save_epoch_checkpoints(args, net, epoch, metrics, meta, world):
-    """<prefix>_NNNN.params every --save-frequency epochs and <prefix>_best.params on a new best top-1."""
-    if world.rank != 0 or args.save_frequency == 0:
+    """<prefix>_NNNN.params every --save-frequency epochs and <prefix>_best.params on a new best top-1; none
+    for a --benchmark-iters measurement."""
+    if world.rank != 0 or args.save_frequency == 0 or args.benchmark_iters:
         return
     if args.save_frequency > 0 and (epoch + 1) % args.save_frequency == 0:
         path = checkpoint.epoch_params_path(args, epoch)
@@ -371,13 +377,16 @@ def save_epoch_checkpoints(args, net, epoch, metrics, meta, world):
 
 def write_state(args, net, step, meta, world):
     """<prefix>_last.state (rank 0 writes it, with every worker's batchnorm statistics), the one it replaces
-    kept as <prefix>_prev.state."""
+    kept as <prefix>_prev.state. A --benchmark-iters run is a measurement: it writes no state (and so never
+    replaces a training run's), and it resumes none (checkpoint.training_start)."""
+    if args.benchmark_iters:
+        return
     statistics = checkpoint.worker_statistics(net, world)
     average = training_extras.average_state(step.average, net, world)   # a collective too
     if world.rank != 0:
         return
     meta = dict(meta, seed=args.seed, loss_scaler=step.scaler_state(), global_batch=args.batch_size,
-                workers=world.size, preprocessing={
+                workers=world.size, settings=checkpoint.run_settings(args), preprocessing={
                     'rgb_mean': list(args.rgb_mean), 'rgb_std': list(args.rgb_std),
                     'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
                     'data_val_resize': args.data_val_resize})

@@ -38,8 +38,8 @@ class TeeLogger:
     def __getattr__(self, name):          # appending, close, ...: the DLLogger's
         return getattr(self.dllogger, name)
 
-    def log(self, step, data):
-        self.dllogger.log(step, data)
+    def log(self, step, data, note=''):
+        self.dllogger.log(step, data, note=note)
         if isinstance(step, str) or len(step) == 0:
             return
         if len(step) == 2:

@@ -138,7 +138,7 @@ def test_the_checker_finds_what_the_old_dockerfile_missed():
     onnxruntime`) lacked tqdm (logs.py, so every start) and safetensors (--load *.safetensors)."""
     old = {normalise(name) for name in 'Pillow scikit-learn matplotlib psutil onnx onnxruntime'.split()}
     gaps = missing(third_party(runtime_files()), old, BASE_IMAGE_MODULES)
-    assert {module.split('.')[0] for module in gaps} == {'tqdm', 'safetensors'}
+    assert {module.split('.')[0] for module in gaps} == {'tqdm', 'safetensors', 'tensorboardX'}  # and --tensorboard's
     assert 'logs.py' in gaps['tqdm'] and 'checkpoint.py' in gaps['safetensors.numpy']
 
 

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import mxnet as mx
 import numpy as np
@@ -17,7 +16,7 @@ import train
 import training_extras
 from conftest import ROOT
 from float16_twin import Float16Net, batch_of, step_for
-from test_train import epoch_records, metrics_without_speed, run, train_cmd
+from test_train import epoch_records, kill_once_logged, metrics_without_speed, run, train_cmd
 
 
 # ---- CutMix -----------------------------------------------------------------------------------------------
@@ -238,13 +237,7 @@ def test_resume_after_kill_is_exact_with_every_feature(digits, tmp_path):
              '--model-ema-decay', '0.8', '--cutmix', '1.0', '--mixup', '0.2', '--grad-accum-steps', '2', '--tensorboard']
     run(digits, tmp_path / 'whole', *flags)
     ws = tmp_path / 'killed'
-    process = subprocess.Popen(train_cmd(digits, ws, *flags), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log_file = ws / 'dllogger_log.log'
-    while not (log_file.exists() and '"step": [1, 2]' in log_file.read_text()):
-        assert process.poll() is None
-        time.sleep(0.05)
-    process.kill()
-    process.wait()
+    kill_once_logged(digits, ws, flags)
     run(digits, ws, *flags)
     assert metrics_without_speed(epoch_records(ws)) == metrics_without_speed(epoch_records(tmp_path / 'whole'))
     assert 'val.ema.accuracy' in epoch_records(ws)[1]['data']

@@ -89,17 +89,24 @@ def test_exact_resume_after_sigterm_or_ctrl_c(digits, tmp_path, backend, stop_si
     assert metrics_without_speed(epoch_records(ws)) == metrics_without_speed(epoch_records(tmp_path / 'whole'))
 
 
+def kill_once_logged(digits, workspace, flags, step='"step": [1, 2]'):
+    """Start train.py in `workspace` and kill -9 it once its DLLogger file holds `step`; returns that file."""
+    process = subprocess.Popen(train_cmd(digits, workspace, *flags), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    log_file = workspace / 'dllogger_log.log'
+    while not (log_file.exists() and step in log_file.read_text()):
+        assert process.poll() is None
+        time.sleep(0.05)
+    process.kill()                                   # no chance to save
+    process.wait()
+    return log_file
+
+
 def test_exact_resume_after_kill(digits, tmp_path):
     flags = ['--num-epochs', '3', '--data-backend', 'synthetic']
     run(digits, tmp_path / 'whole', *flags)
     ws = tmp_path / 'killed'
-    process = subprocess.Popen(train_cmd(digits, ws, *flags), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    log_file = ws / 'dllogger_log.log'
-    while not (log_file.exists() and '"step": [1, 2]' in log_file.read_text()):
-        assert process.poll() is None
-        time.sleep(0.05)
-    process.kill()                                   # no chance to save: resume from the end of epoch 0
-    process.wait()
+    log_file = kill_once_logged(digits, ws, flags)     # in epoch 1: resume from the end of epoch 0
     run(digits, ws, *flags)
     resumed = [r for r in metrics_without_speed(epoch_records(ws))]
     whole = metrics_without_speed(epoch_records(tmp_path / 'whole'))
@@ -306,3 +313,25 @@ def test_training_report_survives_other_modes_and_adds_up_resumes(digits, tmp_pa
     run(digits, ws, '--mode', 'val', '--data-backend', 'synthetic')
     assert json.loads((ws / 'report.json').read_text()) == report
     assert json.loads((ws / 'report_val.json').read_text())['mode'] == 'val'
+
+
+def test_a_measurement_measures_afresh_and_writes_no_state(digits, tmp_path):
+    """--benchmark-iters runs in one folder (a sweep, benchmark.py rerun) each train and report their own
+    figures; none resumes the other's state, and none leaves checkpoints behind."""
+    flags = ['--benchmark-iters', '2', '--num-epochs', '1', '--data-backend', 'synthetic', '--disp-batches', '1']
+    for batch in (16, 32):
+        result = run(digits, tmp_path / 'w', *flags, batch=batch)
+        assert 'Iteration: 2 train.loss' in result.stdout, result.stderr[-2000:]
+    assert not [name for name in os.listdir(tmp_path / 'w') if name.endswith(('.state', '.params'))]
+
+
+def test_a_workspace_resumes_only_its_own_run(digits, tmp_path):
+    ws = tmp_path / 'w'
+    run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
+    finished = run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
+    assert 'This run is finished (1 of 1 epochs)' in finished.stderr
+    other = run(digits, ws, '--num-epochs', '2', '--mixup', '0.2', '--data-backend', 'synthetic', check=False)
+    assert other.returncode == 2 and 'Traceback' not in other.stderr, other.stderr[-2000:]
+    error = other.stderr.strip().splitlines()[-1]
+    assert error.startswith('error: ') and '--num-epochs 1 in the saved run, 2 now' in error and '--mixup 0' in error
+    assert checkpoint.read_state(str(ws / 'model_last.state')).meta['epoch'] == 1     # nothing replaced
