@@ -150,7 +150,8 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_state(digits, tmp_p
     ws = tmp_path / 'ws'
     run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
     before = (ws / 'model_last.state').read_bytes()
-    result = run(digits, ws, '--num-epochs', '2', '--data-backend', 'synthetic', '--lr', '1e30', check=False)
+    result = run(digits, ws, '--num-epochs', '2', '--data-backend', 'synthetic', '--lr', '1e30', '--load',
+                 ws / 'model_last.state', check=False)     # a .state named by --load: resumed with these settings
     assert result.returncode == 2
     assert 'the training loss became nan at epoch 1 iteration' in result.stderr
     assert (ws / 'model_last.state').read_bytes() == before
@@ -163,7 +164,7 @@ def test_diverged_parameters_never_overwrite_checkpoints(digits, tmp_path):
     run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
     before = {name: (ws / name).read_bytes() for name in ('model_last.state', 'model_best.params')}
     result = run(digits, ws, '--num-epochs', '2', '--data-backend', 'synthetic', '--lr', '1e6', '--warmup-epochs',
-                 '0', check=False)
+                 '0', '--load', ws / 'model_last.state', check=False)
     assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
     assert 'NaN or infinite' in result.stderr or 'training loss became' in result.stderr
     assert 'epoch 1' in result.stderr.splitlines()[-1]

@@ -255,7 +255,8 @@ def test_node_local_workspaces_stop_a_resume_instead_of_training_on(digits, tmp_
                '--data-backend', 'synthetic', '--num-layers', '18', '--num-examples', '64', '--seed', '3',
                '--mode', 'train']
     environ = dict(RUN_ENV, WORKSPACES=str(tmp_path))
-    first = subprocess.run(command + ['--num-epochs', '1'], capture_output=True, text=True, env=environ)
+    first = subprocess.run(command + ['--num-epochs', '2', '--run-epochs', '1'], capture_output=True, text=True,
+                           env=environ)
     assert first.returncode == 0, first.stderr[-3000:]
     state = (tmp_path / 'ws0' / 'model_last.state').read_bytes()
     assert not (tmp_path / 'ws1' / 'model_last.state').exists()
