@@ -45,7 +45,7 @@ def test_bad_inputs_are_one_error_line_and_touch_nothing(trained, tmp_path, caps
               'not a readable MXNet parameter file'),
              (['--mode', 'pred', '--data-pred', tmp_path / 'text.jpg'], f'cannot read image {tmp_path / "text.jpg"}'),
              (['--mode', 'val', '--load', tmp_path / 'weights.pth'], "unknown weights format '.pth'"),
-             (['--num-layers', '34'], 'other settings (--num-layers 18 in the saved run, 34 now)'),
+             (['--num-layers', '34'], '--num-layers 18 in the saved run, 34 now'),
              (['--data-backend', 'mxnet', '--data-train', tmp_path / 'some.rec', '--data-train-idx',
                tmp_path / 'bad.idx', '--load', trained / 'model_last.state'], 'line 1 is not "key<TAB>offset"'),
              (['--lr', 'nan'], "argument --lr: 'nan' is not a finite number")]
