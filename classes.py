@@ -16,8 +16,12 @@ The formats, all written or read by the recipe itself:
 
 Anything else, and a file naming another number of classes than the network has, is a RecipeError: a wrong
 count would label every prediction with the wrong name without a word.
+
+The class count itself comes from the same file when --num-classes is not given (`resolve_count`): a 3-class
+dataset never trains a 1000-way classifier by accident, and a --num-classes that contradicts it is an error.
 """
 import json
+import os
 import re
 
 from errors import RecipeError
@@ -26,11 +30,37 @@ FORMATS = ('prepare_dataset.py\'s classes.json, {"classes": [...]} or a JSON lis
            'lines (prepare_dataset.py --names), "n01440764 name" lines (imagenet_classes.txt), or one name '
            'per line')
 WORDNET_LINE = re.compile(r'n[0-9]{8} \S')
+DEFAULT_COUNT = 1000   # ImageNet's, for data that come without a classes.json (synthetic, im2rec's files)
+
+
+def dataset_file(*data_files):
+    """The classes.json beside the first of `data_files` (.rec paths, None for absent) whose folder has one:
+    where scripts/prepare_dataset.py writes it; None when there is none."""
+    for data_file in data_files:
+        path = os.path.join(os.path.dirname(data_file), 'classes.json') if data_file else None
+        if path and os.path.isfile(path):
+            return path
+    return None
+
+
+def resolve_count(num_classes, data_files):
+    """(class count, where it came from): --num-classes when given (`num_classes` not None) and consistent with
+    the dataset's classes.json, else that file's count, else DEFAULT_COUNT. RecipeError when they contradict."""
+    path = dataset_file(*data_files)
+    if path is None:
+        return (DEFAULT_COUNT, 'the default') if num_classes is None else (num_classes, '--num-classes')
+    count = len(read_names(path, None, flag='the dataset\'s'))
+    if num_classes is None:
+        return count, path
+    if num_classes != count:
+        raise RecipeError(f'--num-classes {num_classes} contradicts the dataset\'s {path}, which names {count} '
+                          f'classes: leave --num-classes out (the count comes from that file) or give {count}')
+    return count, '--num-classes'
 
 
 def read_names(path, num_classes, flag='--classes'):
-    """The `num_classes` names the file at `path` gives, in label order; RecipeError for an unreadable file,
-    an unknown format or another number of classes."""
+    """The names the file at `path` gives, in label order; RecipeError for an unreadable file, an unknown
+    format or another number of classes than `num_classes` (None: any number)."""
     where = f'{flag} {path}'
     try:
         with open(path, encoding='utf-8') as f:
@@ -43,7 +73,7 @@ def read_names(path, num_classes, flag='--classes'):
         names = json_names(text, where)
     else:
         names = text_names(text, where)
-    if len(names) != num_classes:
+    if num_classes is not None and len(names) != num_classes:
         raise RecipeError(f'{where} names {len(names)} classes but the network has {num_classes} '
                           '(--num-classes): give the file of the dataset the weights were trained on')
     return names

@@ -236,10 +236,9 @@ def class_names(args):
     else the ImageNet names for a 1000-class model, else "class N" (classes.py reads the files)."""
     if args.classes:
         return classes.read_names(args.classes, args.num_classes)
-    for data_file in (args.data_train, args.data_val):
-        path = os.path.join(os.path.dirname(data_file), 'classes.json') if data_file else None
-        if path and os.path.exists(path):
-            return classes.read_names(path, args.num_classes, flag='the dataset\'s')
+    path = classes.dataset_file(args.data_train, args.data_val)
+    if path:
+        return classes.read_names(path, args.num_classes, flag='the dataset\'s')
     if args.num_classes == 1000:
         return classes.read_names(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'imagenet_classes.txt'),
                                   1000, flag='the recipe\'s')

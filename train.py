@@ -43,6 +43,7 @@ import mxnet as mx  # noqa: E402  (after cpu.prepare_process: oneDNN and OpenMP 
 import numpy as np  # noqa: E402
 
 import checkpoint  # noqa: E402
+import classes  # noqa: E402
 import dali  # noqa: E402
 import data  # noqa: E402
 import fit  # noqa: E402
@@ -98,9 +99,24 @@ def add_run_args(parser):
     return group
 
 
+class TrainParser(argparse.ArgumentParser):
+    """train.py's parser, which also settles what the flags leave to the data: the class count (--num-classes,
+    else the dataset's classes.json, else 1000), so every caller (workers, the runner's checks, benchmarks,
+    tests) sees the same resolved flags. `args.num_classes_source` says where the count came from."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, rest = super().parse_known_args(args, namespace)
+        try:
+            parsed.num_classes, parsed.num_classes_source = classes.resolve_count(
+                parsed.num_classes, (parsed.data_train, parsed.data_val))
+        except RecipeError as e:
+            self.error(str(e))
+        return parsed, rest
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(description='Train, validate or run ResNet-50 v1.5 and relatives',
-                                     formatter_class=flags.HelpFormatter)
+    parser = TrainParser(description='Train, validate or run ResNet-50 v1.5 and relatives',
+                         formatter_class=flags.HelpFormatter)
     add_run_args(parser)
     models.add_model_args(parser)
     fit.add_fit_args(parser)
@@ -206,6 +222,9 @@ def run(args):
     workers.resolve_hardware(args, world)
     if args.device == 'cpu':
         log.info('CPU: %s; %s', cpu.cpuinfo_field('model name') or 'unknown model', cpu.describe())
+    if args.num_classes_source not in ('--num-classes', 'the default'):
+        log.info('%d classes, as %s lists them (--num-classes not given)', args.num_classes,
+                 args.num_classes_source)
     data.resolve_backend(args)
     inference.check_inference_flags(args)
     net = models.get_model(**models.model_options(args))

@@ -3,6 +3,7 @@
 
     python scripts/prepare_dataset.py SRC OUT [--splits train,val] [--seed 100] [--workers N]
                                               [--quality 95] [--names NAMES.txt]
+    python scripts/prepare_dataset.py SRC OUT --val-fraction 0.2 [...]     # SRC/<class>/<image>, no split yet
 
 SRC/<split>/<class>/<image> becomes, for each split, OUT/<split>.lst, OUT/<split>.rec and OUT/<split>.idx,
 plus OUT/classes.json:
@@ -12,6 +13,9 @@ plus OUT/classes.json:
 so that prediction can name the classes of any dataset. `--names` is a text file of `folder<TAB>name`
 lines (e.g. ImageNet's synset mapping); without it a class's name is its folder name.
 
+* With --val-fraction F, SRC holds the class folders directly and has no split: of each class's readable
+  images, round(F x count) (at least 1, and at least 1 left for training, when the class has 2 or more) are
+  drawn for OUT/val.* with --seed, the rest go to OUT/train.*; the .lst files say which file went where.
 * Labels are the index of the class folder in sorted order, taken from the first split (normally train);
   the other splits must use the same folders. An empty class folder keeps its index and is reported.
 * Every file is decoded once (Pillow) before anything is written: unreadable and non-image files are
@@ -53,7 +57,10 @@ def parse_args(argv=None):
                                      formatter_class=flags.HelpFormatter)
     parser.add_argument('src', help='folder with one sub-folder per split, each with one folder per class')
     parser.add_argument('out', help='output folder')
-    parser.add_argument('--splits', default='train,val', help='comma-separated split folders to convert')
+    parser.add_argument('--splits', default=None, help='comma-separated split folders to convert (default: train,val)')
+    parser.add_argument('--val-fraction', type=flags.real(minimum=0, maximum=1, exclusive=True), default=None,
+                        help='SRC has no split folders, only class folders: hold out this fraction of each '
+                             'class\'s images (drawn with --seed) as the validation split')
     parser.add_argument('--seed', type=int, default=100, help='shuffle seed (im2rec.py uses 100)')
     parser.add_argument('--workers', type=int, default=os.cpu_count(), help='parallel processes')
     parser.add_argument('--quality', type=int, default=95, help='JPEG quality for re-encoded images')
@@ -112,21 +119,60 @@ def progress(iterable, stage, total):
             print(f'  {stage}: {done}/{total} files ({100 * done // max(total, 1)}%)', file=sys.stderr, flush=True)
 
 
-def convert_split(args, split, classes, pool):
-    split_dir = os.path.join(args.src, split)
-    items = list_files(split_dir, classes)
-    print(f'{split}: {len(items)} files in {len(classes)} classes', file=sys.stderr)
+def check_files(split_dir, items, pool):
+    """(readable items as (path, label, needs re-encoding), skipped items as (path, reason))."""
     checks = list(progress(pool.imap(check_image, [os.path.join(split_dir, p) for p, _ in items], chunksize=64),
                            'decoded', len(items)))
     skipped = [(path, reason) for (path, _), (reason, _) in zip(items, checks) if reason]
     good = [(path, label, reencode) for (path, label), (reason, reencode) in zip(items, checks) if not reason]
+    return good, skipped
+
+
+def held_out(good, fraction, seed):
+    """The positions in `good` of the validation images: round(fraction x count) of each class (at least 1,
+    and at least 1 left for training, when the class has 2 or more), drawn with `seed`."""
+    by_class = {}
+    for position, (_, label, _) in enumerate(good):
+        by_class.setdefault(label, []).append(position)
+    draw = random.Random(seed)
+    chosen = set()
+    for label in sorted(by_class):
+        positions = by_class[label]
+        count = min(max(round(fraction * len(positions)), 1), len(positions) - 1)
+        chosen.update(draw.sample(positions, count))
+    return chosen
+
+
+def convert_tree(args, splits, classes, pool):
+    """Convert SRC/<split>/<class>/<image> for each split; with --val-fraction, SRC/<class>/<image> into a
+    drawn train and val split. Returns nothing; prints what was written."""
+    if args.val_fraction is None:
+        for split in splits:
+            split_dir = os.path.join(args.src, split)
+            items = list_files(split_dir, classes)
+            print(f'{split}: {len(items)} files in {len(classes)} classes', file=sys.stderr)
+            convert_split(args, split, split_dir, classes, *check_files(split_dir, items, pool), pool)
+        return
+    items = list_files(args.src, classes)
+    print(f'{args.src}: {len(items)} files in {len(classes)} classes, {args.val_fraction:g} of each class held out '
+          'for validation', file=sys.stderr)
+    good, skipped = check_files(args.src, items, pool)
+    val = held_out(good, args.val_fraction, args.seed)
+    parts = {'train': [item for i, item in enumerate(good) if i not in val],
+             'val': [item for i, item in enumerate(good) if i in val]}
+    for split in ('train', 'val'):
+        convert_split(args, split, args.src, classes, parts[split], skipped if split == 'train' else [], pool)
+
+
+def convert_split(args, split, split_dir, classes, good, skipped, pool):
+    """Write OUT/<split>.{lst,rec,idx} of the readable `good` items and OUT/<split>_skipped.txt."""
     report_problems(args, split, classes, skipped, good)
     # Number in listing order, then shuffle: the order im2rec.py produces.
     numbered = [(index, path, label, reencode) for index, (path, label, reencode) in enumerate(good)]
     random.seed(args.seed)
     random.shuffle(numbered)
     write_split(args, split, split_dir, numbered, pool)
-    return len(numbered), len(skipped)
+    print(f'{split}: wrote {len(numbered)} records, skipped {len(skipped)} files', file=sys.stderr)
 
 
 def report_problems(args, split, classes, skipped, good):
@@ -168,17 +214,21 @@ def read_names(path):
 
 def main(argv=None):
     args = parse_args(argv)
-    splits = [s for s in args.splits.split(',') if s]
-    for split in splits:
-        if not os.path.isdir(os.path.join(args.src, split)):
-            print(f'error: {os.path.join(args.src, split)} is not a folder (expected SRC/<split>/<class>/<image>)',
-                  file=sys.stderr)
-            return 2
-    classes = list_classes(os.path.join(args.src, splits[0]))
-    if not classes:
-        print(f'error: {os.path.join(args.src, splits[0])} has no class folders', file=sys.stderr)
+    if args.val_fraction is not None and args.splits is not None:
+        print('error: --val-fraction splits a folder of class folders itself: leave --splits out', file=sys.stderr)
         return 2
-    for split in splits[1:]:
+    splits = [s for s in (args.splits or 'train,val').split(',') if s]
+    class_root = args.src if args.val_fraction is not None else os.path.join(args.src, splits[0])
+    for split in splits if args.val_fraction is None else []:
+        if not os.path.isdir(os.path.join(args.src, split)):
+            print(f'error: {os.path.join(args.src, split)} is not a folder (expected SRC/<split>/<class>/<image>; '
+                  'for SRC/<class>/<image>, without a split, add --val-fraction 0.2)', file=sys.stderr)
+            return 2
+    classes = list_classes(class_root) if os.path.isdir(class_root) else []
+    if not classes:
+        print(f'error: {class_root} has no class folders', file=sys.stderr)
+        return 2
+    for split in splits[1:] if args.val_fraction is None else []:
         unknown = sorted(set(list_classes(os.path.join(args.src, split))) - set(classes))
         if unknown:
             print(f'error: {split} has class folders that {splits[0]} lacks: {", ".join(unknown[:5])}',
@@ -187,9 +237,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     names = read_names(args.names) if args.names else {}
     with multiprocessing.Pool(max(1, args.workers)) as pool:
-        for split in splits:
-            written, skipped = convert_split(args, split, classes, pool)
-            print(f'{split}: wrote {written} records, skipped {skipped} files', file=sys.stderr)
+        convert_tree(args, splits, classes, pool)
     logs.write_json(os.path.join(args.out, 'classes.json'),
                     {'classes': [{'index': i, 'folder': c, 'name': names.get(c, c)} for i, c in enumerate(classes)]})
     print(f'Dataset written to {args.out}', file=sys.stderr)

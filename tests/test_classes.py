@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import inference
+import train
 from conftest import ROOT
 from errors import RecipeError
 
@@ -72,3 +73,27 @@ def test_a_bad_classes_file_stops_the_runner_before_launch(digits, tmp_path):
     assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(f'error: --classes {bad} is not valid JSON')
     assert not (tmp_path / 'w').exists()   # nothing started
+
+
+def test_the_class_count_comes_from_the_datasets_classes_json(digits):
+    """Issue 23 item 7: without --num-classes, a dataset whose classes.json lists 10 classes trains a 10-way
+    classifier (it was a 1000-way one, without a word); without a classes.json the count stays 1000."""
+    rec = digits / 'rec'
+    data = ['--data-train', str(rec / 'train.rec'), '--data-val', str(rec / 'val.rec')]
+    args = train.build_parser().parse_args(data)
+    assert (args.num_classes, args.num_classes_source) == (10, str(rec / 'classes.json'))
+    assert train.build_parser().parse_args(data + ['--num-classes', '10']).num_classes == 10
+    assert train.build_parser().parse_args(['--data-backend', 'synthetic']).num_classes == 1000
+    assert train.build_parser().parse_args(['--num-classes', '7']).num_classes == 7
+
+
+def test_a_num_classes_that_contradicts_the_dataset_stops_the_runner_before_launch(digits, tmp_path):
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'runner'), '--dtype', 'float32', '--num-classes', '1000',
+         '--image-shape', '3,32,32', '--data-root', str(digits / 'rec'), '--workspace', str(tmp_path / 'w')],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f'error: --num-classes 1000 contradicts the dataset\'s {digits / "rec" / "classes.json"}, '
+                           'which names 10 classes'), last
+    assert not (tmp_path / 'w').exists()

@@ -86,6 +86,25 @@ def test_missing_split_is_a_clear_error(tmp_path):
     assert result.returncode == 2 and 'is not a folder' in result.stderr
 
 
+def test_a_folder_without_a_split_is_split_per_class(tree, tmp_path):
+    """--val-fraction: SRC/<class>/<image> (here tree/train) becomes a train and a val split, a fraction of each
+    class held out, every readable image in exactly one of them, the same draw for the same seed."""
+    out, again = tmp_path / 'out', tmp_path / 'again'
+    run_script('scripts/prepare_dataset.py', tree / 'train', out, '--val-fraction', '0.34', '--workers', '2')
+    lst = {split: [line.split('\t')[2] for line in (out / f'{split}.lst').read_text().splitlines()]
+           for split in ('train', 'val')}
+    # cat: 6 readable (broken.jpg skipped) -> 2 held out; dog: 6 JPEGs + the PNG -> round(0.34 x 7) = 2
+    assert sorted(p.split('/')[0] for p in lst['val']) == ['cat', 'cat', 'dog', 'dog']
+    assert len(lst['train']) == 13 - 4 and not set(lst['train']) & set(lst['val'])
+    assert [r[1].label for r in read_records(out, 'val')] == [{'cat': 0, 'dog': 1}[p.split('/')[0]] for p in lst['val']]
+    assert json.loads((out / 'classes.json').read_text())['classes'][2]['folder'] == 'empty'
+    assert 'broken.jpg' in (out / 'train_skipped.txt').read_text()
+    run_script('scripts/prepare_dataset.py', tree / 'train', again, '--val-fraction', '0.34', '--workers', '1')
+    assert (again / 'val.lst').read_text() == (out / 'val.lst').read_text()
+    refused = run_script('scripts/prepare_dataset.py', tree / 'train', tmp_path / 'x', check=False)
+    assert refused.returncode == 2 and 'add --val-fraction 0.2' in refused.stderr
+
+
 def test_byte_compatible_with_im2rec_both_ways(tmp_path):
     src = tmp_path / 'src'
     for c in range(3):
