@@ -1,0 +1,101 @@
+"""The README is the user's manual: its commands run as printed, its links lead somewhere, and its quick start
+takes a folder of images to a trained model, predictions and an ONNX model that its own Python snippet runs."""
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+from conftest import ROOT
+
+README = os.path.join(ROOT, 'README.md')
+DOCS = [README] + [os.path.join(ROOT, 'docs', name) for name in sorted(os.listdir(os.path.join(ROOT, 'docs')))]
+# Small enough for CI, appended to the quick start's commands (the runner's and train.py's last occurrence wins).
+SMALL = ['--num-layers', '18', '--image-shape', '3,32,32', '--data-val-resize', '36', '--min-random-area', '0.5']
+
+
+def code_blocks(language):
+    with open(README, encoding='utf-8') as f:
+        return re.findall(rf'```{language}\n(.*?)```', f.read(), re.S)
+
+
+def commands(block):
+    """The commands of a bash block, continuation lines joined, comments dropped."""
+    return [shlex.split(line, comments=True) for line in block.replace('\\\n', ' ').split('\n')
+            if shlex.split(line, comments=True)]
+
+
+def anchor(title):
+    return re.sub(r'[^\w\- ]', '', title.strip().lower()).replace(' ', '-')
+
+
+def test_every_runner_command_of_the_readme_is_accepted_as_printed():
+    """Each `./runner ...` line (placeholders such as <path> aside) passes the runner's checks of its flags and
+    train.py's (--dry-run: files and hardware are not looked at)."""
+    lines = [argv for block in code_blocks('bash') for argv in commands(block)
+             if argv[0] == './runner' and not any('<' in word for word in argv)]
+    assert len(lines) >= 15
+    for argv in lines:
+        result = subprocess.run([sys.executable, os.path.join(ROOT, 'runner')] + argv[1:] + ['--dry-run'],
+                                capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert result.returncode == 0, (shlex.join(argv), result.stderr[-1500:])
+
+
+def test_every_link_leads_somewhere():
+    """Relative links name existing files, and #anchors existing headings (in the README and docs/)."""
+    for path in DOCS:
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+        for target in re.findall(r'\]\(([^)\s]+)\)', text):
+            if target.startswith('http'):
+                continue
+            file, _, fragment = target.partition('#')
+            linked = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+            assert os.path.exists(linked), f'{path}: link to {target}: no such file'
+            if fragment:
+                with open(linked, encoding='utf-8') as f:
+                    headings = {anchor(h) for h in re.findall(r'^#+ (.*)$', f.read(), re.M)}
+                assert fragment in headings, f'{path}: link to {target}: no such heading'
+
+
+def test_the_quick_start_takes_a_folder_of_images_to_a_model_predictions_and_onnx(digits, tmp_path):
+    """The quick start's four commands, run as printed in a folder that has photos/<class>/<image> (the demo's
+    training digits; the programs named by their path in the repository), with a smaller network and image
+    size appended. Then its Python snippet runs the ONNX
+    model and names the same classes as --mode pred."""
+    shutil.copytree(digits / 'images' / 'train', tmp_path / 'photos')
+    quick_start = next(block for block in code_blocks('bash') if 'prepare_dataset.py photos' in block)
+    new_photos = tmp_path / 'new_photos'
+    new_photos.mkdir()
+    samples = [sorted((digits / 'images' / 'val' / f'digit_{d}').iterdir())[0] for d in (3, 5, 7, 8)]
+    for sample in samples:
+        shutil.copy(sample, new_photos / f'{sample.parent.name}_{sample.name}')
+    outputs = []
+    for argv in commands(quick_start):
+        extra = [] if argv[1] == 'scripts/prepare_dataset.py' else SMALL
+        if argv[0] == './runner' and '--mode' not in argv:
+            extra = extra + ['-e', '1', '-b', '16']
+        if '--mode' in argv and argv[argv.index('--mode') + 1] == 'pred':
+            extra = extra + ['--pred-output', str(tmp_path / 'predictions.json')]
+        program = [sys.executable, os.path.join(ROOT, argv[1])] if argv[0] == 'python' else [os.path.join(ROOT, argv[0])]
+        result = subprocess.run(program + argv[2 if argv[0] == 'python' else 1:] + extra,
+                                capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert result.returncode == 0, (shlex.join(argv), result.stderr[-2000:])
+        outputs.append(result)
+    assert (tmp_path / 'data' / 'photos' / 'val.rec').exists()
+    assert '10 classes, as data/photos/classes.json lists them' in (tmp_path / 'runs' / 'photos' / 'log.log').read_text()
+    predictions = json.loads((tmp_path / 'predictions.json').read_text())['predictions']
+    assert len(predictions) == len(samples)
+    onnx_model = tmp_path / 'runs' / 'photos' / 'export' / 'model.onnx'
+    assert onnx_model.exists()
+
+    snippet = code_blocks('python')[0]
+    snippet = (snippet.replace('256', '36').replace('224', '32').replace("'export/model.onnx'", repr(str(onnx_model)))
+               .replace("'classes.json'", repr(str(tmp_path / 'data' / 'photos' / 'classes.json'))))
+    for prediction in predictions:
+        run = subprocess.run([sys.executable, '-c', snippet.replace("'cat.jpg'", repr(prediction['image']))],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.strip() == prediction['top'][0]['name'], (run.stdout, prediction)
