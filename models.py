@@ -76,7 +76,7 @@ def add_model_args(parser):
                             'resnext (ResNeXt-N 32x4d has 32)')
     group.add_argument('--num-classes', type=flags.integer(minimum=1), default=None,
                        help='the number of classes (default: the count of the classes.json beside --data-train '
-                            'or --data-val, as prepare_dataset.py writes it; else 1000)')
+                            'or --data-val, as prepare_dataset.py writes it; else, and with --data-backend synthetic, 1000)')
     group.add_argument('--batchnorm-eps', type=flags.real(minimum=0, exclusive=True), default=1e-5,
                        help='the amount added to the batchnorm variance to prevent output explosion.')
     group.add_argument('--batchnorm-mom', type=flags.real(minimum=0, maximum=1), default=0.9,

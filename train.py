@@ -106,9 +106,9 @@ class TrainParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         parsed, rest = super().parse_known_args(args, namespace)
+        data_files = () if parsed.data_backend == 'synthetic' else (parsed.data_train, parsed.data_val)   # unread
         try:
-            parsed.num_classes, parsed.num_classes_source = classes.resolve_count(
-                parsed.num_classes, (parsed.data_train, parsed.data_val))
+            parsed.num_classes, parsed.num_classes_source = classes.resolve_count(parsed.num_classes, data_files)
         except RecipeError as e:
             self.error(str(e))
         return parsed, rest

@@ -91,6 +91,7 @@ def main():
         bare.append(round(bare_ips(args), 2))
     bare_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({'batch_size': args.batch_size, 'image_size': args.image_size, 'amp': args.amp,
+                      'cpu': cpu.cpuinfo_field('model name'), 'onednn': cpu.describe(),
                       'recipe_ips': max(recipe), 'bare_ips': max(bare), 'ratio': round(max(recipe) / max(bare), 3),
                       'rounds': {'recipe': recipe, 'bare': bare},
                       'peak_memory_mb': {'recipe': round(recipe_peak_mb), 'bare': round(bare_peak_mb)}}))

@@ -18,6 +18,18 @@ def run_script(*argv, check=True, **kwargs):
                           check=check, **kwargs)
 
 
+@functools.lru_cache(maxsize=None)
+def runner_module():
+    """The `runner` script as a module (it has no .py suffix), loaded once: its functions and main() in process."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader('runner', os.path.join(ROOT, 'runner'))
+    spec = importlib.util.spec_from_loader('runner', loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
 def randomise_batchnorm(net, seed=0):
     """Non-trivial batchnorm parameters and statistics (zero gammas would hide most of the network)."""
     import mxnet as mx

@@ -84,6 +84,7 @@ def test_the_class_count_comes_from_the_datasets_classes_json(digits):
     assert (args.num_classes, args.num_classes_source) == (10, str(rec / 'classes.json'))
     assert train.build_parser().parse_args(data + ['--num-classes', '10']).num_classes == 10
     assert train.build_parser().parse_args(['--data-backend', 'synthetic']).num_classes == 1000
+    assert train.build_parser().parse_args(data + ['--data-backend', 'synthetic']).num_classes == 1000   # unread
     assert train.build_parser().parse_args(['--num-classes', '7']).num_classes == 7
 
 

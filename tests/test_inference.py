@@ -42,7 +42,7 @@ def summary(workspace):
 def model(digits, tmp_path_factory):
     """A workspace with a ResNet-18 that classifies the digits well (about 90% top-1)."""
     workspace = tmp_path_factory.mktemp('model')
-    train_py(digits, workspace, '--num-epochs', '6', '--lr', '0.2', '--warmup-epochs', '1',
+    train_py(digits, workspace, '--num-epochs', '4', '--lr', '0.2', '--warmup-epochs', '1',
              '--min-random-area', '0.5', '--mode', 'train_val')
     return workspace
 

@@ -109,7 +109,8 @@ def test_model_flags_and_options():
     group = models.add_model_args(parser)
     assert group.title == 'Model'
     args = parser.parse_args([])
-    assert (args.arch, args.num_layers, args.num_groups, args.num_classes) == ('resnetv15', 50, 32, 1000)
+    # --num-classes: None until train.py's parser resolves it from the dataset (tests/test_classes.py)
+    assert (args.arch, args.num_layers, args.num_groups, args.num_classes) == ('resnetv15', 50, 32, None)
     assert (args.batchnorm_eps, args.batchnorm_mom, args.fuse_bn_relu, args.fuse_bn_add_relu) == (1e-5, 0.9, 0, 0)
     args = parser.parse_args(['--arch', 'resnextv1', '--num-layers', '101', '--fuse-bn-relu', '1'])
     other_groups = dict(input_layout='NHWC', conv_layout='NCHW', batchnorm_layout='NCHW', pooling_layout='NCHW',

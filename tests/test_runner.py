@@ -1,8 +1,6 @@
 """runner: the derived train.py command lines of the seed README's commands (without launching), per-node
 GPU ids, flag ranges and user errors reported once, and real two-worker CPU runs on the demo dataset (training,
 a worker's user error, SIGTERM / SIGUSR1 through the runner, resume)."""
-import importlib.machinery
-import importlib.util
 import os
 import shutil
 import signal
@@ -13,12 +11,9 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, runner_module
 
-loader = importlib.machinery.SourceFileLoader('runner', os.path.join(ROOT, 'runner'))
-spec = importlib.util.spec_from_loader('runner', loader)
-runner = importlib.util.module_from_spec(spec)
-loader.exec_module(runner)
+runner = runner_module()
 
 
 def command(argv, gpus=0, fused=False):
@@ -301,7 +296,7 @@ def interrupted_run(argv, signum, timeout=90):
 
 
 @HOROVOD
-@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize('signum', [signal.SIGTERM])   # SIGUSR1 and SIGINT take the same handler (supervisor.py)
 def test_signal_to_the_runner_stops_every_worker_with_the_state_written(digits, tmp_path, signum):
     import psutil
     import checkpoint

@@ -67,8 +67,7 @@ def test_train_val_outputs(digits, tmp_path):
     assert meta['epoch'] == 2 and meta['iteration'] == 0 and meta['seed'] == 3
 
 
-@pytest.mark.parametrize('backend, stop_signal', [('dali-cpu', signal.SIGTERM), ('synthetic', signal.SIGTERM),
-                                                  ('synthetic', signal.SIGINT)])
+@pytest.mark.parametrize('backend, stop_signal', [('dali-cpu', signal.SIGTERM), ('synthetic', signal.SIGINT)])
 def test_exact_resume_after_sigterm_or_ctrl_c(digits, tmp_path, backend, stop_signal):
     flags = ['--num-epochs', '3', '--data-backend', backend, '--mixup', '0.2']
     run(digits, tmp_path / 'whole', *flags)
