@@ -196,22 +196,6 @@ def test_amp_is_bfloat16_on_cpu_or_a_clear_error(digits, tmp_path):
         assert result.returncode == 2 and 'needs an AVX-512 CPU' in result.stderr
 
 
-@pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
-def test_two_horovod_workers_follow_one_worker(digits, tmp_path):
-    """Synthetic data gives worker r slice r of one global batch, so 1 and 2 workers see the same global
-    batches; only batchnorm statistics (per worker) and summation order differ."""
-    flags = ['--num-epochs', '3', '--data-backend', 'synthetic', '--kv-store', 'horovod', '--label-smoothing', '0']
-    run(digits, tmp_path / 'one', *flags)
-    cmd = ['horovodrun', '-np', '2', '--gloo'] + train_cmd(digits, tmp_path / 'two', *flags)
-    result = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
-    assert result.returncode == 0, result.stderr[-3000:]
-    one = [r['data']['train.loss'] for r in epoch_records(tmp_path / 'one')]
-    two = [r['data']['train.loss'] for r in epoch_records(tmp_path / 'two')]
-    assert len(two) == 3
-    assert two == pytest.approx(one, rel=0.1)       # same trajectory within 10%
-    assert one[-1] < one[0] and two[-1] < two[0]
-
-
 def horovod_workers(root):
     """The train.py processes horovodrun started below `root` (a psutil.Process)."""
     return [p for p in root.children(recursive=True)
@@ -219,15 +203,24 @@ def horovod_workers(root):
 
 
 @pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
-def test_two_workers_resume_exactly(digits, tmp_path):
-    """Each worker keeps its own batchnorm statistics (no sync BN): a resumed 2-worker run must restore every
-    worker's, and the epoch's loss sums of both, to match the uninterrupted run exactly."""
+def test_two_workers_follow_one_worker_and_resume_exactly(digits, tmp_path):
+    """Synthetic data gives worker r slice r of one global batch, so 1 and 2 workers see the same global
+    batches; only batchnorm statistics (per worker) and summation order differ. Each worker keeps its own
+    batchnorm statistics (no sync BN): a resumed 2-worker run must restore every worker's, and the epoch's loss
+    sums of both, to match the uninterrupted run exactly."""
     import psutil
-    flags = ['--num-epochs', '2', '--data-backend', 'synthetic', '--kv-store', 'horovod', '--disp-batches', '1']
+    flags = ['--num-epochs', '2', '--data-backend', 'synthetic', '--kv-store', 'horovod', '--disp-batches', '1',
+             '--label-smoothing', '0']
     env = dict(os.environ, OMP_NUM_THREADS='1')
+    run(digits, tmp_path / 'one', *flags)
     whole = subprocess.run(['horovodrun', '-np', '2', '--gloo'] + train_cmd(digits, tmp_path / 'whole', *flags),
                            capture_output=True, text=True, env=env)
     assert whole.returncode == 0, whole.stderr[-3000:]
+    one = [r['data']['train.loss'] for r in epoch_records(tmp_path / 'one')]
+    two = [r['data']['train.loss'] for r in epoch_records(tmp_path / 'whole')]
+    assert len(two) == 2
+    assert two == pytest.approx(one, rel=0.1)       # same trajectory within 10%
+    assert one[-1] < one[0] and two[-1] < two[0]
     ws = tmp_path / 'parts'
     launcher = subprocess.Popen(['horovodrun', '-np', '2', '--gloo'] + train_cmd(digits, ws, *flags),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
