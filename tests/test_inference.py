@@ -102,12 +102,18 @@ def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_pat
 
 
 def test_int8_prediction(digits, model, tmp_path):
-    output = tmp_path / 'pred.json'
-    image = next((digits / 'images' / 'val' / 'digit_7').iterdir())
-    train_py(digits, model, '--mode', 'pred', '--quantize', 'int8', '--calib-batches', '4', '--data-pred', image,
-             '--pred-output', output)
-    top = json.loads(output.read_text())['predictions'][0]['top']
-    assert len(top) == 5 and top[0]['name'] == 'seven'
+    """--mode pred with INT8 names the classes float32 names (on the 36 sevens of the validation set; the
+    model gets about 9 in 10 right, so a single image proves little)."""
+    folder = digits / 'images' / 'val' / 'digit_7'
+    named = {}
+    for precision, flags in (('float32', []), ('int8', ['--quantize', 'int8', '--calib-batches', '4'])):
+        output = tmp_path / f'{precision}.json'
+        train_py(digits, model, '--mode', 'pred', *flags, '--data-pred', folder, '--pred-output', output)
+        predictions = json.loads(output.read_text())['predictions']
+        assert len(predictions) == 36 and all(len(p['top']) == 5 for p in predictions)
+        named[precision] = [p['top'][0]['name'] for p in predictions]
+    assert sum(a == b for a, b in zip(named['float32'], named['int8'])) >= 0.9 * 36
+    assert named['int8'].count('seven') > 36 / 2
 
 
 def test_bfloat16_inference_or_a_clear_error(digits, model, tmp_path):
