@@ -39,7 +39,7 @@ class WeightAverage:
         for name, param in self.params.items():
             average = self.average[name]
             average *= self.decay
-            average += (1 - self.decay) * param.data(self.ctx).astype('float32')
+            average += (1 - self.decay) * param.data(self.ctx).astype('float32', copy=False)   # no copy in float32
 
     @contextlib.contextmanager
     def swapped_in(self):

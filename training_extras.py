@@ -71,12 +71,13 @@ class Accumulation:
 
     def __init__(self, steps, params):
         self.steps = steps
-        self.params = [p for p in params.values() if p.grad_req != 'null']
+        self.params = params      # the network's ParameterDict
         self.pending = 0          # batches summed since the last step
         self.iterations = None    # batches in the current epoch
         if steps > 1:
-            for param in self.params:
-                param.grad_req = 'add'
+            for param in params.values():
+                if param.grad_req != 'null':
+                    param.grad_req = 'add'
 
     def start_epoch(self, iterations):
         self.iterations = iterations
@@ -96,8 +97,7 @@ class Accumulation:
         """The number of batches the step just taken covered; the summed gradients start again from zero."""
         batches, self.pending = self.pending, 0
         if self.steps > 1:
-            for param in self.params:
-                param.zero_grad()
+            self.params.zero_grad()    # one reset_arrays call per device, not one operator per array
         return batches
 
     def at_step(self, done):
