@@ -17,4 +17,6 @@ RUN python -c "import importlib.metadata as m; print(*[f'{d.metadata[\"Name\"]}=
     pip install --no-cache-dir --no-deps -r requirements-container-nodeps.txt && \
     python -c "import tqdm, safetensors.numpy, PIL, psutil, sklearn, matplotlib, onnx, onnxruntime, tensorboardX"
 COPY . .
+# The Horovod API the recipe calls (workers.HOROVOD_API): a container whose Horovod lacks part of it fails here.
+RUN python -c "import horovod, horovod.mxnet as hvd, workers; workers.check_horovod_api(hvd); print('Horovod', horovod.__version__)"
 ENV MXNET_CUDNN_AUTOTUNE_DEFAULT=0

@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import tempfile
 import zipfile
@@ -118,19 +119,40 @@ def nonfinite_parameters(net):
 
 
 def trainer_state_bytes(trainer):
-    """The optimizer state of a gluon.Trainer (momentum, ...) as bytes (Gluon only writes it to a file)."""
+    """The optimizer state of a gluon.Trainer (momentum, float32 master weights, ...) as bytes, every array
+    on the CPU. Gluon pickles each NDArray with its device, and unpickling recreates it there: a state saved
+    by rank 0 from gpu(0) would make every worker of a resume open a context on GPU 0 and leave its copy of
+    the optimizer state in GPU 0's memory pool (or fail where that device does not exist)."""
     with trainer_state_file() as path:
-        trainer.save_states(path)
+        trainer.save_states(path)          # Gluon's own format, written after initialising its updaters
         with open(path, 'rb') as f:
-            return f.read()
+            states, optimizer = pickle.loads(f.read())
+    return pickle.dumps((on_device(states, mx.cpu()), optimizer))
 
 
 def restore_trainer_state(trainer, state):
-    """The inverse of trainer_state_bytes."""
+    """The inverse of trainer_state_bytes: each device's optimizer state on that device at once (Gluon would
+    otherwise keep the unpickled arrays and copy them at the first update)."""
     with trainer_state_file() as path:
         with open(path, 'wb') as f:
             f.write(state)
         trainer.load_states(path)
+    # With update_on_kvstore (one device, --kv-store device or local) the kvstore's updater holds the state.
+    updaters = [trainer._kvstore._updater] if trainer._update_on_kvstore else trainer._updaters
+    for updater, ctx in zip(updaters, trainer._contexts):
+        updater.states = {index: on_device(value, ctx) for index, value in updater.states.items()}
+        updater.states_synced = dict.fromkeys(updater.states, True)
+
+
+def on_device(value, ctx):
+    """`value` (an NDArray, or nested tuples/lists/dicts of them, as optimizers keep their state) on `ctx`."""
+    if isinstance(value, mx.nd.NDArray):
+        return value.as_in_context(ctx)
+    if isinstance(value, dict):
+        return {key: on_device(item, ctx) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(on_device(item, ctx) for item in value)
+    return value
 
 
 @contextlib.contextmanager
@@ -169,7 +191,9 @@ def save_state(path, net, trainer, meta, previous=None, worker_statistics=None, 
     arrays = {f'param:{name}': p._reduce() for name, p in net._collect_params_with_prefix().items()}
     for rank, statistics in (worker_statistics or {}).items():
         arrays.update({f'rank{rank}:{name}': mx.nd.array(value) for name, value in statistics.items()})
-    arrays.update(extra or {})
+    # mx.nd.save records each array's device and mx.nd.load recreates it there: CPU arrays only, so that a
+    # resume allocates nothing on the device that rank 0 saved from (the weight average lives on a GPU).
+    arrays.update({name: value.as_in_context(mx.cpu()) for name, value in (extra or {}).items()})
     arrays['trainer'] = bytes_array(trainer_state_bytes(trainer))
     arrays['meta'] = bytes_array(json.dumps(logs.finite_or_none(meta)).encode())
     arrays['checksum'] = bytes_array(checksum(arrays).encode())

@@ -72,6 +72,7 @@ class World:
             if not hvd.mpi_built() and srun_task_of_many(environ):
                 environ = dict(environ)      # the check below compares with what srun announced
                 self.rendezvous = join_slurm_world_over_gloo(environ)
+            check_horovod_api(hvd)
             hvd.init()
             self.horovod = hvd
             self.rank, self.size = hvd.rank(), hvd.size()
@@ -83,8 +84,8 @@ class World:
         values = np.asarray(values, dtype=np.float64)
         if self.size == 1:
             return values
-        total = self.horovod.allreduce(mx.nd.array(values, dtype='float64'), op=self.horovod.Sum,
-                                       name=f'sum{len(values)}')
+        total = self.horovod.allreduce(mx.nd.array(values, dtype='float64'), name=f'sum{len(values)}',
+                                       **horovod_sum(self.horovod))
         return total.asnumpy()
 
     def gather(self, values):
@@ -117,8 +118,34 @@ class World:
         if self.rank != 0:
             for array in arrays:
                 array[:] = 0
-        self.horovod.grouped_allreduce_(arrays, op=self.horovod.Sum, name='broadcast_parameters')
+        if hasattr(self.horovod, 'grouped_allreduce_'):
+            self.horovod.grouped_allreduce_(arrays, name='broadcast_parameters', **horovod_sum(self.horovod))
+        else:   # Horovod before 0.21 has no grouped all-reduce
+            for index, array in enumerate(arrays):
+                self.horovod.allreduce_(array, name=f'broadcast_parameters.{index}', **horovod_sum(self.horovod))
         mx.nd.waitall()
+
+
+# What the recipe calls in horovod.mxnet: present in every release from 0.20 (NVIDIA's MXNet containers 20.x
+# to 22.x) to 0.28; `op=`/`Sum` and `grouped_allreduce_` are used where they exist (horovod_sum, World).
+HOROVOD_API = ('init', 'rank', 'size', 'local_rank', 'local_size', 'mpi_built', 'allreduce', 'allreduce_',
+               'allgather', 'DistributedTrainer')
+
+
+def check_horovod_api(hvd):
+    """A RecipeError naming what this Horovod lacks of HOROVOD_API (the Dockerfile's build calls it too)."""
+    missing = [name for name in HOROVOD_API if not hasattr(hvd, name)]
+    if missing:
+        raise RecipeError(f'This Horovod lacks '
+                          f'{", ".join(missing)}, which this recipe calls: use Horovod 0.20 to 0.28 '
+                          '(NVIDIA MXNet containers 20.12 to 22.10 ship one)')
+
+
+def horovod_sum(hvd):
+    """The keyword that makes a Horovod all-reduce a sum: `op=hvd.Sum` from Horovod 0.25 on (where `average`
+    is deprecated), `average=False` before (NVIDIA's MXNet containers up to 22.05 ship 0.23-0.24, which have
+    no `op` and no `Sum`: calling them with `op=` fails at the first collective)."""
+    return {'op': hvd.Sum} if hasattr(hvd, 'Sum') else {'average': False}
 
 
 def srun_task_of_many(environ):

@@ -46,6 +46,54 @@ def test_state_round_trip(tmp_path):
     assert oct(os.stat(path).st_mode & 0o777) != oct(0o600)   # ordinary permissions, not mkstemp's
 
 
+def trained_on(ctx):
+    """tiny_net on `ctx` after one SGD step with momentum and float32 master weights (multi_precision)."""
+    net = tiny_net()
+    net.collect_params().reset_ctx(ctx)
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9,
+                                                           'multi_precision': True})
+    with mx.autograd.record():
+        loss = net(mx.nd.ones((2, 3), ctx=ctx)).sum()
+    loss.backward()
+    trainer.step(2)
+    return net, trainer
+
+
+def devices_in(value):
+    if isinstance(value, mx.nd.NDArray):
+        return {value.context}
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return set().union(*(devices_in(item) for item in value))
+    return set()
+
+
+def test_a_state_holds_cpu_arrays_and_resumes_onto_the_workers_own_device(tmp_path):
+    """Twin of a worker on gpu(3) whose state is resumed on gpu(1): Gluon pickles each optimizer array with its
+    device, so every worker of an 8-GPU resume used to unpickle rank 0's state onto GPU 0. cpu(3) saves,
+    the file holds cpu(0) arrays only, and a resume on cpu(1) has its optimizer state on cpu(1). (MXNet
+    recreates any CPU array as cpu(0), so on a CPU only the resume side can fail; scripts/gpu_check.py's
+    `resume` check reads a GPU-saved state.)"""
+    import pickle
+    net, trainer = trained_on(mx.cpu(3))
+    path = str(tmp_path / 'm_last.state')
+    checkpoint.save_state(path, net, trainer, {'epoch': 1},
+                          extra={'ema:' + name: p.data(mx.cpu(3)) for name, p in net._collect_params_with_prefix().items()})
+    assert {array.context for array in mx.nd.load(path).values()} == {mx.cpu(0)}
+    state = checkpoint.read_state(path)
+    saved_states, _ = pickle.loads(state.trainer)
+    assert devices_in(saved_states) == {mx.cpu(0)} and len(saved_states) == 6
+
+    resumed, resumed_trainer = trained_on(mx.cpu(1))
+    checkpoint.restore_trainer_state(resumed_trainer, state.trainer)
+    updater = resumed_trainer._updaters[0]
+    assert devices_in(updater.states) == {mx.cpu(1)}
+    for index in saved_states:   # the values survive the move: (float32 master weight, momentum) per array
+        for saved, restored in zip(saved_states[index], updater.states[index]):
+            np.testing.assert_array_equal(saved.asnumpy(), restored.asnumpy())
+
+
 def test_atomic_write_keeps_old_file_on_failure(tmp_path):
     path = tmp_path / 'report.json'
     logs.write_json(str(path), {'a': 1})

@@ -1,7 +1,10 @@
 """workers.World's collectives on a stand-in for Horovod that plays two workers: broadcasts come out as rank
 0's values and never go through Horovod's broadcast ops (a use-after-free in Horovod 0.28.1 crashed about one
 start in 25; see World)."""
+import functools
+
 import mxnet as mx
+import pytest
 import numpy as np
 from mxnet import gluon
 
@@ -31,13 +34,40 @@ class TwoWorkerHorovod:
     broadcast_ = broadcast_parameters = broadcast
 
 
-def world_of_rank1(rank0):
+class Horovod020:
+    """The API of Horovod 0.20: no `op` keyword, no `Sum` (a sum is `average=False`; the default averages),
+    no grouped all-reduce."""
+
+    def __init__(self, rank0):
+        self.rank0 = list(rank0)
+
+    def allreduce(self, tensor, average=True, name=None):
+        assert average is False
+        return tensor + mx.nd.array(self.rank0.pop(0), dtype=tensor.dtype)
+
+    def allreduce_(self, tensor, average=True, name=None):
+        tensor[:] = self.allreduce(tensor, average, name)
+
+
+class Horovod024(Horovod020):
+    """The API of Horovod 0.21-0.24 (NVIDIA's MXNet containers up to 22.05): a grouped all-reduce, still no
+    `op` and no `Sum`."""
+
+    def grouped_allreduce_(self, tensors, average=True, name=None):
+        for tensor in tensors:
+            self.allreduce_(tensor, average, name)
+
+
+def world_of_rank1(rank0, horovod=TwoWorkerHorovod):
     world = workers.World('device')
-    world.horovod, world.rank, world.size = TwoWorkerHorovod(rank0), 1, 2
+    world.horovod, world.rank, world.size = horovod(rank0), 1, 2
     return world
 
 
-def test_broadcasts_give_rank_0s_values_without_horovods_broadcast():
+@pytest.mark.parametrize('horovod', [TwoWorkerHorovod, Horovod024, Horovod020])
+def test_broadcasts_give_rank_0s_values_without_horovods_broadcast(horovod):
+    """On every Horovod API from 0.20 to 0.28 (the old ones have no op=/Sum: a call with op= crashed on them)."""
+    world_of_rank1 = functools.partial(globals()['world_of_rank1'], horovod=horovod)
     assert world_of_rank1([[123456789.0]]).broadcast_int(7) == 123456789
 
     net = gluon.nn.Dense(3, in_units=2)
@@ -48,3 +78,14 @@ def test_broadcasts_give_rank_0s_values_without_horovods_broadcast():
     world_of_rank1([by_name[name] for name in sorted(params.keys())]).broadcast_parameters(params)
     for name, param in params.items():
         np.testing.assert_array_equal(param.data().asnumpy(), by_name[name])
+
+
+def test_the_horovod_api_the_recipe_calls_is_checked_with_one_error():
+    import types
+    import horovod.mxnet as hvd
+    from errors import RecipeError
+    workers.check_horovod_api(hvd)         # the installed Horovod has all of it
+    lacking = types.SimpleNamespace(**{name: getattr(hvd, name) for name in workers.HOROVOD_API
+                                       if name != 'DistributedTrainer'})
+    with pytest.raises(RecipeError, match='lacks DistributedTrainer, which this recipe calls'):
+        workers.check_horovod_api(lacking)
