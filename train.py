@@ -69,7 +69,9 @@ def add_run_args(parser):
                             'random one, logged and stored in the checkpoint so a resume continues exactly)')
     group.add_argument('--gpus', type=flags.int_list, default=None,
                        help='list of gpus to run, e.g. 0 or 0,2,5; with --kv-store horovod each worker takes '
-                            'gpus[local rank] (default: GPU 0, or the CPU on a machine without GPUs)')
+                            'gpus[local rank] (default: every GPU this process sees, so one process with --kv-store '
+                            'device splits --batch-size over all of them; the CPU on a machine without GPUs). The '
+                            'log names the GPUs and the images per GPU')
     group.add_argument('--kv-store', default='device', choices=['device', 'horovod'],
                        help='horovod: one process per device (use the runner); device: one process drives '
                             'every device in --gpus')

@@ -15,9 +15,11 @@ that Horovod counts differently from what its launchers announced (the runner's 
 SLURM_* of the step, horovodrun's HOROVOD_*, mpirun's OMPI_COMM_WORLD_* or PMI_*) would otherwise train alone
 on the whole batch and write the same files as its peers (a Horovod without MPI under srun does exactly that).
 """
+import hashlib
 import logging
 import os
 import re
+import socket
 
 import mxnet as mx
 import numpy as np
@@ -289,12 +291,6 @@ def check_world(world, environ):
                           f'workers did not find each other, and each would train on its own. {WORLD_ADVICE}')
 
 
-def gpus_bound_per_task(environ=os.environ):
-    """Whether the process's GPUs were chosen for it alone (SLURM's --gpus-per-task or --gpu-bind, or a
-    CUDA_VISIBLE_DEVICES per task), so that each of a node's workers sees only its own GPU, as device 0."""
-    return any(environ.get(name) for name in ('SLURM_GPUS_PER_TASK', 'SLURM_GPU_BIND', 'CUDA_VISIBLE_DEVICES'))
-
-
 def resolve_hardware(args, world):
     """Decide devices, precision and AMP before the model is built. Sets args.contexts, args.device,
     args.dtype and args.amp_dtype."""
@@ -303,13 +299,27 @@ def resolve_hardware(args, world):
     on_gpu = num_gpus > 0
     args.device = 'gpu' if on_gpu else 'cpu'
     resolve_precision(args, on_gpu)
+    if on_gpu and world.size > 1:
+        check_one_worker_per_gpu(world, args.contexts)
     per_worker = args.batch_size // world.size   # divisibility by the workers: data.per_worker_batch
     if per_worker % len(args.contexts):
         raise RecipeError(f'the per-worker batch {per_worker} is not divisible by its '
                           f'{len(args.contexts)} devices')
+    if on_gpu:
+        log.info(devices_line(args, world))
 
 
-def devices(args, world, num_gpus, environ=os.environ):
+def devices_line(args, world):
+    """What this worker trains on, said because a single process takes every GPU it sees: `python train.py
+    -b 32` on an 8-GPU node gives each GPU 4 images (and batchnorm statistics over 4)."""
+    ids = ','.join(str(ctx.device_id) for ctx in args.contexts)
+    per_gpu = args.batch_size // world.size // len(args.contexts)
+    who = f'Worker {world.rank} of {world.size}' if world.size > 1 else 'This process'
+    return (f'{who} trains on GPU{"s" if len(args.contexts) > 1 else ""} {ids}: {per_gpu} images per GPU of the '
+            f'global batch {args.batch_size} (batchnorm statistics over {per_gpu} images)')
+
+
+def devices(args, world, num_gpus):
     """The contexts this worker drives: the CPU on a machine without GPUs; else --gpus (default: every GPU
     this process sees), of which a Horovod worker takes the one of its local rank; a Horovod worker that sees
     a single GPU of its own (SLURM's per-task binding) takes it, device 0, whatever its local rank."""
@@ -324,15 +334,46 @@ def devices(args, world, num_gpus, environ=os.environ):
     if args.kv_store != 'horovod':
         return [mx.gpu(g) for g in gpus]
     if num_gpus == 1 and world.local_size > 1:
-        if not gpus_bound_per_task(environ):
-            raise RecipeError(f'{world.local_size} workers run on this node and each sees the same single GPU: '
-                              'bind one GPU to each task (srun --gpus-per-task 1, or --gpu-bind) or start one '
-                              'worker per GPU')
+        # Each task sees one GPU: bound per task by SLURM (--gpus-per-task, --gpu-bind) or by its own
+        # CUDA_VISIBLE_DEVICES, or one GPU shared by all (a job-wide --gres=gpu:1): check_one_worker_per_gpu
+        # tells them apart by comparing the physical GPUs of the node's workers.
         return [mx.gpu(0)]
-    if world.local_rank >= len(gpus):
-        raise RecipeError(f'the worker of local rank {world.local_rank} has no GPU in --gpus '
-                          f'{",".join(map(str, gpus))} ({num_gpus} GPUs on this node, {world.local_size} workers)')
+    if len(gpus) < world.local_size:
+        raise RecipeError(f'{world.local_size} workers run on this node and it has {len(gpus)} GPUs for them '
+                          f'(--gpus {",".join(map(str, gpus))}, {num_gpus} visible): start one worker per GPU, or '
+                          'bind one GPU to each task')
     return [mx.gpu(gpus[world.local_rank])]
+
+
+def physical_gpu(ctx, environ=os.environ):
+    """The GPU behind `ctx` as the node knows it: its entry in CUDA_VISIBLE_DEVICES (an index or a UUID),
+    else its index."""
+    visible = [entry.strip() for entry in environ.get('CUDA_VISIBLE_DEVICES', '').split(',') if entry.strip()]
+    return visible[ctx.device_id] if ctx.device_id < len(visible) else str(ctx.device_id)
+
+
+def gpu_key(host, gpu):
+    """(host, GPU) as two integers that float32 holds exactly, for World.gather."""
+    digest = hashlib.sha256(f'{host}/{gpu}'.encode()).digest()
+    return [int.from_bytes(digest[:3], 'little'), int.from_bytes(digest[3:6], 'little')]
+
+
+def check_one_worker_per_gpu(world, contexts, environ=os.environ):
+    """RecipeError on every worker when two workers of a node drive the same GPU (SLURM's job-wide
+    CUDA_VISIBLE_DEVICES of `--ntasks-per-node 2 --gres=gpu:1` shows both tasks the same GPU as device 0):
+    they would train side by side on it, each at half speed, without a word. A collective."""
+    host = socket.gethostname()
+    mine = [gpu_key(host, physical_gpu(ctx, environ)) for ctx in contexts]
+    rows = world.gather(np.asarray(mine, dtype=np.float32).ravel())
+    keys = [tuple(row[i:i + 2]) for row in rows for i in range(0, len(row), 2)]
+    shared = {key for key in keys if keys.count(key) > 1}
+    if shared:
+        which = ', '.join(physical_gpu(ctx, environ) for ctx, key in zip(contexts, mine) if tuple(key) in shared)
+        raise RecipeError(f'several workers train on the same GPU ({which} on {host}, as CUDA_VISIBLE_DEVICES='
+                          f'{environ.get("CUDA_VISIBLE_DEVICES", "(unset)")} shows it): give every task of a node '
+                          'all its GPUs (srun --gpus-per-node 8 --ntasks-per-node 8, or --gres=gpu:8) and each '
+                          'worker takes the one of its local rank, or bind one GPU to each task '
+                          '(--gpus-per-task 1); nothing was written')
 
 
 def resolve_precision(args, on_gpu):

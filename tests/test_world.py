@@ -5,10 +5,12 @@ a damaged last state is set aside once however many workers find it."""
 import argparse
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
 import mxnet as mx
+import numpy as np
 import pytest
 
 import checkpoint
@@ -76,15 +78,21 @@ def test_the_announced_world_is_accepted(formed, environ):
 # Devices
 
 
-def gpu_choice(monkeypatch, gpus_on_node, local_rank, local_size, environ=None, flags=()):
-    """The device ids resolve_hardware gives a Horovod worker of a node with `gpus_on_node` visible GPUs."""
+def gpu_choice(monkeypatch, gpus_on_node, local_rank, local_size, environ=None, flags=(), node=None):
+    """The device ids resolve_hardware gives a Horovod worker of a node with `gpus_on_node` visible GPUs;
+    `node`: the environments of the node's other workers, whose GPUs the gather of
+    check_one_worker_per_gpu returns beside this one's (default: each has a GPU of its own)."""
     monkeypatch.setattr(mx.context, 'num_gpus', lambda: gpus_on_node)
     for name in ('CUDA_VISIBLE_DEVICES', 'SLURM_GPUS_PER_TASK', 'SLURM_GPU_BIND'):
         monkeypatch.delenv(name, raising=False)
     for name, value in (environ or {}).items():
         monkeypatch.setenv(name, value)
     args = train_args(['--kv-store', 'horovod', '--batch-size', '64'] + list(flags))
-    workers.resolve_hardware(args, world(local_rank, local_size, local_rank, local_size))
+    formed = world(local_rank, local_size, local_rank, local_size)
+    host = socket.gethostname()
+    others = [workers.gpu_key(host, workers.physical_gpu(mx.gpu(0), other)) for other in (node or [])]
+    formed.gather = lambda values: np.array([values] + others, dtype=np.float32)
+    workers.resolve_hardware(args, formed)
     return [(ctx.device_type, ctx.device_id) for ctx in args.contexts]
 
 
@@ -92,8 +100,10 @@ def test_a_horovod_worker_without_gpus_flag_takes_the_gpu_of_its_local_rank(monk
     assert gpu_choice(monkeypatch, 8, 5, 8) == [('gpu', 5)]
     assert gpu_choice(monkeypatch, 8, 0, 1) == [('gpu', 0)]
     assert gpu_choice(monkeypatch, 8, 2, 4, flags=['--gpus', '4,5,6,7']) == [('gpu', 6)]
-    with pytest.raises(RecipeError, match='local rank 3 has no GPU in --gpus 0,1,2 .3 GPUs on this node, 4'):
-        gpu_choice(monkeypatch, 3, 3, 4)
+    # fewer GPUs than workers: every worker stops (rank 0 too), not only those left without one
+    for rank in (0, 3):
+        with pytest.raises(RecipeError, match='4 workers run on this node and it has 3 GPUs for them'):
+            gpu_choice(monkeypatch, 3, rank, 4)
 
 
 @pytest.mark.parametrize('binding', [{'SLURM_GPUS_PER_TASK': '1'}, {'SLURM_GPU_BIND': 'single:1'},
@@ -103,9 +113,28 @@ def test_a_worker_bound_to_one_gpu_takes_device_0(monkeypatch, binding):
     assert gpu_choice(monkeypatch, 1, 7, 8, binding, flags=['--gpus', '0']) == [('gpu', 0)]
 
 
-def test_workers_sharing_one_unbound_gpu_are_refused(monkeypatch):
-    with pytest.raises(RecipeError, match='2 workers run on this node and each sees the same single GPU'):
-        gpu_choice(monkeypatch, 1, 1, 2)
+def test_one_process_takes_every_gpu_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(mx.context, 'num_gpus', lambda: 8)
+    args = train_args(['--batch-size', '32'])
+    with caplog.at_level('INFO', logger='workers'):
+        workers.resolve_hardware(args, world(horovod=False))
+    assert [ctx.device_id for ctx in args.contexts] == list(range(8))
+    assert ('This process trains on GPUs 0,1,2,3,4,5,6,7: 4 images per GPU of the global batch 32 (batchnorm '
+            'statistics over 4 images)') in caplog.messages
+
+
+def test_tasks_bound_to_their_own_gpus_by_cuda_visible_devices_train(monkeypatch):
+    """srun --gpus-per-task 1: each task's CUDA_VISIBLE_DEVICES names another GPU."""
+    assert gpu_choice(monkeypatch, 1, 1, 2, {'CUDA_VISIBLE_DEVICES': '1'},
+                      node=[{'CUDA_VISIBLE_DEVICES': '0'}]) == [('gpu', 0)]
+
+
+@pytest.mark.parametrize('environ', [{}, {'CUDA_VISIBLE_DEVICES': '0'}, {'CUDA_VISIBLE_DEVICES': 'GPU-8f3a'}])
+def test_workers_sharing_one_gpu_are_refused(monkeypatch, environ):
+    """srun --ntasks-per-node 2 --gres=gpu:1 sets one CUDA_VISIBLE_DEVICES for the job: both tasks see the same
+    GPU as device 0 (it used to be taken for per-task binding, and both trained on it without a word)."""
+    with pytest.raises(RecipeError, match='several workers train on the same GPU'):
+        gpu_choice(monkeypatch, 1, 1, 2, environ, node=[environ])
 
 
 # --------------------------------------------------------------------------------------------------------
