@@ -183,6 +183,35 @@ def test_gpu_ids_are_per_node(monkeypatch, capsys, tmp_path):
     assert dry_run(monkeypatch, capsys, ['-n', '16', '--launcher', 'slurm'])[1]['--gpus'] == eight
 
 
+def test_a_launch_from_a_machine_without_gpus_plans_for_the_workers_nodes(monkeypatch, capsys):
+    """A login node has no GPU: the plan used to be float32 on the CPU (no --gpus, Gloo) for GPU workers."""
+    code, _, err = dry_run(monkeypatch, capsys, ['-n', '16', '-H', 'node1:8,node2:8'], gpus=0)
+    assert code == 2 and 'this machine has no GPU but the workers run on node1, node2' in err
+    assert '--gpus-per-node' in err
+    code, flags, _ = dry_run(monkeypatch, capsys, ['-n', '16', '-H', 'node1:8,node2:8', '--gpus-per-node', '8'],
+                             gpus=0)
+    assert code == 0 and flags['--dtype'] == 'float16' and flags['--gpus'] == '0,1,2,3,4,5,6,7'
+    assert flags['--conv-layout'] == 'NHWC'
+    assert runner.main(['-n', '16', '-H', 'node1:8,node2:8', '--gpus-per-node', '8', '--dry-run']) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith('horovodrun -np 16 -H node1:8,node2:8 ')   # NCCL
+    # this machine's own names (the CPU twin of two nodes) need no --gpus-per-node
+    code, flags, _ = dry_run(monkeypatch, capsys, ['-n', '2', '-H', 'localhost:1,127.0.0.1:1'], gpus=0)
+    assert code == 0 and flags['--dtype'] == 'float32' and '--gpus' not in flags
+
+
+def test_gpu_runs_get_the_engine_variables_of_the_original_runner(monkeypatch, capsys):
+    for name in ('MXNET_ASYNC_GPU_ENGINE', 'MXNET_EXEC_ENABLE_ADDTO'):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(runner, 'machine_gpus', lambda: 8)
+    monkeypatch.setattr(runner, 'fused_kernels_available', lambda: True)
+    assert runner.main(['-n', '8', '--dry-run']) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert {'MXNET_ASYNC_GPU_ENGINE=1', 'MXNET_EXEC_ENABLE_ADDTO=1', 'HOROVOD_ENABLE_ASYNC_COMPLETION=1'} <= set(lines)
+    monkeypatch.setenv('MXNET_EXEC_ENABLE_ADDTO', '0')   # the user's own value wins
+    assert runner.main(['-n', '8', '--dry-run']) == 0
+    assert not any(line.startswith('MXNET_EXEC_ENABLE_ADDTO') for line in capsys.readouterr().out.splitlines())
+
+
 @pytest.mark.parametrize('argv,env,message', [
     (['-n', '16', '-H', 'a:16'], {}, 'asks for 16 workers on one node but this machine has 8 GPUs'),
     (['-n', '16', '-H', 'a:8'], {}, '-n 16 but -H a:8 has 8 slots'),
@@ -217,13 +246,15 @@ def test_slurm_task_count_other_than_n_is_refused(monkeypatch, capsys):
 
 @pytest.mark.parametrize('binding', [{'SLURM_GPUS_PER_TASK': '1'}, {'SLURM_GPU_BIND': 'single:1'}])
 def test_slurm_per_task_gpu_binding_gives_every_task_device_0(monkeypatch, capsys, binding):
-    """srun --gpus-per-task 1 (or --gpu-bind): each of a node's 8 tasks sees only its own GPU, as device 0."""
+    """srun --gpus-per-task 1 (or --gpu-bind): each of a node's 8 tasks sees only its own GPU, as device 0.
+    Tasks that see the same one (a job-wide --gres=gpu:1) are refused by the workers, which compare their
+    GPUs (tests/test_world.py); a task seeing 2 GPUs of 8 tasks is refused here."""
     for name in SLURM_PLAN:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv('SLURM_NTASKS', '16')
     monkeypatch.setenv('SLURM_NTASKS_PER_NODE', '8')
-    code, _, err = dry_run(monkeypatch, capsys, ['-n', '16', '--launcher', 'slurm'], gpus=1)
-    assert code == 2 and 'SLURM runs 8 tasks on this node but it has 1 GPUs' in err   # not bound: 8 on one GPU
+    code, _, err = dry_run(monkeypatch, capsys, ['-n', '16', '--launcher', 'slurm'], gpus=2)
+    assert code == 2 and 'SLURM runs 8 tasks on this node but each sees 2 GPUs' in err
     for name, value in binding.items():
         monkeypatch.setenv(name, value)
     code, flags, err = dry_run(monkeypatch, capsys, ['-n', '16', '--launcher', 'slurm'], gpus=1)
