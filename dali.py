@@ -221,7 +221,10 @@ class DaliLoader:
             raise RecipeError(f'the per-worker batch {self.batch_size} is not divisible by the '
                               f'{len(self.contexts)} devices')
         self.feeds = [Feed(self, d, len(self.contexts)) for d in range(len(self.contexts))]
-        self.pipes = None
+        # Built now, not at the first epoch: a validation pipeline first built after a training epoch (decode
+        # buffers, nvJPEG padding, prefetched batches: 0.5-1.5 GB on a GPU) would meet MXNet's memory pool at
+        # its training peak, an out-of-memory about an epoch in on 16 GB cards.
+        self.pipes = [self.pipeline(d) for d in range(len(self.contexts))]
         self.running = False     # a pipeline epoch is under way (possibly abandoned by the consumer)
 
     def read_batch(self, epoch, index, device, devices):
@@ -310,8 +313,6 @@ class DaliLoader:
         self._settle()
         if start >= self.num_batches:
             return
-        if self.pipes is None:
-            self.pipes = [self.pipeline(d) for d in range(len(self.contexts))]
         for feed in self.feeds:
             feed.start(epoch, range(start, self.num_batches))
         self.running = True

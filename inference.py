@@ -129,40 +129,55 @@ def fused_float32(args, net):
 
 def validate(args, net, loader, world, passes_label=''):
     """One pass over the validation data: top-1, top-5 and loss summed over all workers, each image counted
-    once (padding removed); per-batch latencies in seconds (each batch synchronised)."""
+    once (padding removed); per-batch latencies in seconds. The next batch is fetched (read, decoded,
+    copied) and queued before the outputs of the current one are waited for, so that loading overlaps the
+    network's compute; val.ips counts real images only."""
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
-    contexts = args.contexts
     totals = np.zeros(4)  # correct top-1, correct top-5, loss sum, images
-    durations = []
-    iterations = args.benchmark_iters or loader.num_batches
+    timed = []            # (seconds, real images) per batch, from one batch's finish to the next
+    pending = None
     tick = time.time()
-    for batch in batches(loader, 0, 0, iterations):
-        images = device_slices(batch.data[0], contexts)
-        labels = device_slices(batch.label[0], contexts)
-        outputs = [net(x) for x in images]
-        valid = sum(x.shape[0] for x in images) - batch.pad
-        if not args.no_metrics:
-            totals += batch_metrics(outputs, labels, valid, loss_fn)
-        else:
-            outputs[-1].wait_to_read()
-            totals[3] += valid
-        now = time.time()
-        durations.append(now - tick)
-        tick = now
+    for batch in batches(loader, 0, 0, args.benchmark_iters or loader.num_batches):
+        queued = queue_batch(net, batch, args.contexts)
+        if pending is not None:
+            totals += finish_batch(args, pending, loss_fn)
+            now = time.time()
+            timed.append((now - tick, pending[2]))
+            tick = now
+        pending = queued
+    if pending is not None:
+        totals += finish_batch(args, pending, loss_fn)
+        timed.append((time.time() - tick, pending[2]))
     totals = world.allreduce_sum(totals)
     seen = max(totals[3], 1)
     metrics = {}
     if not args.no_metrics:
         metrics = {'val.loss': totals[2] / seen, 'val.accuracy': totals[0] / seen,
                    'val.top_k_accuracy_5': totals[1] / seen}
-    steady = logs.steady_durations(durations)
-    batch_seconds = float(np.mean(steady)) if steady else 0.0
-    metrics['val.ips'] = loader.batch_size * world.size / batch_seconds if batch_seconds else 0.0
-    metrics['val.latency_avg'] = batch_seconds
+    steady = logs.steady_durations(timed)
+    seconds, images = (sum(column) for column in zip(*steady)) if steady else (0.0, 0)
+    metrics['val.ips'] = images * world.size / seconds if seconds else 0.0
+    metrics['val.latency_avg'] = seconds / len(steady) if steady else 0.0
     log.info('Validation%s: %d images%s', passes_label, int(totals[3]),
              '' if args.no_metrics else f', top-1 {metrics["val.accuracy"]:.4f} top-5 '
                                         f'{metrics["val.top_k_accuracy_5"]:.4f}')
-    return metrics, steady
+    return metrics, [duration for duration, _ in steady]
+
+
+def queue_batch(net, batch, contexts):
+    """(outputs, labels, real images) of `batch`, the network's work queued on MXNet's engine, not waited for."""
+    images = device_slices(batch.data[0], contexts)
+    labels = device_slices(batch.label[0], contexts)
+    return [net(x) for x in images], labels, sum(x.shape[0] for x in images) - batch.pad
+
+
+def finish_batch(args, queued, loss_fn):
+    """[top-1 correct, top-5 correct, loss sum, count] of a queued batch, once its outputs are computed."""
+    outputs, labels, valid = queued
+    if not args.no_metrics:
+        return batch_metrics(outputs, labels, valid, loss_fn)
+    outputs[-1].wait_to_read()
+    return np.array([0.0, 0.0, 0.0, valid])
 
 
 def batch_metrics(outputs, labels, valid, loss_fn):

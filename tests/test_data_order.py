@@ -106,6 +106,16 @@ def test_resume_lands_on_the_right_batch_of_a_kept_pipeline(tmp_path, backend):
     np.testing.assert_array_equal(next(fresh.epoch(2, 9)).label[0].asnumpy(), full[9][1])
 
 
+def test_dali_builds_training_and_validation_pipelines_before_the_first_step(tmp_path):
+    """Twin of dali-gpu's memory order: the validation pipeline must exist before training fills the GPU's
+    memory pool, not be built at the first validation after a training epoch."""
+    args = unique_label_args(tmp_path, 'dali-cpu', count=12, batch=6)
+    train, val = get_loaders(args, 0, 1)
+    assert [len(train.pipes), len(val.pipes)] == [1, 1]
+    built = val.pipes[0]
+    assert real_labels(train, 0) and real_labels(val, 0) == list(range(12)) and val.pipes[0] is built
+
+
 def test_dali_keeps_its_pipeline_across_epochs_and_wraps(tmp_path):
     args = unique_label_args(tmp_path, 'dali-cpu', count=24, batch=6)
     train, val = get_loaders(args, 0, 1)

@@ -236,3 +236,30 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
         inference.export(resolved(GPU_RUN + ['--workspace', str(tmp_path)]), workers.World('device'),
                          train.get_loaders)
     assert os.listdir(tmp_path / 'export') == []
+
+
+def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images(monkeypatch):
+    """Batch i+1 is fetched (DALI's decode and copy on a GPU node) before batch i's outputs are waited for,
+    the metrics are those of the plain loop, and val.ips counts real images, not the padding of the last
+    batch (timed with a clock that ticks one second per reading)."""
+    import itertools
+    import types
+    from test_fit import RecordingLoader
+    rng = np.random.default_rng(0)
+    batches = [mx.io.DataBatch(data=[mx.nd.array(rng.normal(size=(4, 3)))],
+                               label=[mx.nd.array(rng.integers(0, 6, 4))], pad=0) for _ in range(3)]
+    batches[2].pad = 3
+    events = []
+    net = mx.gluon.nn.Dense(6, in_units=3)
+    net.initialize(mx.init.Normal(1))
+    real = inference.batch_metrics
+    monkeypatch.setattr(inference, 'batch_metrics', lambda *a: events.append('wait') or real(*a))
+    clock = itertools.count()
+    monkeypatch.setattr(inference.time, 'time', lambda: float(next(clock)))
+    args = types.SimpleNamespace(contexts=[mx.cpu()], benchmark_iters=None, no_metrics=False)
+    metrics, _ = inference.validate(args, net, RecordingLoader(batches, events), workers.World('device'))
+    assert events == [('fetch', 0), ('fetch', 1), 'wait', ('fetch', 2), 'wait', 'wait']
+    logits = np.concatenate([net(b.data[0]).asnumpy() for b in batches])[:9]
+    labels = np.concatenate([b.label[0].asnumpy() for b in batches])[:9]
+    assert metrics['val.accuracy'] == pytest.approx(np.mean(logits.argmax(1) == labels))
+    assert metrics['val.ips'] == pytest.approx((4 + 1) / 2)    # the first batch is warm-up; 1 real image of 4
