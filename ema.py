@@ -1,7 +1,8 @@
-"""Exponential moving average of the weights (--model-ema, --model-ema-decay), as timm's ModelEmaV2.
+"""Exponential moving average of the weights (--model-ema, --model-ema-decay, --model-ema-steps,
+--model-ema-warmup), as timm's ModelEmaV3 and torchvision's ExponentialMovingAverage.
 
-    average = ema.WeightAverage(net, decay=0.9999, ctx=args.contexts[0])    # a float32 copy of every array
-    average.update()                                      # after every optimizer step: a = d * a + (1 - d) * w
+    average = ema.WeightAverage(net, decay=0.9999, ctx=args.contexts[0], every=32)   # float32 copies
+    average.update(step)              # after optimizer step `step` (1, 2, ...): every 32nd, a = d * a + (1 - d) * w
     with average.swapped_in():                            # the network computes with the average meanwhile
         metrics, _ = inference.validate(args, net, val_loader, world)
         checkpoint.save_params(net, path)                 # a .params file like any other (`--load` reads it)
@@ -15,31 +16,77 @@ same weights, its own batchnorm statistics) and validates its part of the data w
 import contextlib
 
 import mxnet as mx
+import numpy as np
 
 # Names under which the average goes into a .state file (checkpoint.save_state's `extra` arrays).
 STATE_PREFIX = 'ema:'
 
+# Arrays per multi-tensor update call: MXNet's multi_sgd kernels take at most 60 (as its optimizers do).
+ARRAYS_PER_CALL = 60
+
+
+def warmed_up_decay(decay, step):
+    """timm's --model-ema-warmup (ModelEmaV3, gamma 1, power 2/3): the decay at optimizer step `step` is
+    1 - (1 + step)^(-2/3), capped at `decay`, so the first steps' weights (far from trained) fade quickly:
+    0.37 at step 1, 0.99 at step 999, 0.999 at step 31,622."""
+    return min(decay, 1 - (1 + step) ** (-2 / 3))
+
+
+def average_step(decay, count):
+    """The multi-tensor SGD arguments that make an update of `count` arrays a = d * a + (1 - d) * w."""
+    return dict(num_weights=count, lrs=(1.0,) * count, wds=(1 - decay,) * count, rescale_grad=-(1 - decay))
+
 
 class WeightAverage:
-    """A float32 exponential moving average of every array of `net` on the device `ctx`."""
+    """A float32 exponential moving average of every array of `net` on the device `ctx`, moved towards the
+    weights every `every` optimizer steps with the per-step decay raised to that power (the same horizon as
+    updating every step, for 1/every of the host work), or with `decay_per_update` as it is (torchvision's
+    adjusted rule, training_extras.ema_decay); with `warmup`, timm's warm-up of the decay."""
 
-    def __init__(self, net, decay, ctx):
-        self.decay = decay
+    def __init__(self, net, decay, ctx, every=1, warmup=False, decay_per_update=None):
+        self.decay, self.every, self.warmup, self.decay_per_update = decay, every, warmup, decay_per_update
         self.ctx = ctx
         self.params = net._collect_params_with_prefix()
         self.average = {name: param.data(ctx).astype('float32', copy=True) for name, param in self.params.items()}
+        # float16 weights need the mixed-precision kernel, which also writes a float16 copy of the average:
+        # scratch arrays for it, so that the network's own weights are never written.
+        self.scratch = {name: mx.nd.zeros(param.shape, ctx=ctx, dtype=param.dtype)
+                        for name, param in self.params.items() if np.dtype(param.dtype) != np.float32}
 
-    def update(self):
-        """Move the average towards the current weights (call after every optimizer step)."""
+    def update_decay(self, step):
+        """The decay of the update after optimizer step `step`."""
+        if self.decay_per_update is not None:
+            return self.decay_per_update
+        decay = warmed_up_decay(self.decay, step) if self.warmup else self.decay
+        return decay ** self.every
+
+    def update(self, step):
+        """After optimizer step `step` (1, 2, ... over the run): every `every` steps, a = d * a + (1 - d) * w
+        for every array, in MXNet's multi-tensor SGD kernels (an SGD step of `a` with learning rate 1, weight
+        decay 1 - d and the gradient -(1 - d) * w is exactly that): a few operators for all 267 arrays of
+        ResNet-50 instead of three per array."""
+        if step % self.every:
+            return
         if self.ctx.device_type == 'cpu':
             # MXNet's oneDNN batchnorm writes the running statistics outside the engine's dependency
             # tracking (apache/mxnet#18610): without waiting, the average read them half-updated (seen as
             # a run and its resumed twin disagreeing). GPUs (cuDNN) are tracked and keep the pipeline.
             mx.nd.waitall()
-        for name, param in self.params.items():
-            average = self.average[name]
-            average *= self.decay
-            average += (1 - self.decay) * param.data(self.ctx).astype('float32', copy=False)   # no copy in float32
+        decay = self.update_decay(step)
+        names = list(self.params)
+        for first in range(0, len(names), ARRAYS_PER_CALL):
+            chunk = names[first:first + ARRAYS_PER_CALL]
+            single = [n for n in chunk if n not in self.scratch]
+            mixed = [n for n in chunk if n in self.scratch]
+            if single:
+                inputs = [array for n in single for array in (self.average[n], self.params[n].data(self.ctx))]
+                mx.nd.multi_sgd_update(*inputs, out=[self.average[n] for n in single],
+                                       **average_step(decay, len(single)))
+            if mixed:   # the float32 average is the kernel's master weight, updated in place
+                inputs = [array for n in mixed for array in
+                          (self.scratch[n], self.params[n].data(self.ctx), self.average[n])]
+                mx.nd.multi_mp_sgd_update(*inputs, out=[self.scratch[n] for n in mixed],
+                                          **average_step(decay, len(mixed)))
 
     @contextlib.contextmanager
     def swapped_in(self):

@@ -128,7 +128,7 @@ class TrainingStep:
             self.gluon_trainer.update(local_batch * self.loss_scale.scale)
         self.accumulation.after_step()
         if self.average is not None:
-            self.average.update()
+            self.average.update(self.accumulation.step_number(epoch, iteration))
         scale = self.current_loss_scale()
         if scale is not None and scale < losses.LOSS_SCALE_FLOOR:
             raise RecipeError(f'the loss scale fell below {losses.LOSS_SCALE_FLOOR:g} at epoch {epoch} '

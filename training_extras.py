@@ -1,6 +1,7 @@
 """The training features users of timm and torchvision expect, as hooks fit.py calls at fixed points:
 
-* --model-ema, --model-ema-decay: a float32 moving average of the weights (ema.py), validated every epoch
+* --model-ema, --model-ema-decay, --model-ema-steps, --model-ema-warmup, --model-ema-adjust: a float32 moving
+  average of the weights (ema.py), validated every epoch
   beside the trained weights (`val.ema.*`), saved as `<prefix>_ema_best.params` on its own best top-1 and
   kept in `<prefix>_last.state`.
 * --cutmix, --mixup-switch-prob: losses.py draws and pastes the boxes; TrainingStep picks one per batch.
@@ -42,6 +43,16 @@ def add_args(group):
                             'as <prefix>_ema_best.params')
     group.add_argument('--model-ema-decay', type=flags.real(minimum=0, maximum=1), default=0.9998,
                        help='the average\'s decay per optimizer step: it spans about 1/(1-decay) steps')
+    group.add_argument('--model-ema-steps', type=flags.integer(minimum=1), default=1,
+                       help='update the average every N optimizer steps (torchvision\'s --model-ema-steps), with '
+                            'the decay raised to the power N: the same average for 1/N of the host work')
+    group.add_argument('--model-ema-warmup', action='store_true',
+                       help='timm\'s warm-up of the decay: min(decay, 1 - (1 + step)^(-2/3)) at optimizer step '
+                            'step, so that the early weights fade quickly')
+    group.add_argument('--model-ema-adjust', action='store_true',
+                       help='torchvision\'s rule instead of the power: each update\'s decay is 1 - (1 - decay) x '
+                            'global batch x --model-ema-steps / --num-epochs (at most 1), as its recipe\'s 0.99998 '
+                            'means')
     group.add_argument('--keep-checkpoints', type=flags.integer(minimum=0), default=0,
                        help='keep only the newest N <prefix>_NNNN.params (0: all)')
     group.add_argument('--target-accuracy', type=flags.real(minimum=0, maximum=1, exclusive=True), default=None,
@@ -100,6 +111,11 @@ class Accumulation:
             self.params.zero_grad()    # one reset_arrays call per device, not one operator per array
         return batches
 
+    def step_number(self, epoch, iteration):
+        """The optimizer steps of the run (1, 2, ...) once the step ending `iteration`'s group is taken."""
+        per_epoch = -(-self.iterations // self.steps)
+        return epoch * per_epoch + -(-(iteration + 1) // self.steps)
+
     def at_step(self, done):
         """Whether `done` batches of the epoch end a group (a run may stop there)."""
         return done % self.steps == 0
@@ -115,10 +131,23 @@ def start_average(args, net, world, state):
     weights'."""
     if not args.model_ema:
         return None
-    average = ema.WeightAverage(net, args.model_ema_decay, args.contexts[0])
+    adjusted = ema_decay_adjusted(args) if args.model_ema_adjust else None
+    if adjusted is not None:
+        log.info('--model-ema-adjust: each update of the weight average (every %d steps) decays by %.6g',
+                 args.model_ema_steps, adjusted)
+    average = ema.WeightAverage(net, args.model_ema_decay, args.contexts[0], every=args.model_ema_steps,
+                                warmup=args.model_ema_warmup, decay_per_update=adjusted)
     if state is not None and not average.restore(state.extra, world.rank):
         log.warning('The resumed state holds no weight average: --model-ema starts from the current weights')
     return average
+
+
+def ema_decay_adjusted(args):
+    """torchvision's adjustment (references/classification/train.py, after pycls): the decay of one update,
+    alpha = (1 - decay) x global batch x update period / epochs, capped at 1, independent of those settings."""
+    alpha = (1 - args.model_ema_decay) * args.batch_size * args.grad_accum_steps * args.model_ema_steps / \
+        args.num_epochs
+    return 1 - min(1.0, alpha)
 
 
 def average_state(average, net, world):

@@ -116,7 +116,7 @@ def test_weight_average_follows_the_weights_and_swaps_in_and_out():
     start = step.net.weight.data().asnumpy().astype(np.float32)
     rng = np.random.default_rng(0)
     step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), 'float16'), 0, 0, 0.5)
-    average.update()
+    average.update(1)
     trained = step.net.weight.data().asnumpy().astype(np.float32)
     assert average.average['weight'].dtype == np.float32
     np.testing.assert_allclose(average.average['weight'].asnumpy(), 0.5 * start + 0.5 * trained, rtol=1e-6)
@@ -129,6 +129,38 @@ def test_weight_average_follows_the_weights_and_swaps_in_and_out():
     copy = ema.WeightAverage(step.net, 0.5, mx.cpu())
     assert copy.restore(average.state_arrays())
     np.testing.assert_array_equal(copy.average['weight'].asnumpy(), average.average['weight'].asnumpy())
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'float16'])
+def test_the_average_every_n_steps_with_warm_up_follows_the_formula(dtype):
+    """--model-ema-steps 3 --model-ema-warmup over 7 steps, against the formula written out here: after steps 3
+    and 6 only, a = d * a + (1 - d) * w with d = min(0.9, 1 - (1 + step)^(-2/3)) ** 3 (float16 weights go
+    through the mixed-precision kernel; the network's own weights are never written)."""
+    mx.random.seed(1)
+    step = step_for(Float16Net(), dtype)
+    step.average = ema.WeightAverage(step.net, 0.9, mx.cpu(), every=3, warmup=True)
+    step.accumulation.start_epoch(7)
+    expected = {name: p.data().asnumpy().astype(np.float64) for name, p in step.net._collect_params_with_prefix().items()}
+    rng = np.random.default_rng(0)
+    for iteration in range(7):
+        step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), dtype), 0, iteration, 0.5)
+        number = iteration + 1
+        if number % 3 == 0:
+            decay = min(0.9, 1 - (1 + number) ** (-2 / 3)) ** 3
+            for name, p in step.net._collect_params_with_prefix().items():
+                expected[name] = decay * expected[name] + (1 - decay) * p.data().asnumpy().astype(np.float64)
+    assert step.accumulation.step_number(0, 6) == 7
+    for name, value in expected.items():
+        np.testing.assert_allclose(step.average.average[name].asnumpy(), value, rtol=2e-5, atol=1e-6)
+
+
+def test_torchvisions_adjusted_decay():
+    args = train.build_parser().parse_args(['--model-ema', '--model-ema-decay', '0.99998', '--model-ema-steps',
+                                            '32', '--model-ema-adjust', '--batch-size', '1024', '--num-epochs',
+                                            '600'])
+    assert training_extras.ema_decay_adjusted(args) == pytest.approx(1 - 2e-5 * 1024 * 32 / 600)
+    args.model_ema_decay, args.num_epochs = 0.9998, 1
+    assert training_extras.ema_decay_adjusted(args) == 0       # alpha capped at 1: the average is the weights
 
 
 class TwoWorkers:
@@ -157,7 +189,7 @@ def test_every_worker_resumes_its_own_averaged_batchnorm_statistics():
 
 @pytest.mark.parametrize('flag', [['--grad-accum-steps', '0'], ['--keep-checkpoints', '-1'],
                                   ['--target-accuracy', '1.5'], ['--target-accuracy', '0'],
-                                  ['--model-ema-decay', '1.1'], ['--cutmix', '-1'],
+                                  ['--model-ema-decay', '1.1'], ['--model-ema-steps', '0'], ['--cutmix', '-1'],
                                   ['--mixup-switch-prob', '2']])
 def test_new_flags_are_range_checked(flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
