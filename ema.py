@@ -72,7 +72,10 @@ class WeightAverage:
             # tracking (apache/mxnet#18610): without waiting, the average read them half-updated (seen as
             # a run and its resumed twin disagreeing). GPUs (cuDNN) are tracked and keep the pipeline.
             mx.nd.waitall()
-        decay = self.update_decay(step)
+        self.blend(self.update_decay(step))
+
+    def blend(self, decay):
+        """a = decay * a + (1 - decay) * w for every array, queued on MXNet's engine."""
         names = list(self.params)
         for first in range(0, len(names), ARRAYS_PER_CALL):
             chunk = names[first:first + ARRAYS_PER_CALL]

@@ -118,15 +118,34 @@ class StopRequest:
 
     def __init__(self):
         self.requested = False
+        self.received = None      # the signal's name, logged by announce()
+        self.announced = False
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
+        # Flags only. The handler runs between two bytecodes of the main thread, possibly inside the logging
+        # module's write to stderr: logging here wrote to that stream again and raised "RuntimeError:
+        # reentrant call inside <_io.BufferedWriter name='<stderr>'>" in the training loop (a 2-worker run
+        # ended with exit status 1 and no state, about one SIGTERM in 22). announce() logs it.
         if signum == signal.SIGINT and self.requested:
             signal.default_int_handler(signum, frame)
-        log.warning('%s received: stopping at the next iteration boundary%s', signal.Signals(signum).name,
-                    ' (Ctrl-C again to stop at once, without saving)' if signum == signal.SIGINT else '')
+        self.received = signal.Signals(signum).name
         self.requested = True
+
+    def announce(self):
+        """Log the signal once, outside the handler (the loop calls this at every iteration boundary)."""
+        if self.requested and not self.announced:
+            self.announced = True
+            log.warning('%s received: stopping at the next iteration boundary%s', self.received,
+                        ' (Ctrl-C again to stop at once, without saving)' if self.received == 'SIGINT' else '')
+
+
+def resume_note(args):
+    """What a stopped run leaves for the next one: a --benchmark-iters run writes no state."""
+    if args.benchmark_iters:
+        return ' (a measurement: no state was written, the next run starts afresh)'
+    return f'; the next run resumes from {checkpoint.last_state_path(args)}'
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -228,6 +247,7 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
 def stop_agreed(stop, world, done, every):
     """Whether all workers stop now: checked every iteration alone, every `every` iterations with several
     workers (a collective per iteration would cost more than the latency it saves)."""
+    stop.announce()
     if world.size == 1:
         return stop.requested
     if done % every:
@@ -288,8 +308,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
             meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
             clock.record(meta)
             write_state(args, net, step, meta, world)
-            log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, ' (a measurement: no state)'
-                     if args.benchmark_iters else f'; the next run resumes from {checkpoint.last_state_path(args)}')
+            log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, resume_note(args))
             return meta
         steady = logs.steady_durations(durations)
         metrics = {'train.loss': loss_sum / max(loss_count, 1),
@@ -309,8 +328,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
         if training_extras.target_reached(args, meta):
             break
         if stop_agreed(stop, world, 0, 1):
-            log.info('Stopped after epoch %d; the next run resumes from %s', epoch,
-                     checkpoint.last_state_path(args))
+            log.info('Stopped after epoch %d%s', epoch, resume_note(args))
             break
     clock.record(meta)   # report.json's total_duration: the training's wall time over all its resumes
     return meta

@@ -11,19 +11,23 @@ test of its outcome. On GPUs:
     float16        the default GPU run: float16 with float32 master weights and dynamic loss scaling,
                    NHWC convolution/batchnorm/pooling, NVIDIA's fused batchnorm kernels where MXNet has them
     amp            --amp: float32 weights, AMP float16 with its loss scaler
-    dali-gpu       DALI decoding on the GPU (nvJPEG) of a real JPEG RecordIO set (the digits, made here)
+    dali-gpu       DALI decoding on the GPU (nvJPEG) of a real JPEG RecordIO set (the digits, made here), and the
+                   first validation right after the training epoch (its pipeline built before training began)
     dali-copy      DALI GPU outputs copied into MXNet arrays (dali.copy_output) and read by MXNet at once: equal
                    to DALI's own copy to the host (a copy still running when MXNet reads would differ)
     kvstore-device one process driving every GPU (--kv-store device)
     horovod        one Horovod worker per GPU (NCCL)
+    resume         a Horovod run stopped after its first epoch and resumed: the state holds CPU arrays only, and
+                   while the resumed run trains no GPU hosts a process of another worker (nvidia-smi, polled):
+                   each worker's optimizer state goes to its own GPU, not all of them to GPU 0
     export         ONNX of the float16 run's checkpoint, checked against MXNet with onnxruntime
 
 With --device cpu each check runs its CPU twin, the same recipe code on this CPU: float16 -> the recipe's
 float16 step on CPU-capable operators with 2 Gloo workers and an inf on one of them (tests/float16_twin.py);
 amp -> bfloat16 AMP (needs AVX-512, else reported as skipped); dali-gpu -> dali-cpu; dali-copy -> the same
 with CPU outputs; kvstore-device -> the
-step over two CPU contexts against one (pytest); horovod -> 2 Gloo workers; export -> ONNX of a checkpoint
-written in the GPU layout. Prints a table (check, verdict, seconds, detail) and writes JSON with -o.
+step over two CPU contexts against one (pytest); horovod -> 2 Gloo workers; resume -> the same with 2 Gloo
+workers (the state's arrays); export -> ONNX of a checkpoint written in the GPU layout. Prints a table (check, verdict, seconds, detail) and writes JSON with -o.
 Exit status 0 when every check passes (or is skipped for a stated reason), 1 otherwise, 2 without a GPU and
 without --device cpu.
 """
@@ -44,7 +48,7 @@ interpreter.use_project_python()   # before any third-party import: finds .venv 
 
 SMALL = ['-b', '16', '-e', '1', '--num-layers', '18', '--image-shape', '3,32,32', '--num-classes', '10',
          '--data-val-resize', '32', '--num-examples', '128', '--seed', '1', '--disp-batches', '2']
-CHECKS = ('float16', 'amp', 'dali-gpu', 'dali-copy', 'kvstore-device', 'horovod', 'export')
+CHECKS = ('float16', 'amp', 'dali-gpu', 'dali-copy', 'kvstore-device', 'horovod', 'resume', 'export')
 
 
 def parse_args(argv=None):
@@ -149,7 +153,10 @@ def check_dali(options, workdir):
     status, output = run(runner('-n', '1', *SMALL, '--data-backend', backend, '--data-root',
                                 digits_dataset(workdir), '--workspace', workspace, '--dali-threads', '2'))
     passed, detail = trained(workspace, status, output)
-    return passed, f'{backend}: {detail}'
+    accuracy = (epoch_metrics(workspace) or [{}])[-1].get('val.accuracy') if passed else None
+    if passed and accuracy is None:
+        return False, f'{backend}: no validation after the training epoch'
+    return passed, f'{backend}: {detail}' + (f', validated after it: top-1 {accuracy:.4f}' if passed else '')
 
 
 def check_dali_copy(options, workdir, rounds=8):
@@ -200,6 +207,79 @@ def check_horovod(options, workdir):
     return passed, f'{workers} workers ({"Gloo" if options.device == "cpu" else "NCCL"}): {detail}'
 
 
+def check_resume(options, workdir):
+    workers = 2 if options.device == 'cpu' else options.gpus
+    if workers < 2:
+        return None, 'needs 2 GPUs'
+    workspace = os.path.join(workdir, 'resume')
+    command = runner('-n', str(workers), *SMALL, '-e', '2', '--data-backend', 'synthetic', '--workspace', workspace)
+    status, output = run(command + ['--run-epochs', '1'])
+    if status:
+        return False, last_error(output)
+    devices = state_devices(os.path.join(workspace, 'model_last.state'))
+    if devices != {'cpu(0)'}:
+        return False, f'the state holds arrays on {", ".join(sorted(devices))}, not on the CPU only'
+    watch = GpuProcesses() if options.device == 'gpu' else None
+    try:
+        status, output = run(command)
+    finally:
+        crowded = watch.stop() if watch else {}
+    passed, detail = trained(workspace, status, output)
+    if passed and 'Resuming from' not in output:
+        return False, 'the second run did not resume'
+    if crowded:
+        return False, 'while resuming, GPUs hosted processes of several workers: ' + \
+            ', '.join(f'{gpu}: {count}' for gpu, count in sorted(crowded.items()))
+    return passed, f'{workers} workers resumed from a CPU-only state: {detail}'
+
+
+def state_devices(path):
+    """The devices of every array of a .state file, the optimizer state's included (as text, e.g. 'cpu(0)')."""
+    import pickle
+    import mxnet as mx
+    import checkpoint
+    state = checkpoint.read_state(path)
+    found = {str(array.context) for array in mx.nd.load(path).values()}
+    pending = [pickle.loads(state.trainer)[0]]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, mx.nd.NDArray):
+            found.add(str(value.context))
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (tuple, list)):
+            pending.extend(value)
+    return found
+
+
+class GpuProcesses:
+    """Polls nvidia-smi every half second: the most compute processes seen on each GPU at once."""
+
+    def __init__(self):
+        import threading
+        self.most, self.done = {}, threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self):
+        while not self.done.wait(0.5):
+            status, output = run(['nvidia-smi', '--query-compute-apps=gpu_bus_id,pid', '--format=csv,noheader'], 30)
+            if status:
+                continue
+            counts = {}
+            for line in output.splitlines():
+                if ',' in line:
+                    counts[line.split(',')[0].strip()] = counts.get(line.split(',')[0].strip(), 0) + 1
+            for gpu, count in counts.items():
+                self.most[gpu] = max(self.most.get(gpu, 0), count)
+
+    def stop(self):
+        """{GPU bus id: processes} for every GPU that hosted more than one process at once."""
+        self.done.set()
+        self.thread.join()
+        return {gpu: count for gpu, count in self.most.items() if count > 1}
+
+
 def check_export(options, workdir):
     source = os.path.join(workdir, 'float16', 'model_last.state')
     if options.device == 'cpu':
@@ -229,7 +309,8 @@ def gpu_layout_checkpoint(path):
 
 
 RUNS = {'float16': check_float16, 'amp': check_amp, 'dali-gpu': check_dali, 'dali-copy': check_dali_copy,
-        'kvstore-device': check_kvstore_device, 'horovod': check_horovod, 'export': check_export}
+        'kvstore-device': check_kvstore_device, 'horovod': check_horovod, 'resume': check_resume,
+        'export': check_export}
 
 
 def verdict(passed):

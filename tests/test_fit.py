@@ -238,3 +238,56 @@ def test_an_overflow_on_one_worker_skips_the_step_on_every_worker(tmp_path):
     assert ranks[0]['weight'] == ranks[1]['weight']
     # float16 gradients divided by sqrt(2) before the sum and after it (step.predivision), not summed first
     assert [r['predivide'] for r in ranks] == pytest.approx([2 ** 0.5] * 2, rel=1e-6)
+
+
+def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself():
+    """The handler runs between two bytecodes of the main thread, possibly inside a write to the log's stream
+    (in CPython, a blocked write that a signal interrupts runs the handler inside the buffered writer); the
+    old handler logged there, writing to the stream again from inside its own write. Now it only sets flags,
+    and the message comes once from announce() at the next iteration boundary."""
+    import logging
+    import os
+    import signal
+
+    import logs
+
+    class Stream:
+        """Records a write that starts while another is under way (io.BufferedWriter raises there)."""
+        def __init__(self):
+            self.depth, self.text, self.reentered, self.fired = 0, '', False, False
+
+        def write(self, text):
+            self.reentered = self.reentered or self.depth > 0
+            self.depth += 1
+            try:
+                if not self.fired:
+                    self.fired = True
+                    os.kill(os.getpid(), signal.SIGTERM)    # the signal lands in the middle of this write
+                    for _ in range(1000):                   # bytecode boundaries: the handler runs here
+                        pass
+                self.text += text
+            finally:
+                self.depth -= 1
+
+        def flush(self):
+            pass
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    stream = Stream()
+    handler = logs.BarSafeHandler(stream)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        stop = fit.StopRequest()
+        logging.getLogger('fit').info('a line of the training loop')
+        assert stop.requested and not stream.reentered
+        stop.announce()
+        stop.announce()
+        assert stream.text.count('SIGTERM received: stopping at the next iteration boundary') == 1
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        for sig, old in previous.items():
+            signal.signal(sig, old)

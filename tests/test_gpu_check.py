@@ -17,16 +17,19 @@ def test_without_a_gpu_it_asks_for_the_cpu_twins():
 
 
 def test_cpu_twins_pass_are_reported_and_leave_nothing_behind(tmp_path):
-    """Two of the twins end to end (the others are tests of their own): the float16 step on 2 Gloo workers,
-    and the export of a checkpoint in the GPU layout. Without --workdir, its temporary folder goes at the end."""
+    """Three of the twins end to end (the others are tests of their own): the float16 step on 2 Gloo workers,
+    a 2-worker resume from a CPU-only state, and the export of a checkpoint in the GPU layout. Without
+    --workdir, its temporary folder goes at the end."""
     output, scratch = tmp_path / 'report.json', tmp_path / 'tmp'
     scratch.mkdir()
     env = dict(os.environ, TMPDIR=str(scratch), PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
-    result = subprocess.run([sys.executable, SCRIPT, '--device', 'cpu', '--only', 'float16,export', '-o', str(output)],
+    result = subprocess.run([sys.executable, SCRIPT, '--device', 'cpu', '--only', 'float16,resume,export', '-o', str(output)],
                             capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     report = json.loads(output.read_text())
-    assert [(r['check'], r['verdict']) for r in report['results']] == [('float16', 'PASS'), ('export', 'PASS')]
+    assert [(r['check'], r['verdict']) for r in report['results']] == [('float16', 'PASS'), ('resume', 'PASS'),
+                                                                       ('export', 'PASS')]
+    assert 'resumed from a CPU-only state' in report['results'][1]['detail']
     assert 'weights equal' in report['results'][0]['detail']
     assert result.stdout.splitlines()[0].startswith('float16         PASS')
     assert list(scratch.iterdir()) == []

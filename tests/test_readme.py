@@ -13,6 +13,9 @@ from conftest import ROOT, runner_module
 README = os.path.join(ROOT, 'README.md')
 DOCS = [README] + [os.path.join(ROOT, 'docs', name) for name in sorted(os.listdir(os.path.join(ROOT, 'docs')))]
 # Small enough for CI, appended to the quick start's commands (the runner's and train.py's last occurrence wins).
+# How far the README's onnxruntime snippet's probabilities may be from --mode pred's on the digits (Pillow's
+# bilinear resize and MXNet's round pixels differently).
+SNIPPET_TOLERANCE = 0.08
 SMALL = ['--num-layers', '18', '--image-shape', '3,32,32', '--data-val-resize', '36', '--min-random-area', '0.5']
 
 
@@ -91,11 +94,22 @@ def test_the_quick_start_takes_a_folder_of_images_to_a_model_predictions_and_onn
     onnx_model = tmp_path / 'runs' / 'photos' / 'export' / 'model.onnx'
     assert onnx_model.exists()
 
+    # The snippet's probabilities for pred's top classes: Pillow's resize differs a little from MXNet's
+    # (docs/performance.md measures it), so probabilities are compared within a tolerance, and the names only
+    # where pred's top class leads by more than twice that (an argmax between near-equal scores is no test).
     snippet = code_blocks('python')[0]
-    snippet = (snippet.replace('256', '36').replace('224', '32').replace("'export/model.onnx'", repr(str(onnx_model)))
-               .replace("'classes.json'", repr(str(tmp_path / 'data' / 'photos' / 'classes.json'))))
+    snippet = (snippet.replace('256', '36').replace('224', '32')
+               .replace("'runs/photos/export/model.onnx'", repr(str(onnx_model)))
+               .replace("'data/photos/classes.json'", repr(str(tmp_path / 'data' / 'photos' / 'classes.json'))))
+    snippet += 'shifted = np.exp(logits[0] - logits[0].max())\nprint(json.dumps((shifted / shifted.sum()).tolist()))\n'
     for prediction in predictions:
-        run = subprocess.run([sys.executable, '-c', snippet.replace("'cat.jpg'", repr(prediction['image']))],
+        run = subprocess.run([sys.executable, '-c', snippet.replace("'new_photos/cat.jpg'", repr(prediction['image']))],
                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert run.returncode == 0, run.stderr[-2000:]
-        assert run.stdout.strip() == prediction['top'][0]['name'], (run.stdout, prediction)
+        name, probabilities = run.stdout.strip().split('\n')
+        probabilities = json.loads(probabilities)
+        top = prediction['top']
+        for entry in top:
+            assert abs(probabilities[entry['class']] - entry['probability']) < SNIPPET_TOLERANCE, (entry, probabilities)
+        if top[0]['probability'] - top[1]['probability'] > 2 * SNIPPET_TOLERANCE:
+            assert name == top[0]['name'], (name, prediction)
