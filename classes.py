@@ -50,6 +50,10 @@ def resolve_count(num_classes, data_files):
     if path is None:
         return (DEFAULT_COUNT, 'the default') if num_classes is None else (num_classes, '--num-classes')
     count = len(read_names(path, None, flag='the dataset\'s'))
+    if count < 2:
+        raise RecipeError(f'the dataset\'s {path} names {count} class: nothing can be learned from one class (every '
+                          'answer would be right, a top-1 of 1.0). Give prepare_dataset.py a folder with one '
+                          'sub-folder per class, at least 2')
     if num_classes is None:
         return count, path
     if num_classes != count:

@@ -74,7 +74,7 @@ def add_model_args(parser):
     group.add_argument('--num-groups', type=flags.integer(minimum=1), default=32,
                        help='number of groups for grouped convolutions, required by some networks such as '
                             'resnext (ResNeXt-N 32x4d has 32)')
-    group.add_argument('--num-classes', type=flags.integer(minimum=1), default=None,
+    group.add_argument('--num-classes', type=flags.integer(minimum=2), default=None,
                        help='the number of classes (default: the count of the classes.json beside --data-train '
                             'or --data-val, as prepare_dataset.py writes it; else, and with --data-backend synthetic, 1000)')
     group.add_argument('--batchnorm-eps', type=flags.real(minimum=0, exclusive=True), default=1e-5,

@@ -36,7 +36,8 @@ Rows are named "class/fault"; --only is a regular expression searched in that na
                   file already in the workspace unchanged (SHA-256; the two log files may only grow).
   soak            --soak-epochs epochs of the loaders of 2 workers of each training backend (mxnet, dali-cpu,
                   synthetic) on 20,000 small JPEGs, every 4th epoch abandoned midway, and a train.py run of as
-                  many short epochs (scripts/fault_soak.py): no failure, no temporary file left.
+                  many short epochs (scripts/fault_soak.py): no failure, no temporary file left; and as many
+                  2-worker runner runs stopped by SIGTERM 2 s into training: each exits 0 with its state.
 
 The table goes to stdout (and to -o FILE as JSON); the exit status is 1 if any row is BAD.
 """

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""The soak class of scripts/fault_campaign.py: many epochs through every training backend's loaders, and a
-training run of many short epochs, each with no failure and no temporary file left behind. A rare failure
+"""The soak class of scripts/fault_campaign.py: many epochs through every training backend's loaders, a
+training run of many short epochs, each with no failure and no temporary file left behind, and many 2-worker
+runs stopped by SIGTERM, each with its state written. A rare failure
 (the native loader's chunk files once made one epoch in 20 fail: issue 24) shows only over many epochs.
 
     from fault_soak import soak_campaign
@@ -149,15 +150,48 @@ def training_soak(camp, epochs):
              f'{len(left)} files left', ok, time.time() - start)
 
 
+def signal_soak(camp, tries):
+    """Issue 28 item 12: `./runner -n 2` (ResNet-18, synthetic data), SIGTERM to the runner 2 s after the first
+    logged step, `tries` times: every run must exit 0 with model_last.state written (one in about 22 once
+    ended with exit status 1 and no state)."""
+    name = f'soak/signal: SIGTERM to a 2-worker runner, {tries} runs'
+    if not camp.selected(name):
+        return
+    import signal
+    import subprocess
+    start, failures = time.time(), []
+    for attempt in range(tries):
+        ws = camp.fresh(f'soak-signal-{attempt}')
+        process = subprocess.Popen(
+            [PY, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '16', '-e', '1', '--data-backend', 'synthetic',
+             '--num-layers', '18', '--image-shape', '3,32,32', '--num-classes', '10', '--num-examples', '4096',
+             '--disp-batches', '1', '--seed', '1', '--workspace', ws],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, start_new_session=True)
+        lines, due = [], None
+        for line in process.stdout:
+            lines.append(line)
+            due = due or (time.time() + 2 if 'Iteration:' in line else None)
+            if due and due > 0 and time.time() >= due:
+                process.send_signal(signal.SIGTERM)
+                due = -1
+        code = process.wait()
+        if code != 0 or not os.path.exists(os.path.join(ws, 'model_last.state')):
+            failures.append(f'run {attempt}: exit {code}, {lines[-1].strip()[-150:] if lines else "no output"}')
+    camp.row(name, 'every run exits 0 with the state written', f'{tries - len(failures)} of {tries} did'
+             + (f'; first failure: {failures[0]}' if failures else ''), not failures, time.time() - start)
+
+
 def soak_campaign(camp, epochs):
-    """The soak rows: each backend's loaders for `epochs` epochs, then a training run of `epochs` epochs."""
-    names = [f'soak/{backend}' for backend in BACKENDS] + ['soak/training']
+    """The soak rows: each backend's loaders for `epochs` epochs, a training run of `epochs` epochs, and as many
+    runs stopped by SIGTERM."""
+    names = [f'soak/{backend}' for backend in BACKENDS] + ['soak/training', 'soak/signal']
     if not any(camp.selected(n) for n in names):
         return
     rec, idx = soak_dataset(os.path.join(camp.workdir, 'soak-data'))
     for backend in BACKENDS:
         read_soak(camp, backend, rec, idx, epochs)
     training_soak(camp, epochs)
+    signal_soak(camp, epochs)
 
 
 if __name__ == '__main__':

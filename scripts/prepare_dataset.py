@@ -153,15 +153,16 @@ def convert_tree(args, splits, classes, pool):
             print(f'{split}: {len(items)} files in {len(classes)} classes', file=sys.stderr)
             convert_split(args, split, split_dir, classes, *check_files(split_dir, items, pool), pool)
         return
-    items = list_files(args.src, classes)
-    print(f'{args.src}: {len(items)} files in {len(classes)} classes, {args.val_fraction:g} of each class held out '
-          'for validation', file=sys.stderr)
-    good, skipped = check_files(args.src, items, pool)
+    items = list_files(args.class_root, classes)
+    print(f'{args.class_root}: {len(items)} files in {len(classes)} classes, {args.val_fraction:g} of each class '
+          'held out for validation', file=sys.stderr)
+    good, skipped = check_files(args.class_root, items, pool)
     val = held_out(good, args.val_fraction, args.seed)
     parts = {'train': [item for i, item in enumerate(good) if i not in val],
              'val': [item for i, item in enumerate(good) if i in val]}
     for split in ('train', 'val'):
-        convert_split(args, split, args.src, classes, parts[split], skipped if split == 'train' else [], pool)
+        convert_split(args, split, args.class_root, classes, parts[split], skipped if split == 'train' else [],
+                      pool)
 
 
 def convert_split(args, split, split_dir, classes, good, skipped, pool):
@@ -212,34 +213,65 @@ def read_names(path):
     return names
 
 
+SPLIT_NAMES = ('train', 'val')
+
+
+def check_layout(args, splits):
+    """What is wrong with SRC's layout for these flags (None: nothing), once the class folders are settled in
+    args.class_root and args.classes. With --val-fraction, SRC holding only train/ (or only val/) is the split
+    layout with a half missing: its class folders are the classes (they used to become one class named
+    `train`, which scored 100%)."""
+    folders = list_classes(args.src) if os.path.isdir(args.src) else []
+    lone_split = folders and set(folders) <= set(SPLIT_NAMES) and len(folders) == 1 and \
+        list_classes(os.path.join(args.src, folders[0]))
+    if args.val_fraction is not None:
+        if set(folders) == set(SPLIT_NAMES):
+            return (f'{args.src} is split already (train/ and val/): leave --val-fraction out')
+        args.class_root = os.path.join(args.src, folders[0]) if lone_split else args.src
+        if lone_split:
+            print(f'{args.src} holds only {folders[0]}/: its class folders are split, {args.val_fraction:g} of '
+                  'each held out for validation', file=sys.stderr)
+    else:
+        for split in splits:
+            if os.path.isdir(os.path.join(args.src, split)):
+                continue
+            if lone_split:
+                return (f'{args.src} has {folders[0]}/ but no {split}/: hold out part of {folders[0]}/ for '
+                        f'validation with --val-fraction 0.2, or convert {folders[0]}/ alone with --splits '
+                        f'{folders[0]} (then train with --mode train)')
+            return (f'{os.path.join(args.src, split)} is not a folder (expected SRC/<split>/<class>/<image>; for '
+                    'SRC/<class>/<image>, without a split, add --val-fraction 0.2)')
+        args.class_root = os.path.join(args.src, splits[0])
+    args.classes = list_classes(args.class_root) if os.path.isdir(args.class_root) else []
+    if not args.classes:
+        return f'{args.class_root} has no class folders'
+    if len(args.classes) < 2:
+        return (f'{args.class_root} has one class folder ({args.classes[0]}): a classifier needs at least 2 '
+                '(nothing can be learned from one class: every answer would be right)')
+    for split in splits[1:] if args.val_fraction is None else []:
+        unknown = sorted(set(list_classes(os.path.join(args.src, split))) - set(args.classes))
+        if unknown:
+            return f'{split} has class folders that {splits[0]} lacks: {", ".join(unknown[:5])}'
+    return None
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.val_fraction is not None and args.splits is not None:
         print('error: --val-fraction splits a folder of class folders itself: leave --splits out', file=sys.stderr)
         return 2
     splits = [s for s in (args.splits or 'train,val').split(',') if s]
-    class_root = args.src if args.val_fraction is not None else os.path.join(args.src, splits[0])
-    for split in splits if args.val_fraction is None else []:
-        if not os.path.isdir(os.path.join(args.src, split)):
-            print(f'error: {os.path.join(args.src, split)} is not a folder (expected SRC/<split>/<class>/<image>; '
-                  'for SRC/<class>/<image>, without a split, add --val-fraction 0.2)', file=sys.stderr)
-            return 2
-    classes = list_classes(class_root) if os.path.isdir(class_root) else []
-    if not classes:
-        print(f'error: {class_root} has no class folders', file=sys.stderr)
+    problem = check_layout(args, splits)
+    if problem:
+        print(f'error: {problem}', file=sys.stderr)
         return 2
-    for split in splits[1:] if args.val_fraction is None else []:
-        unknown = sorted(set(list_classes(os.path.join(args.src, split))) - set(classes))
-        if unknown:
-            print(f'error: {split} has class folders that {splits[0]} lacks: {", ".join(unknown[:5])}',
-                  file=sys.stderr)
-            return 2
     os.makedirs(args.out, exist_ok=True)
     names = read_names(args.names) if args.names else {}
     with multiprocessing.Pool(max(1, args.workers)) as pool:
-        convert_tree(args, splits, classes, pool)
+        convert_tree(args, splits, args.classes, pool)
     logs.write_json(os.path.join(args.out, 'classes.json'),
-                    {'classes': [{'index': i, 'folder': c, 'name': names.get(c, c)} for i, c in enumerate(classes)]})
+                    {'classes': [{'index': i, 'folder': c, 'name': names.get(c, c)}
+                                 for i, c in enumerate(args.classes)]})
     print(f'Dataset written to {args.out}', file=sys.stderr)
     return 0
 

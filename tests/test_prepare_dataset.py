@@ -155,3 +155,36 @@ def test_demo_dataset(tmp_path):
     assert all(p.read_bytes() == (tmp_path / 'b' / p.relative_to(tmp_path / 'a')).read_bytes()
                for p in files['train'][:50])
     assert (tmp_path / 'a' / 'names.txt').read_text().splitlines()[3] == 'digit_3\tthree'
+
+
+def test_a_lone_train_folder_is_split_by_its_class_folders(tree, tmp_path):
+    """photos/train/<class>/ without val/: --val-fraction splits train/'s classes (it used to make one class
+    named `train` that scored 100%); without it, one error line says what to run."""
+    import shutil
+    shutil.rmtree(tree / 'val')
+    out = tmp_path / 'out'
+    result = run_script('scripts/prepare_dataset.py', tree, out, '--val-fraction', '0.5', '--workers', '1')
+    assert 'holds only train/' in result.stderr
+    names = [c['folder'] for c in json.loads((out / 'classes.json').read_text())['classes']]
+    assert names == ['cat', 'dog', 'empty']
+    assert len(read_records(out, 'val')) == 3 + 4 and len(read_records(out, 'train')) == 3 + 3
+    failed = run_script('scripts/prepare_dataset.py', tree, tmp_path / 'other', check=False)
+    assert failed.returncode == 2 and failed.stderr.count('error:') == 1
+    assert 'has train/ but no val/: hold out part of train/ for validation with --val-fraction 0.2' in failed.stderr
+    assert not (tmp_path / 'other').exists()
+
+
+def test_one_class_is_refused_when_preparing_and_training(tmp_path, capsys):
+    import train
+    src = tmp_path / 'src'
+    for i in range(4):
+        write_jpeg(str(src / 'cat' / f'{i}.jpg'), seed=i)
+    failed = run_script('scripts/prepare_dataset.py', src, tmp_path / 'out', '--val-fraction', '0.5', check=False)
+    assert failed.returncode == 2 and 'has one class folder (cat): a classifier needs at least 2' in failed.stderr
+    data = tmp_path / 'data'
+    data.mkdir()
+    (data / 'train.rec').write_bytes(b'')
+    (data / 'classes.json').write_text(json.dumps({'classes': [{'index': 0, 'folder': 'cat', 'name': 'cat'}]}))
+    with pytest.raises(SystemExit):
+        train.build_parser().parse_args(['--data-train', str(data / 'train.rec')])
+    assert 'names 1 class: nothing can be learned from one class' in capsys.readouterr().err
