@@ -436,6 +436,7 @@ def run_settings(args):
     settings['image_shape'] = list(args.image_shape)
     settings['lr_steps'] = list(args.lr_steps)
     settings['lr'], settings['global_batch'] = args.lr, args.batch_size
+    settings['data_val_resize'] = args.data_val_resize     # what val, pred and export take (trained_settings.py)
     return settings
 
 

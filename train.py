@@ -52,6 +52,7 @@ import inference  # noqa: E402
 import logs  # noqa: E402
 import memory  # noqa: E402
 import models  # noqa: E402
+import trained_settings  # noqa: E402
 import workers  # noqa: E402
 from errors import RecipeError  # noqa: E402
 
@@ -113,6 +114,7 @@ class TrainParser(argparse.ArgumentParser):
             parsed.num_classes, parsed.num_classes_source = classes.resolve_count(parsed.num_classes, data_files)
         except RecipeError as e:
             self.error(str(e))
+        parsed.given_flags = trained_settings.given_flags(self, sys.argv[1:] if args is None else list(args))
         return parsed, rest
 
 
@@ -221,6 +223,7 @@ def run(args):
     logs.setup_logging(logs.in_workspace(args, args.log), world.rank)
     if world.rank == 0:
         checkpoint.clean_workspace(args)
+    trained_settings.inherit(args)
     workers.resolve_hardware(args, world)
     if args.device == 'cpu':
         log.info('CPU: %s; %s', cpu.cpuinfo_field('model name') or 'unknown model', cpu.describe())

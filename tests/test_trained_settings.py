@@ -1,0 +1,58 @@
+"""val, pred and export take the image size, validation resize and class count of the run that trained their
+weights (trained_settings.py): a model trained at 32x32 after a 36 resize is validated, asked and exported so,
+and a contradicting flag is one error line."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+TINY = ['--num-layers', '18', '--seed', '3', '--batch-size', '32', '--data-backend', 'mxnet',
+        '--data-mxnet-threads', '2']
+
+
+def train_py(*argv):
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), *TINY, *map(str, argv)],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope='module')
+def trained(digits, tmp_path_factory):
+    """A run trained 1 epoch at 3,32,32 with --data-val-resize 36 (the class count from classes.json)."""
+    workspace = tmp_path_factory.mktemp('trained')
+    rec = digits / 'rec'
+    data = ['--data-train', rec / 'train.rec', '--data-train-idx', rec / 'train.idx', '--data-val', rec / 'val.rec',
+            '--data-val-idx', rec / 'val.idx']
+    result = train_py(*data, '--image-shape', '3,32,32', '--data-val-resize', '36', '--num-epochs', '1',
+                      '--num-examples', '256', '--warmup-epochs', '0', '--workspace', workspace)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workspace, data
+
+
+def test_val_pred_and_export_take_the_trained_size(trained, digits, tmp_path):
+    workspace, data = trained
+    trained_top1 = json.loads((workspace / 'report.json').read_text())['epochs'][-1]['val.accuracy']
+    val = train_py(*data, '--mode', 'val', '--workspace', workspace)
+    assert val.returncode == 0, val.stderr[-3000:]
+    log = (workspace / 'log.log').read_text()
+    assert 'Taken from the run that trained' in log and '--image-shape 3,32,32, --data-val-resize 36' in log
+    # the same weights and preprocessing as the run's own validation: the same top-1 (it was 0.1 at 224x224)
+    assert json.loads((workspace / 'report_val.json').read_text())['summary']['val.accuracy'] == \
+        pytest.approx(trained_top1, abs=1e-9)
+    export = train_py('--mode', 'export', '--workspace', workspace, '--data-backend', 'synthetic')
+    assert export.returncode == 0, export.stderr[-3000:]
+    import onnx
+    model = onnx.load(str(workspace / 'export' / 'model.onnx'))
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims[1:] == [3, 32, 32]
+
+
+def test_a_contradicting_flag_is_one_error(trained):
+    workspace, data = trained
+    result = train_py(*data, '--mode', 'val', '--workspace', workspace, '--image-shape', '3,64,64')
+    assert result.returncode == 2 and result.stderr.count('error:') == 1
+    assert 'was trained with other settings than this command gives: --image-shape 3,64,64 (trained at 32x32)' \
+        in result.stderr

@@ -1,0 +1,81 @@
+"""What --mode val, pred and export take from the run that trained their weights: its image size, validation
+resize and class count, so that a model trained at 128x128 is validated, asked and exported at 128x128.
+
+    trained_settings.inherit(args)      # before the network is built; logs what it took, and from where
+
+The training run records them in its state (`meta['settings']`, checkpoint.run_settings). The weights'
+run is found from the weights file (checkpoint.find_weights): a `.state` is its own run; a `<prefix>_*.params`
+file belongs to the `<prefix>_last.state` beside it. A value the command gives that contradicts the run's is
+an error (as a used workspace refuses another run's settings); foreign weights (GluonCV, torchvision, ...)
+and states written before the settings were recorded inherit nothing. Layouts and precision are this
+machine's choice: checkpoint.load_weights converts the weights to any of them.
+"""
+import logging
+import os
+
+import checkpoint
+from errors import RecipeError
+
+log = logging.getLogger(__name__)
+
+INFERENCE_MODES = ('val', 'pred', 'export')
+
+
+def given_flags(parser, argv):
+    """The destinations of the flags `argv` names explicitly (as `--flag value` or `--flag=value`), sorted."""
+    return sorted({action.dest for action in parser._actions for option in action.option_strings
+                   if any(word == option or word.startswith(option + '=') for word in argv)})
+
+
+def source_state(weights):
+    """The .state of the run that wrote `weights`, or None (foreign weights, or a file alone)."""
+    if weights.endswith('.state'):
+        return weights
+    folder, name = os.path.split(os.path.abspath(weights))
+    states = [entry for entry in sorted(os.listdir(folder)) if entry.endswith('_last.state')
+              and name.startswith(entry[:-len('last.state')])]
+    return os.path.join(folder, states[0]) if states else None
+
+
+def inherit(args):
+    """Take the weights' run's --image-shape (height and width), --data-val-resize and class count where the
+    command does not give them; RecipeError where it gives other values. Nothing for training modes."""
+    if args.mode not in INFERENCE_MODES:
+        return
+    try:
+        weights = checkpoint.find_weights(args)
+    except RecipeError:   # no weights (a --no-metrics speed measurement): the mode says what it needs
+        return
+    state = source_state(weights)
+    settings = checkpoint.read_state(state).meta.get('settings') if state else None
+    if not settings:
+        return
+    given = getattr(args, 'given_flags', set())
+    taken, contradictions = [], []
+    if settings.get('image_shape'):
+        height, width = settings['image_shape'][1:]
+        if 'image_shape' in given and tuple(args.image_shape[1:]) != (height, width):
+            contradictions.append(f'--image-shape {",".join(map(str, args.image_shape))} (trained at {height}x{width})')
+        elif tuple(args.image_shape[1:]) != (height, width):
+            args.image_shape = (args.image_shape[0], height, width)
+            taken.append(f'--image-shape {",".join(map(str, args.image_shape))}')
+    if settings.get('data_val_resize') is not None:
+        resize = settings['data_val_resize']
+        if 'data_val_resize' in given and args.data_val_resize != resize:
+            contradictions.append(f'--data-val-resize {args.data_val_resize} (trained with {resize})')
+        elif args.data_val_resize != resize:
+            args.data_val_resize = resize
+            taken.append(f'--data-val-resize {resize}')
+    if settings.get('num_classes') is not None and args.num_classes != settings['num_classes']:
+        if args.num_classes_source == 'the default':
+            args.num_classes, args.num_classes_source = settings['num_classes'], state
+            taken.append(f'{args.num_classes} classes')
+        else:
+            contradictions.append(f'{args.num_classes} classes from {args.num_classes_source} (the model has '
+                                  f'{settings["num_classes"]})')
+    if contradictions:
+        raise RecipeError(f'{weights} was trained with other settings than this command gives: '
+                          f'{"; ".join(contradictions)}. Leave those flags out: --mode {args.mode} takes them from '
+                          f'the run ({state})')
+    if taken:
+        log.info('Taken from the run that trained %s (%s): %s', weights, state, ', '.join(taken))
