@@ -60,8 +60,8 @@ def add_fit_args(parser):
     group.add_argument('--lr-steps', type=flags.float_list, default=[],
                        help='the epochs to reduce the lr, in increasing order, e.g. 30,60')
     group.add_argument('--warmup-epochs', type=flags.real(minimum=0), default=None,
-                       help=f'epochs of linear warmup from 0 to --lr (default {DEFAULT_WARMUP_EPOCHS:g}); at most '
-                            '--num-epochs')
+                       help=f'epochs of linear warmup from 0 to --lr (default {DEFAULT_WARMUP_EPOCHS:g}, or half of '
+                            'a shorter run: the log says so); at most --num-epochs')
     group.add_argument('--optimizer', default='sgd', help='any MXNet optimizer name')
     group.add_argument('--mom', type=flags.real(minimum=0, maximum=1), default=0.875,
                        help='momentum (sgd, nag, signum, dcasgd, lbsgd)')
@@ -89,6 +89,17 @@ def add_fit_args(parser):
                             '(e.g. 0.1 when fine-tuning: the pretrained layers move less than the new head)')
     training_extras.add_args(group)
     return group
+
+
+def default_warmup(args):
+    """The warm-up when --warmup-epochs is not given: DEFAULT_WARMUP_EPOCHS, shortened to half of a run
+    shorter than twice that (with -e 3 the default 5 made every step warm-up: the rate peaked at 60% of --lr
+    and never decayed), and said so."""
+    warmup = min(DEFAULT_WARMUP_EPOCHS, args.num_epochs / 2)
+    if warmup < DEFAULT_WARMUP_EPOCHS and args.mode in ('train', 'train_val') and not args.benchmark_iters:
+        log.info('--warmup-epochs not given: %g epochs of warm-up, half of the %d-epoch run (the default %g would '
+                 'leave no epoch for the decay)', warmup, args.num_epochs, DEFAULT_WARMUP_EPOCHS)
+    return warmup
 
 
 def check_schedule_flags(args):

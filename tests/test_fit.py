@@ -291,3 +291,17 @@ def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself():
         root.setLevel(level)
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def test_the_default_warm_up_is_shortened_to_fit_a_short_run(caplog):
+    """-e 3 with the default 5-epoch warm-up was all warm-up: the rate peaked at 60% of --lr, never decayed."""
+    import train
+    from schedule import learning_rate
+    args = train.build_parser().parse_args(['--num-epochs', '3', '--lr', '1'])
+    with caplog.at_level('INFO', logger='fit'):
+        warmup = fit.default_warmup(args)
+    assert warmup == 1.5 and 'half of the 3-epoch run' in caplog.text
+    rates = [learning_rate(e / 10, 1.0, 3, warmup, 'cosine', [], 0.1) for e in range(30)]
+    assert max(rates) == pytest.approx(1.0, abs=0.01) and rates[-1] < 0.02     # peaks, then decays to ~0
+    args = train.build_parser().parse_args(['--num-epochs', '90'])
+    assert fit.default_warmup(args) == 5
