@@ -207,6 +207,13 @@ def check_weights_folder(args):
     if args.mode in ('val', 'pred', 'export') and not (args.load or speed_only) and not os.path.isdir(args.workspace):
         raise RecipeError(f'--workspace {args.workspace} does not exist, and --mode {args.mode} takes its weights '
                           'from the workspace: give the folder of a training run, or --load a checkpoint')
+    # Before anything is written: a failed start leaves no log files behind.
+    if args.load and not os.path.isfile(args.load):
+        raise RecipeError(f'--load {args.load}: no such file')
+    if args.finetune and not args.load:
+        raise RecipeError('--finetune fine-tunes the weights of --load, and none was given: add --load WEIGHTS (see '
+                          'the README\'s "Bring your own weights" for where ImageNet weights come from), or leave '
+                          '--finetune out to train from scratch')
 
 
 def run(args):

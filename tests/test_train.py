@@ -328,3 +328,14 @@ def test_a_workspace_resumes_only_its_own_run(digits, tmp_path):
     error = other.stderr.strip().splitlines()[-1]
     assert error.startswith('error: ') and '--num-epochs 1 in the saved run, 2 now' in error and '--mixup 0' in error
     assert checkpoint.read_state(str(ws / 'model_last.state')).meta['epoch'] == 1     # nothing replaced
+
+
+@pytest.mark.parametrize('flags,message', [
+    (['--load', 'nosuch.safetensors'], 'error: --load nosuch.safetensors: no such file'),
+    (['--finetune'], 'error: --finetune fine-tunes the weights of --load, and none was given')])
+def test_a_start_without_its_weights_is_one_error_and_writes_nothing(digits, tmp_path, flags, message):
+    """--finetune without --load trained from scratch without a word; a missing --load file left log.log and
+    dllogger_log.log behind, without the error in them."""
+    result = run(digits, tmp_path / 'ws', *flags, check=False)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(message)
+    assert not (tmp_path / 'ws').exists() or os.listdir(tmp_path / 'ws') == []
