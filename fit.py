@@ -281,6 +281,8 @@ def train(args, net, world, get_loaders, dllogger, stop):
     world.broadcast_parameters(step.params)
     step.average = training_extras.start_average(args, net, world, state)
     if state is None:
+        if getattr(args, 'seed_drawn', False):   # said here, not when drawn: a resumed run takes its own seed instead
+            log.info('No --seed given: using seed %d', args.seed)
         meta = {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
                 'loss_sum': 0.0, 'loss_count': 0}
         if getattr(dllogger, 'appending', False):
@@ -352,6 +354,15 @@ def resume(args, net, step, world, state):
     if meta.get('seed') is not None and meta['seed'] != args.seed:
         log.info('Using the seed of the resumed run, %d', meta['seed'])
         args.seed = meta['seed']
+    if args.load and args.load.endswith('.state') and not args.finetune and \
+            os.path.dirname(os.path.abspath(args.load)) != os.path.abspath(args.workspace):
+        # A run continued from another workspace's state: its best weights stay there, and this workspace
+        # gets a model_best.params of its own epochs (else pred here took the last state without a word).
+        log.info('Continuing the run of %s in this workspace: the best checkpoint here is that of the epochs '
+                 'trained here (the earlier best, top-1 %s, stays in %s)', args.load, meta.get('best_accuracy'),
+                 os.path.dirname(os.path.abspath(args.load)))
+        meta['best_accuracy'] = None
+        meta.pop('ema_best_accuracy', None)
     checkpoint.restore_trainer_state(step.gluon_trainer, state.trainer)
     optimizer = step.gluon_trainer._optimizer
     for flag, attribute in (('wd', 'wd'), ('mom', 'momentum')):
@@ -425,15 +436,16 @@ def write_state(args, net, step, meta, world):
 
 
 def training_summary(history, target_accuracy=None):
-    """Summary record: lowest loss, mean throughput, best accuracies over the epochs, and where
+    """Summary record: lowest loss, mean throughput, best accuracies over the epochs (each with the epoch it
+    comes from, `<metric>.epoch`: a run continued from another's state inherits its history), and where
     --target-accuracy was reached."""
     summary = training_extras.target_summary(history, target_accuracy)
     for key in sorted({k for m in history for k in m if k not in ('epoch', 'wall_seconds')}):
-        values = [m[key] for m in history if key in m]
+        epochs = [(m[key], m.get('epoch')) for m in history if key in m]
         if key in ('train.loss', 'val.loss', 'val.ema.loss'):
-            summary[key] = min(values)
+            summary[key], summary[f'{key}.epoch'] = min(epochs, key=lambda pair: pair[0])
         elif key in ('val.accuracy', 'val.top_k_accuracy_5', 'val.ema.accuracy', 'val.ema.top_k_accuracy_5'):
-            summary[key] = max(values)
+            summary[key], summary[f'{key}.epoch'] = max(epochs, key=lambda pair: pair[0])
         else:
-            summary[key] = float(np.mean(values))
+            summary[key] = float(np.mean([value for value, _ in epochs]))
     return summary

@@ -103,7 +103,7 @@ def inference_network(args, net, world, get_loaders):
         log.warning('--no-metrics: measuring validation speed; weights are random unless --load is given')
         source = None
     else:
-        source = checkpoint.find_weights(args)
+        source = checkpoint.inference_weights(args)
         checkpoint.load_weights(net, source, args)
     if args.quantize:
         return int8_network(args, net, source, world, get_loaders)
@@ -390,7 +390,7 @@ def export(args, world, get_loaders):
     if args.quantize:
         raise RecipeError('--mode export writes the float32 network (ONNX has no MXNet INT8 operators); the INT8 '
                           f'model is saved by --mode val --quantize int8 as {args.model_prefix}_int8-symbol.json')
-    source = checkpoint.find_weights(args)
+    source = checkpoint.inference_weights(args)
     net, shape = portable_network(args)
     checkpoint.load_weights(net, source, args)
     if world.rank != 0:

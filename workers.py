@@ -413,9 +413,10 @@ def check_cpu_bfloat16():
 
 
 def resolve_seed(args, world):
-    """One seed for every worker: the given one, else rank 0's random pick (logged, stored in checkpoints)."""
-    if args.seed is None:
+    """One seed for every worker: the given one, else rank 0's random pick (`args.seed_drawn`; a new training
+    run logs it, a resumed one takes its own; stored in checkpoints)."""
+    args.seed_drawn = args.seed is None
+    if args.seed_drawn:
         args.seed = world.broadcast_int(int.from_bytes(os.urandom(3), 'little'))
-        log.info('No --seed given: using seed %d', args.seed)
     np.random.seed(args.seed)
     mx.random.seed(args.seed + world.rank)

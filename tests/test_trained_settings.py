@@ -56,3 +56,25 @@ def test_a_contradicting_flag_is_one_error(trained):
     assert result.returncode == 2 and result.stderr.count('error:') == 1
     assert 'was trained with other settings than this command gives: --image-shape 3,64,64 (trained at 32x32)' \
         in result.stderr
+
+
+def test_a_finished_run_continued_in_a_new_workspace_has_its_own_best_and_says_which(trained, tmp_path):
+    """-e 2 over a finished 1-epoch run: the error names the --load way; continued so, the new workspace gets a
+    model_best.params of its own epochs (the inherited best was never beaten, so there was none and pred took
+    the last state without a word), the summary says the epoch of each figure, pred names its weights."""
+    workspace, data = trained
+    again = train_py(*data, '--image-shape', '3,32,32', '--data-val-resize', '36', '--num-epochs', '2',
+                     '--num-examples', '256', '--warmup-epochs', '0', '--workspace', workspace)
+    assert again.returncode == 2 and f'--load {workspace / "model_last.state"} --workspace NEW_FOLDER' in again.stderr
+    new = tmp_path / 'continued'
+    result = train_py(*data, '--image-shape', '3,32,32', '--data-val-resize', '36', '--num-epochs', '2',
+                      '--num-examples', '256', '--warmup-epochs', '0', '--workspace', new,
+                      '--load', workspace / 'model_last.state')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (new / 'model_best.params').exists() and 'Continuing the run of' in (new / 'log.log').read_text()
+    summary = json.loads((new / 'report.json').read_text())['summary']
+    assert summary['val.accuracy.epoch'] in (0, 1) and summary['train.loss.epoch'] in (0, 1)
+    pred = train_py('--mode', 'pred', '--workspace', new, '--data-pred', data[1].parent.parent / 'images' / 'val')
+    assert pred.returncode == 0, pred.stderr[-3000:]
+    assert f'Weights: {new / "model_best.params"} (the best validated weights of the workspace)' in \
+        (new / 'log.log').read_text()
