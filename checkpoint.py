@@ -361,21 +361,6 @@ def find_weights(args):
                       'file (this mode refuses to run on random weights)')
 
 
-def inference_weights(args):
-    """find_weights for val, pred, INT8 and export, logged with why that file (a workspace without a best
-    checkpoint falls back on its last state, which the user should know)."""
-    path = find_weights(args)
-    if args.load:
-        why = '--load'
-    elif path == best_params_path(args):
-        why = 'the best validated weights of the workspace'
-    else:
-        why = (f'the workspace\'s last state: there is no {os.path.basename(best_params_path(args))} (no validation '
-               'ran, or none beat the best of the run this one continued)')
-    log.info('Weights: %s (%s)', path, why)
-    return path
-
-
 def set_aside_if_damaged(path):
     """Rename a damaged state to `<path>.damaged` (kept for inspection), so that the next save, which keeps
     the state it replaces as the previous one (the fallback), finds none to keep. Used when a run resumes

@@ -6,17 +6,16 @@ with class names, the network made ready for them (trained weights, oneDNN fusio
     ./runner --mode pred --dtype float32 ... --workspace runs/demo --data-pred cat.jpg --quantize int8
     ./runner --mode export --dtype float32 ... --workspace runs/demo     # -> runs/demo/export/model.onnx
 
-* Weights: `--load`, else the workspace's best checkpoint, else its last state (checkpoint.find_weights); never
-  random weights, except for a `--no-metrics` speed measurement without `--load`.
+* Weights: `--load`, else the workspace's best checkpoint, else its last state (trained_settings.py, with the
+  image size of their run); never random ones, except for a `--no-metrics` speed measurement without `--load`.
 * `--quantize int8`: post-training quantization with MXNet's oneDNN INT8 kernels (CPU only). The network is
   calibrated on the first `--calib-batches` batches of the training set, preprocessed as for validation
   (`--calib-mode naive` takes the min/max of each layer's outputs, `entropy` the KL-optimal thresholds).
   The calibrated model is saved as `<prefix>_int8-symbol.json` / `-0000.params` in the workspace with a
   `<prefix>_int8.json` that records what it was calibrated from; a later run with the same weights, network
   graph and calibration settings loads it instead of calibrating again.
-* float32 on the CPU: oneDNN's graph fusion (`fused_float32`), about 12% faster.
-* `--amp` (bfloat16 on CPU, float16 on GPU): workers.resolve_hardware has switched AMP on before the network
-  was built, so the same network runs in mixed precision; nothing more to do here.
+* float32 on the CPU: oneDNN's graph fusion (`fused_float32`), about 12% faster. `--amp` (bfloat16 on CPU,
+  float16 on GPU): workers.resolve_hardware switched AMP on before the network was built; nothing to do here.
 * Export writes `<workspace>/export/<prefix>-symbol.json`, `<prefix>-0000.params` and `<prefix>.onnx`
   (float32, any batch size, input named `data` in --input-layout). The ONNX file keeps the weights as
   initializers only (mx2onnx also lists them as graph inputs, which stops onnxruntime from folding them).
@@ -37,7 +36,9 @@ import checkpoint
 import classes
 import flags
 import logs
+import memory
 import models
+import trained_settings
 from data import batches, device_slices, load_image, whole
 from errors import RecipeError, mxnet_message
 
@@ -103,7 +104,7 @@ def inference_network(args, net, world, get_loaders):
         log.warning('--no-metrics: measuring validation speed; weights are random unless --load is given')
         source = None
     else:
-        source = checkpoint.inference_weights(args)
+        source = trained_settings.inference_weights(args)
         checkpoint.load_weights(net, source, args)
     if args.quantize:
         return int8_network(args, net, source, world, get_loaders)
@@ -166,8 +167,7 @@ def validate(args, net, loader, world, passes_label=''):
 
 def queue_batch(net, batch, contexts):
     """(outputs, labels, real images) of `batch`, the network's work queued on MXNet's engine, not waited for."""
-    images = device_slices(batch.data[0], contexts)
-    labels = device_slices(batch.label[0], contexts)
+    images, labels = device_slices(batch.data[0], contexts), device_slices(batch.label[0], contexts)
     return [net(x) for x in images], labels, sum(x.shape[0] for x in images) - batch.pad
 
 
@@ -205,11 +205,11 @@ def latency_percentiles(durations):
 
 
 def evaluate(args, net, world, get_loaders, dllogger):
-    """--mode val: one validation pass (or --num-epochs passes) of `net`, made ready by inference_network;
-    returns (summary, per-pass metrics)."""
+    """--mode val: --num-epochs passes (default 1) of `net`, ready from inference_network: (summary, per pass)."""
     _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True)
     if val_loader is None:
         raise RecipeError('--mode val needs validation data: pass --data-val (and --data-val-idx)')
+    memory.check_batch_against_data(val_loader, world)
     all_durations, history = [], []
     for epoch in range(args.num_epochs):
         metrics, durations = validate(args, net, val_loader, world, f' pass {epoch}')
@@ -390,7 +390,7 @@ def export(args, world, get_loaders):
     if args.quantize:
         raise RecipeError('--mode export writes the float32 network (ONNX has no MXNet INT8 operators); the INT8 '
                           f'model is saved by --mode val --quantize int8 as {args.model_prefix}_int8-symbol.json')
-    source = checkpoint.inference_weights(args)
+    source = trained_settings.inference_weights(args)
     net, shape = portable_network(args)
     checkpoint.load_weights(net, source, args)
     if world.rank != 0:

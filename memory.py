@@ -4,6 +4,7 @@ instead of the kernel's out-of-memory killer ending the run without a word (CPU)
 inside the first step (GPU).
 
     memory.check_batch_fits(args, net, world)   # train.py: after the network is built, before any weight or batch
+    memory.check_batch_against_data(loader, world)   # --mode val: a warning when most of a batch is padding
 
 The estimate, per device: batch images x bytes per image + the parameters three times (weights, gradients,
 momentum; once for validation). Bytes per image are a calibrated fraction of the bytes of every operator output
@@ -24,11 +25,14 @@ halve the bytes (not measured: no GPU here).
 Available memory: the host's (psutil), shared by the node's workers; a GPU's free memory from
 mx.context.gpu_memory_info for each GPU of this worker, and no check where MXNet cannot tell it.
 """
+import logging
 import math
 
 import mxnet as mx
 
 from errors import RecipeError
+
+log = logging.getLogger(__name__)
 
 TRAINING_FRACTION = 0.6
 VALIDATION_FRACTION = 0.05
@@ -105,3 +109,13 @@ def fitting(available, need, per_image, images):
     """How many images per device the estimate lets into `available` bytes."""
     fixed = need - per_image * images
     return max(0, int((available - fixed) // per_image))
+
+
+def check_batch_against_data(loader, world, what='validation'):
+    """A warning when the global batch is far larger than the data set: most of each batch is padding (the
+    images/s count real images only, so they fall with it), e.g. -b 192 on 32 validation images."""
+    batch = loader.batch_size * world.size
+    if batch >= 2 * loader.num_examples:
+        log.warning('The global batch (%d) is far larger than the %d %s images: %d%% of it is padding; a batch of '
+                    'about %d would do', batch, loader.num_examples, what,
+                    round(100 * (1 - loader.num_examples / batch)), loader.num_examples)

@@ -42,7 +42,8 @@ class RecordFile:
 
     def __init__(self, rec_path, idx_path, num_classes, what, use_mmap=True):
         if not rec_path or not os.path.exists(rec_path):
-            raise RecipeError(f'{what} data {rec_path!r} not found')
+            raise RecipeError(f'{what} data {rec_path!r} not found' + (
+                '; without validation data, train with --mode train' if what == 'validation' else ''))
         idx_path = idx_path or os.path.splitext(rec_path)[0] + '.idx'
         if not os.path.exists(idx_path):
             raise RecipeError(f'{what} index {idx_path!r} not found: make it with scripts/prepare_dataset.py '

@@ -1,7 +1,9 @@
-"""What --mode val, pred and export take from the run that trained their weights: its image size, validation
-resize and class count, so that a model trained at 128x128 is validated, asked and exported at 128x128.
+"""The weights --mode val, pred and export use, and what they take from the run that trained them: its image
+size, validation resize and class count, so that a model trained at 128x128 is validated, asked and exported
+at 128x128.
 
-    trained_settings.inherit(args)      # before the network is built; logs what it took, and from where
+    trained_settings.inherit(args)                  # before the network is built; logs what it took, and from where
+    path = trained_settings.inference_weights(args)  # checkpoint.find_weights, logged with why that file
 
 The training run records them in its state (`meta['settings']`, checkpoint.run_settings). The weights'
 run is found from the weights file (checkpoint.find_weights): a `.state` is its own run; a `<prefix>_*.params`
@@ -35,6 +37,21 @@ def source_state(weights):
     states = [entry for entry in sorted(os.listdir(folder)) if entry.endswith('_last.state')
               and name.startswith(entry[:-len('last.state')])]
     return os.path.join(folder, states[0]) if states else None
+
+
+def inference_weights(args):
+    """find_weights for val, pred, INT8 and export, logged with why that file (a workspace without a best
+    checkpoint falls back on its last state, which the user should know)."""
+    path = checkpoint.find_weights(args)
+    if args.load:
+        why = '--load'
+    elif path == checkpoint.best_params_path(args):
+        why = 'the best validated weights of the workspace'
+    else:
+        why = (f'the workspace\'s last state: there is no {os.path.basename(checkpoint.best_params_path(args))} (no validation '
+               'ran, or none beat the best of the run this one continued)')
+    log.info('Weights: %s (%s)', path, why)
+    return path
 
 
 def inherit(args):

@@ -102,3 +102,15 @@ def test_gpu_path_on_cpu_contexts(monkeypatch):
         raise mx.base.MXNetError('no such call in this build')
     monkeypatch.setattr(mx.context, 'gpu_memory_info', unknown)
     memory.check_batch_fits(args, net, world, on_gpu=True)   # MXNet cannot tell: no check
+
+
+def test_a_batch_far_larger_than_the_set_is_said(caplog):
+    import types
+    loader = types.SimpleNamespace(batch_size=192, num_examples=32)
+    world = types.SimpleNamespace(size=1)
+    with caplog.at_level('WARNING', logger='memory'):
+        memory.check_batch_against_data(loader, world)
+    assert 'The global batch (192) is far larger than the 32 validation images: 83% of it is padding' in caplog.text
+    caplog.clear()
+    memory.check_batch_against_data(types.SimpleNamespace(batch_size=16, num_examples=32), world)
+    assert not caplog.text

@@ -376,3 +376,12 @@ def test_a_crashed_worker_is_one_error_line_instead_of_horovodruns_traceback():
     assert 'Traceback' not in err.getvalue() and 'RuntimeError' not in err.getvalue()
     assert lines[-1].startswith('error: worker 0 ended with signal SIGSEGV (exit status 139)')
     assert sum(line.startswith('error:') for line in lines) == 1
+
+
+def test_missing_validation_data_points_to_mode_train(monkeypatch, capsys, tmp_path):
+    (tmp_path / 'train.rec').write_bytes(b'')
+    (tmp_path / 'train.idx').write_text('')
+    monkeypatch.setattr(runner, 'machine_gpus', lambda: 0)
+    assert runner.main(['--data-root', str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert 'val.rec\' not found' in err and 'train with --mode train (prepare_dataset.py --splits train' in err
