@@ -111,6 +111,10 @@ def run_point(args, forwarded, workers, batch):
         return None, record
 
 
+class UserError(Exception):
+    """A point's runner exited with status 2: an `error:` line the user must act on."""
+
+
 def last_lines(path, count=5):
     with open(path, errors='replace') as f:
         return ' | '.join(line.strip() for line in f.readlines()[-count:])
@@ -182,6 +186,8 @@ def plot(report, output):
 def main(argv=None):
     args, forwarded = parse_args(argv)
     report = report_skeleton(args, forwarded)
+    # Each sweep's folder holds its own points only: a failed point of an earlier sweep is not left behind.
+    shutil.rmtree(f'{args.output}.points', ignore_errors=True)
     try:
         for n in args.ngpus:
             for b in args.batch_sizes:
@@ -192,6 +198,11 @@ def main(argv=None):
                 if record['error']:
                     print(f'benchmark: {n}x{b} failed: {record["error"]}', file=sys.stderr)
                 logs.write_json(args.output, report)
+                if record['returncode'] == 2:   # a user error (missing data, a bad flag): every point would repeat it
+                    raise UserError(record['error'])
+    except UserError as e:
+        print(f'error: {e} (the sweep stopped at its first point: every other point would fail the same way)',
+              file=sys.stderr)
     except KeyboardInterrupt:
         print('benchmark: interrupted; the report holds the points measured so far', file=sys.stderr)
     logs.write_json(args.output, report)

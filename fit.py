@@ -237,7 +237,7 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
         durations.append(now - tick)
         tick = now
         done = iteration + 1
-        if done % args.disp_batches == 0:
+        if done % args.disp_batches == 0 or done == iterations < args.disp_batches:   # a short epoch logs once
             ips = args.disp_batches * global_batch / (now - window_start)
             window_start = now
             eta = (iterations - done) * global_batch / ips     # seconds, at this window's speed

@@ -21,7 +21,7 @@ precision), models.py (the network), data.py / dali.py (the loaders), fit.py (tr
     train_val, train   fit.train         (validation every epoch in train_val)
     val                inference.evaluate
     pred               inference.predict
-    export             inference.export
+    export             export.export
     --test-io          measure_loader    (reads the data alone)
 
 A problem the user can fix (bad flags, missing files, no GPU for a GPU-only request) is printed as
@@ -46,6 +46,7 @@ import checkpoint  # noqa: E402
 import classes  # noqa: E402
 import dali  # noqa: E402
 import data  # noqa: E402
+import export  # noqa: E402
 import fit  # noqa: E402
 import flags  # noqa: E402
 import inference  # noqa: E402
@@ -178,7 +179,7 @@ def run_mode(args, net, world, dllogger, stop):
         measure_loader(args, world, dllogger)
         return
     if args.mode == 'export':
-        summary = inference.export(args, world, get_loaders)
+        summary = export.export(args, world, get_loaders)
         logs.write_report(args, world.rank, world.size, [], summary)
         return
     if args.mode in ('val', 'pred'):

@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 
 import checkpoint  # noqa: E402
 import data  # noqa: E402
+import export  # noqa: E402
 import inference  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
@@ -92,7 +93,7 @@ def main():
                'cores': os.cpu_count(), 'cpu': cpu.cpuinfo_field('model name'), 'onednn': cpu.describe()}
 
     # In this order: INT8 calibration needs the unfused network, which float32 inference then fuses.
-    exported = inference.export(args, world, train.get_loaders)
+    exported = export.export(args, world, train.get_loaders)
     checkpoint.load_weights(net, checkpoint.find_weights(args), args)
     engines = {}
     try:

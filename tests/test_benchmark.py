@@ -15,6 +15,9 @@ n, b = int(args[args.index('-n') + 1]), int(args[args.index('-b') + 1])
 if b == 13:
     print('runner: something broke', file=sys.stderr)
     sys.exit(3)
+if b == 2:
+    print("error: training data '/data/imagenet/train.rec' not found", file=sys.stderr)
+    sys.exit(2)
 path = args[args.index('--dllogger-log') + 1]
 with open(path, 'w') as f:
     for epoch, ips in enumerate([10.0, 100.0 * n, 300.0 * n]):
@@ -104,3 +107,18 @@ def test_val_sweep_with_int8(tmp_path):
     assert report['metrics']['1']['8']['val.ips'] > 0
     record = json.load(open(os.path.join(output + '.points', '1x8', 'model_int8.json')))
     assert record['calib_batches'] == 2 and record['data'] == 'synthetic'
+
+
+def test_a_user_error_stops_the_sweep_and_an_earlier_sweeps_points_go(tmp_path, capsys):
+    """Without ImageNet every point failed alike; now the first user error (exit status 2) ends the sweep. And
+    a failed point of an earlier sweep left its folder behind."""
+    output = str(tmp_path / 'report.json')
+    benchmark.main(['--executable', fake_runner(tmp_path), '-o', output, '-n', '1', '-b', '13', '-e', '3', '-w', '1',
+                    '--mode', 'train'])
+    assert os.path.isdir(f'{output}.points/1x13')
+    status = benchmark.main(['--executable', fake_runner(tmp_path), '-o', output, '-n', '1,2', '-b', '2,8', '-e', '3',
+                             '-w', '1', '--mode', 'train'])
+    err = capsys.readouterr().err
+    assert status == 1 and "error: exit status 2: error: training data '/data/imagenet/train.rec' not found" in err
+    assert 'the sweep stopped at its first point' in err
+    assert sorted(os.listdir(f'{output}.points')) == ['1x2']

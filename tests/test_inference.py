@@ -13,6 +13,7 @@ import checkpoint
 import cpu
 import checkpoint_formats as formats
 import data
+import export
 import inference
 import logs
 import models
@@ -214,7 +215,7 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
     gpu_checkpoint(tmp_path / 'model_best.params')
     args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
     args.device = 'gpu'
-    outputs = inference.export(args, workers.World('device'), train.get_loaders)
+    outputs = export.export(args, workers.World('device'), train.get_loaders)
     assert outputs['onnxruntime_max_difference'] < 1e-4
     session = onnxruntime.InferenceSession(outputs['onnx'], providers=['CPUExecutionProvider'])
     assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
@@ -233,7 +234,7 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
         raise NotImplementedError('no ONNX conversion for this operator')
     monkeypatch.setattr(inference, 'write_onnx', unsupported)
     with pytest.raises(RecipeError, match='exporting .*NotImplementedError: no ONNX conversion.*nothing was written'):
-        inference.export(resolved(GPU_RUN + ['--workspace', str(tmp_path)]), workers.World('device'),
+        export.export(resolved(GPU_RUN + ['--workspace', str(tmp_path)]), workers.World('device'),
                          train.get_loaders)
     assert os.listdir(tmp_path / 'export') == []
 
@@ -241,25 +242,26 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
 def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images(monkeypatch):
     """Batch i+1 is fetched (DALI's decode and copy on a GPU node) before batch i's outputs are waited for,
     the metrics are those of the plain loop, and val.ips counts real images, not the padding of the last
-    batch (timed with a clock that ticks one second per reading)."""
+    batch (timed with a clock that ticks one second per reading); no top-5 of 5 classes."""
     import itertools
     import types
     from test_fit import RecordingLoader
     rng = np.random.default_rng(0)
     batches = [mx.io.DataBatch(data=[mx.nd.array(rng.normal(size=(4, 3)))],
-                               label=[mx.nd.array(rng.integers(0, 6, 4))], pad=0) for _ in range(3)]
+                               label=[mx.nd.array(rng.integers(0, 5, 4))], pad=0) for _ in range(3)]
     batches[2].pad = 3
     events = []
-    net = mx.gluon.nn.Dense(6, in_units=3)
+    net = mx.gluon.nn.Dense(5, in_units=3)
     net.initialize(mx.init.Normal(1))
     real = inference.batch_metrics
     monkeypatch.setattr(inference, 'batch_metrics', lambda *a: events.append('wait') or real(*a))
     clock = itertools.count()
     monkeypatch.setattr(inference.time, 'time', lambda: float(next(clock)))
-    args = types.SimpleNamespace(contexts=[mx.cpu()], benchmark_iters=None, no_metrics=False)
+    args = types.SimpleNamespace(contexts=[mx.cpu()], benchmark_iters=None, no_metrics=False, num_classes=5)
     metrics, _ = inference.validate(args, net, RecordingLoader(batches, events), workers.World('device'))
     assert events == [('fetch', 0), ('fetch', 1), 'wait', ('fetch', 2), 'wait', 'wait']
     logits = np.concatenate([net(b.data[0]).asnumpy() for b in batches])[:9]
     labels = np.concatenate([b.label[0].asnumpy() for b in batches])[:9]
     assert metrics['val.accuracy'] == pytest.approx(np.mean(logits.argmax(1) == labels))
     assert metrics['val.ips'] == pytest.approx((4 + 1) / 2)    # the first batch is warm-up; 1 real image of 4
+    assert 'val.top_k_accuracy_5' not in metrics                # 5 classes: every image is in the top 5

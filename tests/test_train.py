@@ -339,3 +339,10 @@ def test_a_start_without_its_weights_is_one_error_and_writes_nothing(digits, tmp
     result = run(digits, tmp_path / 'ws', *flags, check=False)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(message)
     assert not (tmp_path / 'ws').exists() or os.listdir(tmp_path / 'ws') == []
+
+
+def test_an_epoch_shorter_than_disp_batches_still_logs_its_learning_rate(digits, tmp_path):
+    run(digits, tmp_path, '--num-examples', '64', '--num-epochs', '1', '--mode', 'train', '--warmup-epochs', '0')
+    records = [r for r in logs.read_dllogger(str(tmp_path / 'dllogger_log.log'))
+               if isinstance(r['step'], list) and len(r['step']) == 2]
+    assert [r['step'] for r in records] == [[0, 2]] and 'train.lr' in records[0]['data']
