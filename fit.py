@@ -53,8 +53,12 @@ def add_fit_args(parser):
                             'still spans --num-epochs')
     group.add_argument('--lr', type=flags.real(minimum=0, exclusive=True), default=0.1,
                        help='peak learning rate (the runner scales it)')
-    group.add_argument('--lr-schedule', default='cosine', choices=['multistep', 'cosine'],
-                       help='learning rate schedule after the warmup')
+    group.add_argument('--lr-schedule', default='cosine', choices=['multistep', 'cosine', 'poly'],
+                       help='learning rate schedule after the warmup (poly: MLPerf\'s polynomial decay to --end-lr)')
+    group.add_argument('--lr-poly-power', type=flags.real(minimum=0, exclusive=True), default=2.0,
+                       help='poly: the power of the decay')
+    group.add_argument('--end-lr', type=flags.real(minimum=0), default=0.0001,
+                       help='poly: the learning rate at --num-epochs')
     group.add_argument('--lr-factor', type=flags.real(minimum=0, exclusive=True), default=0.256,
                        help='the ratio to reduce lr on each step (multistep) or cosine segment')
     group.add_argument('--lr-steps', type=flags.float_list, default=[],
@@ -227,8 +231,8 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     ahead = LookAhead(batches(loader, epoch, start_batch, iterations - start_batch))
     for iteration, batch in enumerate(ahead, start_batch):
         lr = learning_rate(epoch + step.accumulation.group_start(iteration) / iterations, args.lr, args.num_epochs,
-                           args.warmup_epochs,
-                           args.lr_schedule, args.lr_steps, args.lr_factor)
+                           args.warmup_epochs, args.lr_schedule, args.lr_steps, args.lr_factor, args.lr_poly_power,
+                           args.end_lr)
         loss = step.run(batch, epoch, iteration, lr, before_sync=ahead.fetch_next)
         if previous is not None:
             epoch_loss.add(previous.asscalar(), epoch, iteration - 1, step)

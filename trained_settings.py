@@ -1,6 +1,6 @@
-"""The weights --mode val, pred and export use, and what they take from the run that trained them: its image
-size, validation resize and class count, so that a model trained at 128x128 is validated, asked and exported
-at 128x128.
+"""The weights --mode val, pred and export use, and what they take from the run that trained them: its
+network (--arch, --num-layers), image size, validation resize and class count, so that a ResNet-18 trained at
+128x128 is validated, asked and exported as one, at 128x128.
 
     trained_settings.inherit(args)                  # before the network is built; logs what it took, and from where
     path = trained_settings.inference_weights(args)  # checkpoint.find_weights, logged with why that file
@@ -55,8 +55,9 @@ def inference_weights(args):
 
 
 def inherit(args):
-    """Take the weights' run's --image-shape (height and width), --data-val-resize and class count where the
-    command does not give them; RecipeError where it gives other values. Nothing for training modes."""
+    """Take the weights' run's --arch, --num-layers, --image-shape (height and width), --data-val-resize and
+    class count where the command does not give them; RecipeError where it gives other values. Nothing for
+    training modes."""
     if args.mode not in INFERENCE_MODES:
         return
     try:
@@ -76,13 +77,15 @@ def inherit(args):
         elif tuple(args.image_shape[1:]) != (height, width):
             args.image_shape = (args.image_shape[0], height, width)
             taken.append(f'--image-shape {",".join(map(str, args.image_shape))}')
-    if settings.get('data_val_resize') is not None:
-        resize = settings['data_val_resize']
-        if 'data_val_resize' in given and args.data_val_resize != resize:
-            contradictions.append(f'--data-val-resize {args.data_val_resize} (trained with {resize})')
-        elif args.data_val_resize != resize:
-            args.data_val_resize = resize
-            taken.append(f'--data-val-resize {resize}')
+    for name in ('arch', 'num_layers', 'data_val_resize'):
+        saved, flag = settings.get(name), '--' + name.replace('_', '-')
+        if saved is None or getattr(args, name) == saved:
+            continue
+        if name in given:
+            contradictions.append(f'{flag} {getattr(args, name)} (trained with {saved})')
+        else:
+            setattr(args, name, saved)
+            taken.append(f'{flag} {saved}')
     if settings.get('num_classes') is not None and args.num_classes != settings['num_classes']:
         if args.num_classes_source == 'the default':
             args.num_classes, args.num_classes_source = settings['num_classes'], state

@@ -51,6 +51,16 @@ def test_cosine_segments_restart_scaled():
     assert lr(45, **kw) == pytest.approx(0.25)                 # middle of segment 1: half of 0.5
 
 
+def test_poly_boundaries_as_mlperf_configures_it():
+    """MLPerf's 8-GPU ResNet-50: learning rate 11.0, 2 warm-up epochs, power 2 down to 0.0001 at epoch 37."""
+    kw = dict(base_lr=11.0, num_epochs=37, warmup_epochs=2, schedule='poly', power=2.0, end_lr=0.0001)
+    assert lr(0, **kw) == 0 and lr(1, **kw) == pytest.approx(5.5)                 # the linear warm-up
+    assert lr(2, **kw) == pytest.approx(11.0)                                      # peak right after it
+    assert lr(19.5, **kw) == pytest.approx(0.0001 + (11.0 - 0.0001) * 0.25)       # half way: (1/2)^2
+    assert lr(37 - 1e-9, **kw) == pytest.approx(0.0001) and lr(37, **kw) == 0.0001 and lr(40, **kw) == 0.0001
+    assert lr(36, power=1.0, **{k: v for k, v in kw.items() if k != 'power'}) == pytest.approx(0.0001 + 10.9999 / 35)
+
+
 def test_multistep_known_points():
     kw = dict(schedule='multistep', steps=[30, 60], factor=0.1)
     assert lr(10, **kw) == pytest.approx(1.0)

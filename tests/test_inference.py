@@ -232,10 +232,10 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
 
     def unsupported(*args):
         raise NotImplementedError('no ONNX conversion for this operator')
-    monkeypatch.setattr(inference, 'write_onnx', unsupported)
+    monkeypatch.setattr(export, 'write_onnx', unsupported)
     with pytest.raises(RecipeError, match='exporting .*NotImplementedError: no ONNX conversion.*nothing was written'):
         export.export(resolved(GPU_RUN + ['--workspace', str(tmp_path)]), workers.World('device'),
-                         train.get_loaders)
+                      train.get_loaders)
     assert os.listdir(tmp_path / 'export') == []
 
 

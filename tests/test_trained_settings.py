@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROOT
 
-TINY = ['--num-layers', '18', '--seed', '3', '--batch-size', '32', '--data-backend', 'mxnet',
+TINY = ['--seed', '3', '--batch-size', '32', '--data-backend', 'mxnet',
         '--data-mxnet-threads', '2']
 
 
@@ -21,12 +21,13 @@ def train_py(*argv):
 
 @pytest.fixture(scope='module')
 def trained(digits, tmp_path_factory):
-    """A run trained 1 epoch at 3,32,32 with --data-val-resize 36 (the class count from classes.json)."""
+    """A ResNet-18 trained 1 epoch at 3,32,32 with --data-val-resize 36 (the class count from classes.json)."""
     workspace = tmp_path_factory.mktemp('trained')
     rec = digits / 'rec'
     data = ['--data-train', rec / 'train.rec', '--data-train-idx', rec / 'train.idx', '--data-val', rec / 'val.rec',
             '--data-val-idx', rec / 'val.idx']
-    result = train_py(*data, '--image-shape', '3,32,32', '--data-val-resize', '36', '--num-epochs', '1',
+    result = train_py(*data, '--num-layers', '18', '--image-shape', '3,32,32', '--data-val-resize', '36',
+                      '--num-epochs', '1',
                       '--num-examples', '256', '--warmup-epochs', '0', '--workspace', workspace)
     assert result.returncode == 0, result.stderr[-3000:]
     return workspace, data
@@ -38,7 +39,8 @@ def test_val_pred_and_export_take_the_trained_size(trained, digits, tmp_path):
     val = train_py(*data, '--mode', 'val', '--workspace', workspace)
     assert val.returncode == 0, val.stderr[-3000:]
     log = (workspace / 'log.log').read_text()
-    assert 'Taken from the run that trained' in log and '--image-shape 3,32,32, --data-val-resize 36' in log
+    assert 'Taken from the run that trained' in log
+    assert '--image-shape 3,32,32, --num-layers 18, --data-val-resize 36' in log
     # the same weights and preprocessing as the run's own validation: the same top-1 (it was 0.1 at 224x224)
     assert json.loads((workspace / 'report_val.json').read_text())['summary']['val.accuracy'] == \
         pytest.approx(trained_top1, abs=1e-9)
@@ -63,11 +65,13 @@ def test_a_finished_run_continued_in_a_new_workspace_has_its_own_best_and_says_w
     model_best.params of its own epochs (the inherited best was never beaten, so there was none and pred took
     the last state without a word), the summary says the epoch of each figure, pred names its weights."""
     workspace, data = trained
-    again = train_py(*data, '--image-shape', '3,32,32', '--data-val-resize', '36', '--num-epochs', '2',
+    again = train_py(*data, '--num-layers', '18', '--image-shape', '3,32,32', '--data-val-resize', '36',
+                     '--num-epochs', '2',
                      '--num-examples', '256', '--warmup-epochs', '0', '--workspace', workspace)
     assert again.returncode == 2 and f'--load {workspace / "model_last.state"} --workspace NEW_FOLDER' in again.stderr
     new = tmp_path / 'continued'
-    result = train_py(*data, '--image-shape', '3,32,32', '--data-val-resize', '36', '--num-epochs', '2',
+    result = train_py(*data, '--num-layers', '18', '--image-shape', '3,32,32', '--data-val-resize', '36',
+                      '--num-epochs', '2',
                       '--num-examples', '256', '--warmup-epochs', '0', '--workspace', new,
                       '--load', workspace / 'model_last.state')
     assert result.returncode == 0, result.stderr[-3000:]
