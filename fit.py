@@ -28,6 +28,7 @@ import numpy as np
 import checkpoint
 import flags
 import inference
+import lars
 import logs
 import tensorboard_log
 import training_extras
@@ -66,7 +67,7 @@ def add_fit_args(parser):
     group.add_argument('--warmup-epochs', type=flags.real(minimum=0), default=None,
                        help=f'epochs of linear warmup from 0 to --lr (default {DEFAULT_WARMUP_EPOCHS:g}, or half of '
                             'a shorter run: the log says so); at most --num-epochs')
-    group.add_argument('--optimizer', default='sgd', help='any MXNet optimizer name')
+    group.add_argument('--optimizer', default='sgd', help='any MXNet optimizer name; lars is MLPerf\'s (lars.py)')
     group.add_argument('--mom', type=flags.real(minimum=0, maximum=1), default=0.875,
                        help='momentum (sgd, nag, signum, dcasgd, lbsgd)')
     group.add_argument('--wd', type=flags.real(minimum=0), default=1 / 32768,
@@ -91,6 +92,7 @@ def add_fit_args(parser):
     group.add_argument('--backbone-lr-mult', type=flags.real(minimum=0, maximum=1), default=1.0,
                        help='learning rate of every layer but the classifier, as a multiple of the schedule\'s '
                             '(e.g. 0.1 when fine-tuning: the pretrained layers move less than the new head)')
+    lars.add_args(group)
     training_extras.add_args(group)
     return group
 

@@ -12,6 +12,7 @@ import math
 import mxnet as mx
 from mxnet import autograd, gluon
 
+import lars  # noqa: F401  (registers --optimizer lars's optimizer with MXNet)
 import losses
 import training_extras
 from data import device_slices
@@ -49,8 +50,12 @@ class TrainingStep:
         self.loss.hybridize(static_alloc=True, static_shape=True)
         optimizer_params = {'learning_rate': 0.0, 'wd': args.wd,
                             'multi_precision': args.dtype == 'float16'}
-        if args.optimizer in MOMENTUM_OPTIMIZERS:
+        optimizer = args.optimizer
+        if optimizer in MOMENTUM_OPTIMIZERS:
             optimizer_params['momentum'] = args.mom
+        if optimizer == 'lars':   # MLPerf's LARS (lars.py), not MXNet's, which skips by names Gluon never gives
+            optimizer = 'mlperflars'
+            optimizer_params.update(momentum=args.mom, eta=args.lars_eta, eps=args.lars_eps)
         self.params = net.collect_params()
         if args.backbone_lr_mult != 1:
             for name, param in net._collect_params_with_prefix().items():
@@ -59,10 +64,10 @@ class TrainingStep:
         try:
             if world.horovod is not None:
                 self.gluon_trainer = world.horovod.DistributedTrainer(
-                    self.params, args.optimizer, optimizer_params,
+                    self.params, optimizer, optimizer_params,
                     **predivision(world, args.dtype == 'float16' or args.amp_dtype == 'float16'))
             else:
-                self.gluon_trainer = gluon.Trainer(self.params, args.optimizer, optimizer_params,
+                self.gluon_trainer = gluon.Trainer(self.params, optimizer, optimizer_params,
                                                    kvstore=args.kv_store if len(self.contexts) > 1 else None,
                                                    update_on_kvstore=False if len(self.contexts) > 1 else None)
         except (ValueError, KeyError, mx.base.MXNetError) as e:
