@@ -49,6 +49,10 @@ def add_fit_args(parser):
     group.add_argument('--num-epochs', type=flags.integer(minimum=1), default=None,
                        help='number of epochs, the length of the schedule (default 90); in val mode the '
                             'number of validation passes (default 1)')
+    group.add_argument('--eval-period', type=flags.integer(minimum=1), default=1,
+                       help='train_val: validate every N epochs (and after the last), from --eval-offset')
+    group.add_argument('--eval-offset', type=flags.integer(minimum=0), default=0,
+                       help='train_val: the first epoch validated with --eval-period (epoch %% N == K)')
     group.add_argument('--run-epochs', type=flags.integer(minimum=1, sentinel=-1), default=-1,
                        help='run at most this many epochs in this invocation (-1: no limit); the schedule '
                             'still spans --num-epochs')
@@ -95,6 +99,13 @@ def add_fit_args(parser):
     lars.add_args(group)
     training_extras.add_args(group)
     return group
+
+
+def evaluated(args, epoch):
+    """Whether train_val validates after `epoch`: every --eval-period epochs from --eval-offset (MLPerf's
+    sparse evaluation: --eval-period 4 --eval-offset 2 validates after epochs 2, 6, 10, ...), and after the
+    schedule's last epoch. The best checkpoint and --target-accuracy see only these epochs."""
+    return epoch % args.eval_period == args.eval_offset % args.eval_period or epoch == args.num_epochs - 1
 
 
 def default_warmup(args):
@@ -332,7 +343,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
         steady = logs.steady_durations(durations)
         metrics = {'train.loss': loss_sum / max(loss_count, 1),
                    'train.ips': train_loader.batch_size * world.size / float(np.mean(steady))}
-        if val_loader is not None:
+        if val_loader is not None and evaluated(args, epoch):
             log.info('Validating epoch %d', epoch)
             val_metrics, _ = inference.validate(args, net, val_loader, world)
             metrics.update(val_metrics)
@@ -446,6 +457,9 @@ def training_summary(history, target_accuracy=None):
     comes from, `<metric>.epoch`: a run continued from another's state inherits its history), and where
     --target-accuracy was reached."""
     summary = training_extras.target_summary(history, target_accuracy)
+    evaluated_epochs = [m['epoch'] for m in history if 'val.accuracy' in m]
+    if evaluated_epochs and len(evaluated_epochs) < len(history):   # --eval-period: say which epochs count
+        summary['val.epochs'] = ','.join(map(str, evaluated_epochs))
     for key in sorted({k for m in history for k in m if k not in ('epoch', 'wall_seconds')}):
         epochs = [(m[key], m.get('epoch')) for m in history if key in m]
         if key in ('train.loss', 'val.loss', 'val.ema.loss'):

@@ -66,6 +66,8 @@ def check(args):
     """Flag combinations that cannot work, before any training."""
     if args.target_accuracy is not None and args.mode != 'train_val':
         raise RecipeError('--target-accuracy needs a validation every epoch: use --mode train_val')
+    if (args.eval_period, args.eval_offset) != (1, 0) and args.mode != 'train_val':
+        raise RecipeError('--eval-period and --eval-offset say when train_val validates: use --mode train_val')
 
 
 # ----------------------------------------------------------------------------------------------------------

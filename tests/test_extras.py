@@ -229,6 +229,19 @@ def test_target_accuracy_stops_and_reports(digits, tmp_path):
     assert again.returncode == 0 and len(epoch_records(ws)) == 1                 # no more epochs
 
 
+def test_sparse_evaluation_validates_only_its_epochs_and_the_last(digits, tmp_path):
+    """--eval-period 3 --eval-offset 1 over 4 epochs: validated after epochs 1 and 3 (the last); the best
+    checkpoint (and --target-accuracy, which reads the same history) see those only; the summary lists them."""
+    ws = tmp_path / 'ws'
+    run(digits, ws, '--num-epochs', '4', '--eval-period', '3', '--eval-offset', '1', '--data-backend', 'synthetic',
+        '--num-examples', '64')
+    validated = [r['step'][0] for r in epoch_records(ws) if 'val.accuracy' in r['data']]
+    assert validated == [1, 3] and len(epoch_records(ws)) == 4
+    summary = json.loads((ws / 'report.json').read_text())['summary']
+    assert summary['val.epochs'] == '1,3' and summary['val.accuracy.epoch'] in (1, 3)
+    assert (ws / 'model_best.params').exists()
+
+
 def test_target_accuracy_needs_validation(digits, tmp_path):
     result = run(digits, tmp_path / 'ws', '--mode', 'train', '--target-accuracy', '0.5', check=False)
     assert result.returncode == 2 and 'error: --target-accuracy needs a validation' in result.stderr
