@@ -340,6 +340,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
             write_state(args, net, step, meta, world)
             log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, resume_note(args))
             return meta
+        world.average_copies([p.list_data() for p in net.collect_params().values() if p.grad_req == 'null'])
         steady = logs.steady_durations(durations)
         metrics = {'train.loss': loss_sum / max(loss_count, 1),
                    'train.ips': train_loader.batch_size * world.size / float(np.mean(steady))}

@@ -166,6 +166,8 @@ def validate_average(args, net, average, val_loader, world, meta, epoch):
     """`val.ema.*` metrics of the weight average, and `<prefix>_ema_best.params` (rank 0) on its best top-1."""
     if average is None or val_loader is None:
         return {}
+    # The average's batchnorm statistics, like the network's, are the same on every worker before it is judged.
+    world.average_copies([[average.average[name]] for name, p in average.params.items() if p.grad_req == 'null'])
     with average.swapped_in():
         metrics, _ = inference.validate(args, net, val_loader, world, passes_label=' of the weight average')
         accuracy = metrics.get('val.accuracy')

@@ -101,6 +101,24 @@ class World:
         """Wait until every worker gets here."""
         self.allreduce_sum([0.0])
 
+    def average_copies(self, groups):
+        """Each group (the copies of one array on this worker's devices) set to the mean of its copies over all
+        devices and workers, in place: a collective. With several workers each normalises its own batches, so
+        each device's batchnorm running statistics differ; averaged before every validation and save, the
+        accuracy reported is that of the model saved (MLPerf does the same)."""
+        if not groups or (self.size == 1 and all(len(copies) == 1 for copies in groups)):
+            return
+        flat = np.concatenate([np.mean([c.asnumpy().astype(np.float64) for c in copies], axis=0).ravel()
+                               for copies in groups])
+        mean = self.allreduce_sum(flat) / self.size
+        offset = 0
+        for copies in groups:
+            size = copies[0].size
+            value = mean[offset:offset + size].reshape(copies[0].shape)
+            offset += size
+            for copy in copies:
+                copy[:] = mx.nd.array(value, ctx=copy.context, dtype=copy.dtype)
+
     # Broadcasts are all-reduces here: rank 0 contributes its values, every other rank zeros (x + 0 = x,
     # exactly). Horovod 0.28.1's own broadcast hands the op to its background thread and then logs the op's
     # name, which that thread may already have freed on completion: a use-after-free that crashed about one

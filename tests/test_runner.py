@@ -1,6 +1,7 @@
 """runner: the derived train.py command lines of the seed README's commands (without launching), per-node
 GPU ids, flag ranges and user errors reported once, and real two-worker CPU runs on the demo dataset (training,
 a worker's user error, SIGTERM / SIGUSR1 through the runner, resume)."""
+import json
 import os
 import shutil
 import signal
@@ -131,6 +132,17 @@ def test_two_cpu_workers_on_one_node_and_on_two_nodes_train_alike(digits, tmp_pa
         assert epoch['val.accuracy'] > 0 and (tmp_path / name / 'model_last.state').exists()
         epochs.append({k: v for k, v in epoch.items() if not k.endswith(('ips', 'latency_avg'))})
     assert epochs[1] == pytest.approx(epochs[0], rel=1e-6)
+    # The top-1 and loss the 2 workers reported are those of the weights they saved, validated in one process
+    # (before the statistics were averaged, each worker validated its shard with its own: one image and 0.1%
+    # of the loss apart here).
+    val = subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), '--mode', 'val', '--workspace',
+                          str(tmp_path / 'one'), '--data-val', str(digits / 'rec' / 'val.rec'), '--data-val-idx',
+                          str(digits / 'rec' / 'val.idx'), '--data-backend', 'dali-cpu', '--batch-size', '32'],
+                         capture_output=True, text=True)
+    assert val.returncode == 0, val.stderr[-3000:]
+    alone = json.loads((tmp_path / 'one' / 'report_val.json').read_text())['summary']
+    assert abs(alone['val.accuracy'] - epochs[0]['val.accuracy']) * 359 < 1.01
+    assert alone['val.loss'] == pytest.approx(epochs[0]['val.loss'], rel=1e-4)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -89,3 +89,20 @@ def test_the_horovod_api_the_recipe_calls_is_checked_with_one_error():
                                        if name != 'DistributedTrainer'})
     with pytest.raises(RecipeError, match='lacks DistributedTrainer, which this recipe calls'):
         workers.check_horovod_api(lacking)
+
+
+def test_batchnorm_statistics_are_averaged_over_devices_and_workers():
+    """Rank 1 of 2 with two device copies: each array becomes the mean over both copies and rank 0's (whose
+    own mean is 10 here), on every copy; arrays of other shapes keep their place in the flat all-reduce."""
+    class Rank1Of2:
+        size, rank = 2, 1
+
+        def allreduce_sum(self, values):
+            return values + 10.0              # rank 0 contributes 10 everywhere
+    mean = mx.nd.array([1.0, 3.0])
+    copies = [[mean.copy(), mx.nd.array([3.0, 5.0])], [mx.nd.ones((2, 2)), mx.nd.ones((2, 2)) * 3]]
+    workers.World.average_copies(Rank1Of2(), copies)
+    for copy in copies[0]:
+        np.testing.assert_allclose(copy.asnumpy(), [(2 + 10) / 2, (4 + 10) / 2])
+    for copy in copies[1]:
+        np.testing.assert_allclose(copy.asnumpy(), np.full((2, 2), (2 + 10) / 2))
