@@ -175,8 +175,9 @@ def test_float16_step_fetches_the_next_batch_before_its_host_synchronisation():
     step.loss_scale.overflowed = overflowed
     step.args.num_epochs, step.args.warmup_epochs = 2, 0
     meta = {'loss_sum': 0.0, 'loss_count': 0}
-    stop = type('Stop', (), {'requested': False})()
-    next_batch, _, stopped = fit.train_epoch(step.args, step, RecordingLoader(batches, events), 0, 0, meta, None,
+    stop = type('Stop', (), {'requested': False, 'announce': lambda self: None})()
+    quiet = type('DLLogger', (), {'log': lambda self, *args, **kwargs: None})()
+    next_batch, _, stopped = fit.train_epoch(step.args, step, RecordingLoader(batches, events), 0, 0, meta, quiet,
                                              stop)
     assert (next_batch, stopped) == (3, False)
     assert events == [('fetch', 0), ('fetch', 1), ('sync', 0), ('fetch', 2), ('sync', 1), ('sync', 2)]

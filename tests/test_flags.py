@@ -37,7 +37,7 @@ from errors import RecipeError
     (['--image-shape', '3,32'], 'expected C,H,W'),
     (['--rgb-mean', '1,inf,2'], 'not a finite number'),
     (['--gpus', '0,-1'], 'expected at least 0'),
-    (['--num-classes', '0'], 'expected at least 1'),
+    (['--num-classes', '1'], 'expected at least 2'),
     (['--batchnorm-eps', '0'], 'expected > 0'),
     (['--mom', '1.5'], 'expected from 0'),
     (['--dali-threads', '0'], 'expected at least 1'),
