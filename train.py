@@ -53,6 +53,7 @@ import inference  # noqa: E402
 import logs  # noqa: E402
 import memory  # noqa: E402
 import models  # noqa: E402
+import recipes  # noqa: E402
 import trained_settings  # noqa: E402
 import workers  # noqa: E402
 from errors import RecipeError  # noqa: E402
@@ -66,6 +67,10 @@ def add_run_args(parser):
                        help='train_val trains and validates every epoch; train only trains (checkpoints are '
                             'still written); val validates a checkpoint; pred classifies --data-pred; export writes '
                             'symbol+params and ONNX')
+    group.add_argument('--recipe', default=None, choices=sorted(recipes.RECIPES),
+                       help='set the values of a published recipe (recipes.py: ' + '; '.join(
+                           f'{name}: {recipe["about"]}' for name, recipe in sorted(recipes.RECIPES.items())) +
+                       '); flags given on the command line win')
     group.add_argument('--seed', type=flags.integer(minimum=0, maximum=workers.MAX_SEED), default=None,
                        help='random seed for initialisation, data order, augmentation and mixup (default: a '
                             'random one, logged and stored in the checkpoint so a resume continues exactly)')
@@ -116,6 +121,10 @@ class TrainParser(argparse.ArgumentParser):
         except RecipeError as e:
             self.error(str(e))
         parsed.given_flags = trained_settings.given_flags(self, sys.argv[1:] if args is None else list(args))
+        parsed.recipe_flags = recipes.apply(parsed, parsed.given_flags)
+        if parsed.recipe and 'lr' not in parsed.given_flags:   # the recipe's rate for this global batch
+            parsed.lr = recipes.RECIPES[parsed.recipe]['lr_per_256'] * parsed.batch_size * \
+                parsed.grad_accum_steps / 256
         return parsed, rest
 
 
@@ -232,6 +241,9 @@ def run(args):
     if world.rank == 0:
         checkpoint.clean_workspace(args)
     trained_settings.inherit(args)
+    if args.recipe:
+        log.info('Recipe %s: %s', args.recipe, ', '.join(f'--{name.replace("_", "-")} {getattr(args, name)}'
+                                                         for name in args.recipe_flags) or 'nothing to set')
     workers.resolve_hardware(args, world)
     if args.device == 'cpu':
         log.info('CPU: %s; %s', cpu.cpuinfo_field('model name') or 'unknown model', cpu.describe())

@@ -397,3 +397,43 @@ def test_missing_validation_data_points_to_mode_train(monkeypatch, capsys, tmp_p
     assert runner.main(['--data-root', str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert 'val.rec\' not found' in err and 'train with --mode train (prepare_dataset.py --splits train' in err
+
+
+def test_the_mlperf_recipe_sets_its_values_for_the_global_batch_and_flags_win(monkeypatch, capsys):
+    """MLPerf's 8-GPU configuration: 400 images per GPU, 11.0 at 3,200 images, LARS, poly decay over 37 epochs,
+    evaluation every 4 epochs from epoch 2; a flag given on the command line wins."""
+    import train
+    _, flags, raw = command(['-n', '8', '--recipe', 'mlperf'], gpus=8)
+    assert flags['--batch-size'] == '3200' and float(flags['--lr']) == pytest.approx(11.0)
+    args = train.build_parser().parse_args(raw)
+    assert (args.optimizer, args.lr_schedule, args.num_epochs, args.warmup_epochs, args.wd, args.mom) == \
+        ('lars', 'poly', 37, 2.0, 5e-5, 0.9)
+    assert (args.eval_period, args.eval_offset, args.label_smoothing, args.end_lr) == (4, 2, 0.1, 0.0001)
+    _, flags, raw = command(['-n', '8', '-b', '256', '-e', '40', '--recipe', 'mlperf', '--wd', '1e-4'], gpus=8)
+    args = train.build_parser().parse_args(raw)
+    assert flags['--batch-size'] == '2048' and float(flags['--lr']) == pytest.approx(0.88 * 2048 / 256)
+    assert (args.num_epochs, args.wd, args.optimizer) == (40, 1e-4, 'lars')
+    direct = train.build_parser().parse_args(['--recipe', 'mlperf', '--batch-size', '512'])
+    assert direct.lr == pytest.approx(0.88 * 2) and direct.recipe_flags[0] == 'optimizer'
+    nvidia = train.build_parser().parse_args(['--recipe', 'nvidia'])
+    default = train.build_parser().parse_args([])
+    assert {k: v for k, v in vars(nvidia).items() if k not in ('recipe', 'recipe_flags', 'given_flags', 'lr')} == \
+        {k: v for k, v in vars(default).items() if k not in ('recipe', 'recipe_flags', 'given_flags', 'lr')}
+
+
+@HOROVOD
+def test_the_mlperf_recipe_on_two_cpu_workers_evaluates_on_its_period_and_stops_at_the_target(digits, tmp_path):
+    """--recipe mlperf (LARS, poly decay, evaluation every 4 epochs from epoch 2) shortened to 7 epochs on the
+    digits: epochs 0 and 1 are not validated, epoch 2 is and reaches the target, the run stops there (no epoch
+    3 to 6) and reports the time to it."""
+    import logs
+    result = run_runner(demo_argv(digits, tmp_path, examples=64, extra=['--recipe', 'mlperf', '-b', '16', '-e', '7',
+                                                                         '--target-accuracy', '0.01']))
+    assert result.returncode == 0, result.stderr[-3000:]
+    epochs = [r for r in logs.read_dllogger(str(tmp_path / 'dllogger_log.log'))
+              if isinstance(r['step'], list) and len(r['step']) == 1]
+    assert [r['step'][0] for r in epochs] == [0, 1, 2]
+    assert [r['step'][0] for r in epochs if 'val.accuracy' in r['data']] == [2]
+    summary = json.loads((tmp_path / 'report.json').read_text())['summary']
+    assert summary['target_accuracy.epoch'] == 2 and summary['target_accuracy.wall_seconds'] > 0
+    assert 'Recipe mlperf: --optimizer lars' in (tmp_path / 'log.log').read_text()
