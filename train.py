@@ -69,8 +69,8 @@ def add_run_args(parser):
                             'symbol+params and ONNX')
     group.add_argument('--recipe', default=None, choices=sorted(recipes.RECIPES),
                        help='set the values of a published recipe (recipes.py: ' + '; '.join(
-                           f'{name}: {recipe["about"]}' for name, recipe in sorted(recipes.RECIPES.items())) +
-                       '); flags given on the command line win')
+                           f'{name}: {recipe["about"]}' for name, recipe in sorted(recipes.RECIPES.items()))
+                       .replace('%', '%%') + '); flags given on the command line win')
     group.add_argument('--seed', type=flags.integer(minimum=0, maximum=workers.MAX_SEED), default=None,
                        help='random seed for initialisation, data order, augmentation and mixup (default: a '
                             'random one, logged and stored in the checkpoint so a resume continues exactly)')
