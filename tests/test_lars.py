@@ -1,15 +1,22 @@
 """--optimizer lars (lars.py) against MLPerf's LARS written out here: one step of the recipe's TrainingStep, each
 parameter: weights of 2+ dimensions get lr x eta x ||w|| / (||g|| + wd x ||w|| + eps) with weight decay and
 momentum, 1-dimensional ones (batchnorm gamma/beta, biases) plain SGD without weight decay; float32 and the
-float16 twin (float32 master weights)."""
+float16 twin (float32 master weights); on 1 worker and on 2 (tests/lars_workers.py)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
 import mxnet as mx
 import numpy as np
 import pytest
 
 import losses
 from float16_twin import Float16Net, batch_of, step_for
+from lars_workers import EPS, ETA, FLAGS, LR, MOMENTUM, WD
 
-ETA, EPS, WD, LR = 0.02, 1e-6, 0.01, 0.5
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def expected_after_one_step(before, grad):
@@ -24,8 +31,7 @@ def expected_after_one_step(before, grad):
 @pytest.mark.parametrize('dtype', ['float32', 'float16'])
 def test_one_lars_step_of_every_parameter_follows_the_formula(dtype):
     mx.random.seed(3)
-    step = step_for(Float16Net(), dtype, extra=['--optimizer', 'lars', '--lars-eta', str(ETA), '--lars-eps', str(EPS),
-                                                '--wd', str(WD), '--mom', '0.9', '--label-smoothing', '0'])
+    step = step_for(Float16Net(), dtype, extra=FLAGS)
     if step.loss_scale is not None:   # float16: a scale whose gradients fit (the default overflows this tiny net)
         step.loss_scale = losses.DynamicLossScale(scale=8.0)
     params = {name: p for name, p in step.net._collect_params_with_prefix().items() if p.grad_req != 'null'}
@@ -33,7 +39,7 @@ def test_one_lars_step_of_every_parameter_follows_the_formula(dtype):
     rng = np.random.default_rng(1)
     step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), dtype), 0, 0, LR)
     optimizer = step.gluon_trainer._optimizer
-    assert type(optimizer).__name__ == 'MLPerfLARS' and optimizer.momentum == 0.9
+    assert type(optimizer).__name__ == 'MLPerfLARS' and optimizer.momentum == MOMENTUM
     for name, param in params.items():
         grad = param.grad().asnumpy().astype(np.float64) * optimizer.rescale_grad
         want = expected_after_one_step(before[name], grad)
@@ -41,3 +47,50 @@ def test_one_lars_step_of_every_parameter_follows_the_formula(dtype):
         np.testing.assert_allclose(got, want, rtol=2e-3 if dtype == 'float16' else 1e-5, atol=1e-6, err_msg=name)
         assert not np.allclose(got, before[name])     # every trained parameter moved
     assert {name for name in params if params[name].data().ndim > 1} == {'weight'}
+
+
+def local_gradients(before, rank):
+    """The gradient of worker `rank`'s batch alone (mean loss over its 8 images), float32, in one process."""
+    net = Float16Net()
+    net.initialize()
+    rng = np.random.default_rng(10 + rank)   # the batch tests/lars_workers.py gives that worker
+    images, labels = mx.nd.array(rng.normal(size=(8, 4, 2, 2))), mx.nd.array(rng.integers(0, 3, 8))
+    net(images)
+    params = net._collect_params_with_prefix()
+    for name, value in before.items():
+        params[name].set_data(mx.nd.array(value))
+    with mx.autograd.record():
+        loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()(net(images), labels).mean()
+    loss.backward()
+    return {name: params[name].grad().asnumpy().astype(np.float64) for name in before}
+
+
+@pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+def test_two_workers_take_the_trust_ratio_of_the_averaged_gradient(tmp_path):
+    """2 Gloo workers, each with its own batch: the gradient the optimizer saw is the mean of the workers'
+    gradients (not one worker's, not their sum) on both, and each parameter moved by the formula above with
+    that gradient, identically on both workers; float32 and the float16 twin."""
+    output = tmp_path / 'lars.json'
+    result = subprocess.run(['horovodrun', '-np', '2', '--gloo', sys.executable,
+                             os.path.join(ROOT, 'tests', 'lars_workers.py'), str(output)],
+                            capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(output.read_text())
+    for dtype, params in results.items():
+        rows = {name: {key: np.array(p[key], dtype=np.float64).reshape([2] + p['shape'])
+                       for key in ('before', 'grad', 'after')} for name, p in params.items()}
+        before = {name: r['before'][0] for name, r in rows.items()}
+        if dtype == 'float32':
+            local = [local_gradients(before, rank) for rank in (0, 1)]
+        for name, r in rows.items():
+            np.testing.assert_array_equal(r['before'][0], r['before'][1], err_msg=name)   # broadcast
+            np.testing.assert_array_equal(r['after'][0], r['after'][1], err_msg=name)
+            np.testing.assert_allclose(r['grad'][0], r['grad'][1], rtol=1e-6, err_msg=name)
+            if dtype == 'float32':
+                assert not np.allclose(local[0][name], local[1][name])             # the batches differ
+                np.testing.assert_allclose(r['grad'][0], (local[0][name] + local[1][name]) / 2,
+                                           rtol=1e-4, atol=1e-7, err_msg=name)
+            want = expected_after_one_step(r['before'][0], r['grad'][0])
+            np.testing.assert_allclose(r['after'][0], want, rtol=2e-3 if dtype == 'float16' else 1e-5, atol=1e-6,
+                                       err_msg=f'{dtype} {name}')
+            assert not np.allclose(r['after'][0], r['before'][0])
