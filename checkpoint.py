@@ -425,7 +425,8 @@ def start_fingerprint(state):
 # only at the same global batch, since the runner scales it with the batch.
 RUN_SETTINGS = ('data_train', 'num_classes', 'arch', 'num_layers', 'image_shape', 'num_epochs', 'lr_schedule',
                 'lr_steps', 'lr_factor', 'warmup_epochs', 'optimizer', 'dtype', 'amp', 'label_smoothing', 'mixup',
-                'cutmix', 'mixup_switch_prob', 'grad_accum_steps')
+                'cutmix', 'mixup_switch_prob', 'grad_accum_steps', 'lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps',
+                'eval_period', 'eval_offset')
 
 
 def run_settings(args):
@@ -443,11 +444,11 @@ def run_settings(args):
 def check_same_run(args, meta, path):
     """RecipeError listing every setting in which this command differs from the run whose state `path` is
     (a workspace holds one run: resuming another's state would train it with the wrong settings, or not at
-    all). States written before the settings were recorded are not checked."""
+    all). A setting a state does not record (one written before the recipe recorded it) is not checked."""
     saved, now = meta.get('settings'), run_settings(args)
     if saved is None:
         return
-    names = [name for name in RUN_SETTINGS if saved.get(name) != now[name]]
+    names = [name for name in RUN_SETTINGS if name in saved and saved[name] != now[name]]
     if saved.get('global_batch') == now['global_batch'] and saved.get('lr') != now['lr']:
         names.append('lr')
     if names:

@@ -229,3 +229,18 @@ def test_finetuning_loads_everything_but_a_classifier_of_another_width(tmp_path)
             np.testing.assert_array_equal(value, fresh[name])          # the new classifier stays fresh
         else:
             np.testing.assert_array_equal(value, original[name])
+
+
+def test_a_state_that_does_not_record_a_setting_resumes_and_one_that_does_is_checked():
+    """States written before --end-lr and the LARS, poly and --eval-period settings were recorded resume (not
+    'None in the saved run'); a state that records them refuses a command that changes one."""
+    from conftest import resolved
+    args = resolved(['--lr-schedule', 'poly', '--optimizer', 'lars'])
+    old = {name: value for name, value in checkpoint.run_settings(args).items()
+           if name not in ('lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps', 'eval_period', 'eval_offset')}
+    checkpoint.check_same_run(args, {'settings': old}, 'old.state')
+    recorded = checkpoint.run_settings(args)
+    for flag, value in (('lars_eta', 0.002), ('lr_poly_power', 1.0), ('eval_period', 4)):
+        changed = resolved(['--lr-schedule', 'poly', '--optimizer', 'lars', f'--{flag.replace("_", "-")}', str(value)])
+        with pytest.raises(RecipeError, match=f'--{flag.replace("_", "-")} .* in the saved run, {value} now'):
+            checkpoint.check_same_run(changed, {'settings': recorded}, 'new.state')

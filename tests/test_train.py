@@ -323,10 +323,12 @@ def test_a_workspace_resumes_only_its_own_run(digits, tmp_path):
     run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
     finished = run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
     assert 'This run is finished (1 of 1 epochs)' in finished.stderr
-    other = run(digits, ws, '--num-epochs', '2', '--mixup', '0.2', '--data-backend', 'synthetic', check=False)
+    other = run(digits, ws, '--num-epochs', '2', '--mixup', '0.2', '--end-lr', '0.001', '--data-backend', 'synthetic',
+                check=False)
     assert other.returncode == 2 and 'Traceback' not in other.stderr, other.stderr[-2000:]
     error = other.stderr.strip().splitlines()[-1]
     assert error.startswith('error: ') and '--num-epochs 1 in the saved run, 2 now' in error and '--mixup 0' in error
+    assert '--end-lr 0.0001 in the saved run, 0.001 now' in error
     assert checkpoint.read_state(str(ws / 'model_last.state')).meta['epoch'] == 1     # nothing replaced
 
 
