@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 import mxnet as mx
 import numpy as np
 
+import augment
 import data
 import flags
 import records
@@ -190,6 +191,11 @@ def copy_output(output, array, on_gpu):
         output.copy_to_external(pointer)
 
 
+def loader_graph(loader, device):
+    """What pipeline_def takes: a function (DALI's conditionals cannot convert a bound method)."""
+    return loader.graph(device)
+
+
 class DaliLoader:
     """One worker's DALI pipelines (one per device for dali-gpu) for training or validation data.
 
@@ -221,6 +227,7 @@ class DaliLoader:
             raise RecipeError(f'the per-worker batch {self.batch_size} is not divisible by the '
                               f'{len(self.contexts)} devices')
         self.feeds = [Feed(self, d, len(self.contexts)) for d in range(len(self.contexts))]
+        self.policy = augment.Policy(args) if training and args.auto_augment else None
         # Built now, not at the first epoch: a validation pipeline first built after a training epoch (decode
         # buffers, nvJPEG padding, prefetched batches: 0.5-1.5 GB on a GPU) would meet MXNet's memory pool at
         # its training peak, an out-of-memory about an epoch in on 16 GB cards.
@@ -244,48 +251,100 @@ class DaliLoader:
                                            data.aspect_ratio_range(args))
             mirror = rng.integers(0, 2, len(indices), dtype=np.int32) if args.random_mirror else \
                 np.zeros(len(indices), np.int32)
-            inputs += [anchors, shapes, mirror]
+            inputs += [anchors, shapes, mirror] + self.extra_draws(epoch, index, device, len(indices))
         return inputs, (labels, pad, indices)
 
-    def pipeline(self, device):
-        from nvidia.dali import Pipeline, fn, types
+    def extra_draws(self, epoch, index, device, count):
+        """The external-source inputs of --auto-augment and --random-erase for `count` images (augment.py):
+        operations, bins and signs; the erased boxes' anchors and shapes, and their noise in pixel mode."""
+        args, inputs = self.args, []
+        keys = [args.seed or 0, epoch, self.rank, index, device]
+        if self.policy is not None:
+            inputs += self.policy.draw(np.random.default_rng(keys + [augment.AUTO_AUGMENT_STREAM]), count)
+        if args.random_erase:
+            rng = np.random.default_rng(keys + [augment.ERASE_STREAM])
+            anchors, shapes = augment.erase_boxes(rng, count, *args.image_shape[1:], args.random_erase)
+            inputs += [anchors, shapes]
+            if args.random_erase_mode == 'pixel':
+                inputs.append(augment.erase_noise(rng, shapes, args.image_shape[0]))
+        return inputs
+
+    def training_inputs(self, device):
+        """The DataNodes of read_batch's training inputs: jpegs, anchors, shapes, mirror, then
+        extra_draws' (the auto-augment draws as one list; None for what is off)."""
+        from nvidia.dali import fn, types
         args = self.args
-        height, width = args.image_shape[1:]
+        kinds = [(types.UINT8, 1), (types.FLOAT, 1), (types.FLOAT, 1), (types.INT32, 0)]
+        if self.policy is not None:
+            kinds += [(types.INT32, 1)] * 3
+        if args.random_erase:
+            kinds += [(types.FLOAT, 1)] * 2
+            if args.random_erase_mode == 'pixel':
+                kinds.append((types.FLOAT, 3))
+        nodes = list(fn.external_source(source=self.feeds[device], num_outputs=len(kinds), batch=True,
+                                        dtype=[kind for kind, _ in kinds], ndim=[ndim for _, ndim in kinds]))
+        jpegs, anchors, shapes, mirror = nodes[:4]
+        rest = nodes[4:]
+        draws = None
+        if self.policy is not None:
+            draws, rest = rest[:3], rest[3:]
+        erase = rest + [None] * (3 - len(rest)) if args.random_erase else None
+        return jpegs, anchors, shapes, mirror, draws, erase
+
+    def pipeline(self, device):
+        from nvidia.dali import pipeline_def
+        args = self.args
         threads = args.dali_threads if self.training else args.dali_validation_threads
-        pipe = Pipeline(batch_size=self.batch_size // len(self.contexts), num_threads=threads,
-                        seed=records.epoch_seed(args.seed, self.rank, device),
-                        device_id=self.contexts[device].device_id if self.on_gpu else None,
-                        prefetch_queue_depth=args.dali_prefetch_queue)
+        # Conditional execution (DALI's `select` splits a batch by each image's operation) only when needed.
+        build = pipeline_def(loader_graph, enable_conditionals=self.policy is not None)
+        pipe = build(self, device, batch_size=self.batch_size // len(self.contexts), num_threads=threads,
+                     seed=records.epoch_seed(args.seed, self.rank, device),
+                     device_id=self.contexts[device].device_id if self.on_gpu else None,
+                     prefetch_queue_depth=args.dali_prefetch_queue)
+        pipe.build()
+        return pipe
+
+    def graph(self, device):
+        """The DALI graph of this loader's pipeline for `device`: its output, the batch of images."""
+        from nvidia.dali import fn, types
+        args = self.args
+        channels, height, width = args.image_shape
         decoder = dict(device='mixed' if self.on_gpu else 'cpu', output_type=types.RGB)
         if self.on_gpu:
             padding = args.dali_nvjpeg_memory_padding * 1024 * 1024
             decoder.update(device_memory_padding=padding, host_memory_padding=padding,
                            preallocate_width_hint=args.dali_nvjpeg_width_hint,
                            preallocate_height_hint=args.dali_nvjpeg_height_hint)
-        with pipe:
-            if self.training:
-                jpegs, anchors, shapes, mirror = fn.external_source(
-                    source=self.feeds[device], num_outputs=4, batch=True,
-                    dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32], ndim=[1, 1, 1, 0])
-                if args.dali_fuse_decoder:
-                    images = fn.decoders.image_slice(jpegs, anchors, shapes, **decoder)
-                else:
-                    images = fn.slice(fn.decoders.image(jpegs, **decoder), anchors, shapes)
-                images = fn.resize(images, resize_x=width, resize_y=height)
+        erase = None
+        if self.training:
+            jpegs, anchors, shapes, mirror, draws, erase = self.training_inputs(device)
+            if args.dali_fuse_decoder:
+                images = fn.decoders.image_slice(jpegs, anchors, shapes, **decoder)
             else:
-                jpegs = fn.external_source(source=self.feeds[device], num_outputs=1, batch=True,
-                                           dtype=[types.UINT8], ndim=[1])[0]
-                images = fn.decoders.image(jpegs, **decoder)
-                images = fn.resize(images, resize_shorter=args.data_val_resize)
-                mirror = 0
-            images = fn.crop_mirror_normalize(
-                images, crop=(height, width), mirror=mirror, mean=list(args.rgb_mean), std=list(args.rgb_std),
-                dtype=types.FLOAT16 if data.training_dtype(args) == 'float16' else types.FLOAT,
-                output_layout='CHW' if args.input_layout == 'NCHW' else 'HWC',
-                pad_output=args.image_shape[0] == 4)
-            pipe.set_outputs(images)
-        pipe.build()
-        return pipe
+                images = fn.slice(fn.decoders.image(jpegs, **decoder), anchors, shapes)
+            images = fn.resize(images, resize_x=width, resize_y=height)
+            if draws is not None:
+                images = self.policy.apply(images, *draws, height, width)
+        else:
+            jpegs = fn.external_source(source=self.feeds[device], num_outputs=1, batch=True,
+                                       dtype=[types.UINT8], ndim=[1])[0]
+            images = fn.decoders.image(jpegs, **decoder)
+            images = fn.resize(images, resize_shorter=args.data_val_resize)
+            mirror = 0
+        channels_first = args.input_layout == 'NCHW'
+        dtype = types.FLOAT16 if data.training_dtype(args) == 'float16' else types.FLOAT
+        noise = erase is not None and erase[2] is not None     # DALI's arithmetic has no float16: add in float32
+        images = fn.crop_mirror_normalize(
+            images, crop=(height, width), mirror=mirror, mean=list(args.rgb_mean), std=list(args.rgb_std),
+            dtype=types.FLOAT if noise else dtype, output_layout='CHW' if channels_first and erase is None else 'HWC',
+            pad_output=channels == 4)
+        if erase is not None:     # erased after normalisation, as torchvision and timm do, in HWC
+            images = augment.apply_erase(images, *erase, height, width)
+            if noise and dtype != types.FLOAT:
+                images = fn.cast(images, dtype=dtype)
+            if channels_first:
+                images = fn.transpose(images, perm=[2, 0, 1])
+        return images
 
     def _settle(self):
         """Bring the pipelines to the end of their epoch and reset them: after a complete epoch that is one

@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 import mxnet as mx
 import numpy as np
 
+import augment
 import flags
 import records
 from errors import RecipeError, mxnet_message
@@ -170,6 +171,7 @@ def check_data_flags(args):
     if not 0 < low <= high:
         raise RecipeError(f'aspect ratio range [{low}, {high}] from --min/max-random-aspect-ratio: expected '
                           '0 < min <= max')
+    augment.check(args)
     changed = [flag for flag, _, default, _ in NATIVE_AUGMENTATIONS if flag_value(args, flag) != default]
     if args.data_backend == 'mxnet':
         conflicts = [flag for flag in RESIZED_CROP_CONFLICTS if flag in changed]

@@ -42,6 +42,7 @@ if __name__ == '__main__':   # the program, not an import by the runner or a tes
 import mxnet as mx  # noqa: E402  (after cpu.prepare_process: oneDNN and OpenMP read the environment once)
 import numpy as np  # noqa: E402
 
+import augment  # noqa: E402
 import checkpoint  # noqa: E402
 import classes  # noqa: E402
 import dali  # noqa: E402
@@ -137,6 +138,7 @@ def build_parser():
     data.add_data_args(parser)
     dali.add_dali_args(parser)
     data.add_data_aug_args(parser)
+    augment.add_args(parser)
     inference.add_inference_args(parser)
     return parser
 

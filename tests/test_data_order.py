@@ -87,9 +87,11 @@ def test_order_quality_statistics():
     assert abs(r) < 0.05 and recurrence < 1.3
 
 
-@pytest.mark.parametrize('backend', REAL)
-def test_resume_lands_on_the_right_batch_of_a_kept_pipeline(tmp_path, backend):
-    args = unique_label_args(tmp_path, backend, count=40, batch=4)
+@pytest.mark.parametrize('backend,extra', [(backend, []) for backend in REAL] + [
+    ('dali-cpu', ['--auto-augment', 'ta_wide', '--random-erase', '0.5', '--random-erase-mode', 'pixel']),
+    ('dali-cpu', ['--auto-augment', 'imagenet'])])
+def test_resume_lands_on_the_right_batch_of_a_kept_pipeline(tmp_path, backend, extra):
+    args = unique_label_args(tmp_path, backend, count=40, batch=4, extra=extra)
     train, _ = get_loaders(args, 0, 1, val=False)
     full = [(b.data[0].asnumpy().copy(), b.label[0].asnumpy().copy()) for b in train.epoch(2)]
     assert len(full) == 10
