@@ -57,6 +57,9 @@ def add_inference_args(parser):
                             'name per line (default: the classes.json beside --data-train/--data-val, else '
                             'ImageNet names for 1000 classes)')
     group.add_argument('--pred-output', default=None, help='pred mode: write the predictions to this JSON file')
+    group.add_argument('--tta', choices=['flip'], default=None,
+                       help='test-time augmentation in validation (during training too) and pred: flip takes the '
+                            'mean of the logits of each image and its mirror image (twice the compute)')
     group.add_argument('--quantize', default=None, choices=['int8'],
                        help='val and pred modes: run the network in INT8 (oneDNN, CPU), calibrated once on the '
                             'training set and cached in the workspace')
@@ -132,7 +135,7 @@ def validate(args, net, loader, world, passes_label=''):
     pending = None
     tick = time.time()
     for batch in batches(loader, 0, 0, args.benchmark_iters or loader.num_batches):
-        queued = queue_batch(net, batch, args.contexts)
+        queued = queue_batch(args, net, batch)
         if pending is not None:
             totals += finish_batch(args, pending, loss_fn)
             now = time.time()
@@ -153,16 +156,25 @@ def validate(args, net, loader, world, passes_label=''):
     seconds, images = (sum(column) for column in zip(*steady)) if steady else (0.0, 0)
     metrics['val.ips'] = images * world.size / seconds if seconds else 0.0
     metrics['val.latency_avg'] = seconds / len(steady) if steady else 0.0
-    log.info('Validation%s: %d images%s', passes_label, int(totals[3]), ''.join(
+    log.info('Validation%s%s: %d images%s', passes_label, ' (--tta flip)' if args.tta else '', int(totals[3]), ''.join(
         f', {name} {metrics[key]:.4f}' for name, key in (('top-1', 'val.accuracy'), ('top-5', 'val.top_k_accuracy_5'))
         if key in metrics))
     return metrics, [duration for duration, _ in steady]
 
 
-def queue_batch(net, batch, contexts):
+def queue_batch(args, net, batch):
     """(outputs, labels, real images) of `batch`, the network's work queued on MXNet's engine, not waited for."""
-    images, labels = device_slices(batch.data[0], contexts), device_slices(batch.label[0], contexts)
-    return [net(x) for x in images], labels, sum(x.shape[0] for x in images) - batch.pad
+    images, labels = device_slices(batch.data[0], args.contexts), device_slices(batch.label[0], args.contexts)
+    return [logits(args, net, x) for x in images], labels, sum(x.shape[0] for x in images) - batch.pad
+
+
+def logits(args, net, images):
+    """The network's outputs for a batch of `images`; with --tta flip the mean of those of the images and of
+    their mirror images (flipped along the width)."""
+    if args.tta != 'flip':
+        return net(images)
+    mirrored = mx.nd.flip(images, axis=args.input_layout.index('W'))
+    return (net(images).astype('float32') + net(mirrored).astype('float32')) / 2
 
 
 def finish_batch(args, queued, loss_fn):
@@ -269,7 +281,7 @@ def predict(args, net):
                 log.error('%s', e)
             results.append({'image': path, 'error': str(e)})
             continue
-        probabilities = mx.nd.softmax(net(image).astype('float32')).asnumpy()[0]
+        probabilities = mx.nd.softmax(logits(args, net, image).astype('float32')).asnumpy()[0]
         top = np.argsort(-probabilities)[:args.topk]
         print(f'{path}:')
         for rank, index in enumerate(top, 1):

@@ -257,7 +257,8 @@ def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images
     monkeypatch.setattr(inference, 'batch_metrics', lambda *a: events.append('wait') or real(*a))
     clock = itertools.count()
     monkeypatch.setattr(inference.time, 'time', lambda: float(next(clock)))
-    args = types.SimpleNamespace(contexts=[mx.cpu()], benchmark_iters=None, no_metrics=False, num_classes=5)
+    args = types.SimpleNamespace(contexts=[mx.cpu()], benchmark_iters=None, no_metrics=False, num_classes=5,
+                                 tta=None)
     metrics, _ = inference.validate(args, net, RecordingLoader(batches, events), workers.World('device'))
     assert events == [('fetch', 0), ('fetch', 1), 'wait', ('fetch', 2), 'wait', 'wait']
     logits = np.concatenate([net(b.data[0]).asnumpy() for b in batches])[:9]
@@ -265,3 +266,52 @@ def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images
     assert metrics['val.accuracy'] == pytest.approx(np.mean(logits.argmax(1) == labels))
     assert metrics['val.ips'] == pytest.approx((4 + 1) / 2)    # the first batch is warm-up; 1 real image of 4
     assert 'val.top_k_accuracy_5' not in metrics                # 5 classes: every image is in the top 5
+
+
+@pytest.mark.parametrize('layout', ['NCHW', 'NHWC'])
+def test_flip_tta_scores_the_mean_of_the_logits_of_each_image_and_its_mirror(layout):
+    """--tta flip: validation's accuracy and loss are those of (logits(x) + logits(x mirrored)) / 2, the
+    mirror taken along the width, computed here in numpy; they differ from those without it."""
+    import types
+    from test_fit import RecordingLoader
+    rng = np.random.default_rng(1)
+    shape = (16, 2, 3, 5) if layout == 'NCHW' else (16, 3, 5, 2)
+    batches = [mx.io.DataBatch(data=[mx.nd.array(rng.normal(size=shape))],
+                               label=[mx.nd.array(rng.integers(0, 4, 16))], pad=0) for _ in range(2)]
+    net = mx.gluon.nn.Dense(4, in_units=30)
+    net.initialize(mx.init.Normal(1))
+    width = layout.index('W')
+    found = {}
+    for tta in (None, 'flip'):
+        args = types.SimpleNamespace(contexts=[mx.cpu()], benchmark_iters=None, no_metrics=False, num_classes=4,
+                                     tta=tta, input_layout=layout)
+        found[tta], _ = inference.validate(args, net, RecordingLoader(batches, []), workers.World('device'))
+    images = np.concatenate([b.data[0].asnumpy() for b in batches])
+    labels = np.concatenate([b.label[0].asnumpy() for b in batches]).astype(int)
+    outputs = (net(mx.nd.array(images)).asnumpy() + net(mx.nd.array(np.flip(images, width).copy())).asnumpy()) / 2
+    probabilities = np.exp(outputs) / np.exp(outputs).sum(1, keepdims=True)
+    assert found['flip']['val.accuracy'] == pytest.approx(np.mean(outputs.argmax(1) == labels))
+    assert found['flip']['val.loss'] == pytest.approx(-np.log(probabilities[np.arange(32), labels]).mean(), rel=1e-5)
+    assert found['flip']['val.loss'] != pytest.approx(found[None]['val.loss'], rel=1e-3)
+
+
+def test_flip_tta_prediction_gives_the_probabilities_of_the_mean_logits(digits, model, tmp_path):
+    """--mode pred --tta flip: each listed probability is that of softmax((logits(x) + logits(x mirrored)) / 2),
+    computed here with the trained network; without --tta the probabilities differ from those."""
+    args = resolved(digits_flags(digits) + MODEL + ['--mode', 'pred'])
+    files = sorted((digits / 'images' / 'val' / 'digit_4').iterdir())[:3]
+    (tmp_path / 'in').mkdir()
+    for f in files:
+        (tmp_path / 'in' / f.name).write_bytes(f.read_bytes())
+    plain = models.get_model(**models.model_options(args))
+    plain.load_parameters(str(model / 'model_best.params'))
+    images = mx.nd.concat(*[data.load_image(str(f), args) for f in files], dim=0)
+    outputs = (plain(images) + plain(mx.nd.flip(images, axis=3))).asnumpy() / 2
+    expected = np.exp(outputs) / np.exp(outputs).sum(1, keepdims=True)
+    for tta in ([], ['--tta', 'flip']):
+        output = tmp_path / f'pred{len(tta)}.json'
+        train_py(digits, model, '--mode', 'pred', *tta, '--data-pred', tmp_path / 'in', '--pred-output', output)
+        listed = [(files.index(next(f for f in files if f.name == os.path.basename(p['image']))), t['class'],
+                   t['probability']) for p in json.loads(output.read_text())['predictions'] for t in p['top']]
+        differences = [abs(probability - expected[i, c]) for i, c, probability in listed]
+        assert len(listed) == 15 and (max(differences) < 1e-4) == bool(tta), (tta, max(differences))
