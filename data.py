@@ -256,10 +256,6 @@ def on_devices(images, labels, args):
     return image_parts, label_parts
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Shared batch shaping
-
-
 def finish_images(images, args):
     """NCHW float32 normalised images -> the layout, channel count and dtype the network takes."""
     if args.image_shape[0] == 4:

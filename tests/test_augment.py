@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import augment
-import dali
 from conftest import resolved
 from test_data import unique_label_args
 from train import get_loaders

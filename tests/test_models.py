@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from mxnet import gluon
 
+import layers
 import models
 from conftest import in_fresh_process, randomise_batchnorm
 from errors import RecipeError
@@ -265,12 +266,12 @@ def test_no_weight_decay_on_batchnorm_and_biases():
 # Fused kernels
 
 
-@pytest.mark.skipif(not models.fused_ops_available()['onednn_bn_relu'], reason='no oneDNN BatchNormWithReLU')
+@pytest.mark.skipif(not layers.fused_ops_available()['onednn_bn_relu'], reason='no oneDNN BatchNormWithReLU')
 @pytest.mark.parametrize('arch,depth', [('resnetv15', 50), ('xception', 50)])
 def test_fused_and_unfused_compute_the_same(arch, depth, tmp_path):
     plain = initialised(models.get_model(arch, depth, num_classes=10))
     fused = models.get_model(arch, depth, num_classes=10, fuse_bn_relu=True, fuse_bn_add_relu=True)
-    assert {b.kernel for b in blocks_of(fused, models.BatchNormReLU)} == {'onednn'}
+    assert {b.kernel for b in blocks_of(fused, layers.BatchNormReLU)} == {'onednn'}
     assert list(fused.collect_params()) == list(plain.collect_params())   # Gluon names as well as structural
     copy_weights(plain, fused, tmp_path)
     x = images()
@@ -289,7 +290,7 @@ def test_fused_and_unfused_compute_the_same(arch, depth, tmp_path):
 
 
 def test_fused_requests_this_mxnet_cannot_honour(monkeypatch):
-    monkeypatch.setattr(models, 'fused_ops_available', lambda: {'nvidia_bn_relu': False,
+    monkeypatch.setattr(layers, 'fused_ops_available', lambda: {'nvidia_bn_relu': False,
                                                                 'nvidia_bn_add_relu': False,
                                                                 'onednn_bn_relu': False})
     for flag in ('fuse_bn_relu', 'fuse_bn_add_relu'):
@@ -298,15 +299,15 @@ def test_fused_requests_this_mxnet_cannot_honour(monkeypatch):
     with pytest.raises(RecipeError, match='oneDNN.*pass --fuse-bn-relu 0'):
         models.get_model(fuse_bn_relu=True, device='cpu')
     models.get_model(fuse_bn_add_relu=True, device='cpu')    # composed in one block: nothing to refuse
-    monkeypatch.setattr(models, 'fused_ops_available', lambda: {'nvidia_bn_relu': True,
+    monkeypatch.setattr(layers, 'fused_ops_available', lambda: {'nvidia_bn_relu': True,
                                                                 'nvidia_bn_add_relu': True,
                                                                 'onednn_bn_relu': True})
     with pytest.raises(RecipeError, match='NCHW only'):
         models.get_model(fuse_bn_relu=True, batchnorm_layout='NHWC', device='cpu')
     net = models.get_model(fuse_bn_relu=True, fuse_bn_add_relu=True, device='gpu', conv_layout='NHWC',
                            batchnorm_layout='NHWC', pooling_layout='NHWC')
-    assert {b.kernel for b in blocks_of(net, models.BatchNormReLU)} == {'nvidia'}
-    assert {b.kernel for b in blocks_of(net, models.BatchNormAddReLU)} == {'nvidia'}
+    assert {b.kernel for b in blocks_of(net, layers.BatchNormReLU)} == {'nvidia'}
+    assert {b.kernel for b in blocks_of(net, layers.BatchNormAddReLU)} == {'nvidia'}
 
 
 class NvidiaKernels:
@@ -338,7 +339,7 @@ def test_nvidia_fused_blocks_whatever_batchnorm_kwargs_hold(monkeypatch, stored_
     monkeypatch.setattr(mx.nd, 'BatchNorm', kernels.BatchNorm)
     monkeypatch.setattr(mx.nd, 'BatchNormAddRelu', kernels.BatchNormAddRelu, raising=False)
     x, addend = images((2, 4, 3, 3), seed=1) - 0.5, images((2, 4, 3, 3), seed=2) - 0.5
-    for cls, inputs in ((models.BatchNormReLU, (x,)), (models.BatchNormAddReLU, (x, addend))):
+    for cls, inputs in ((layers.BatchNormReLU, (x,)), (layers.BatchNormAddReLU, (x, addend))):
         blocks = [cls(kernel, in_channels=4) for kernel in ('nvidia', 'composed')]
         for block in blocks:
             block.initialize()
@@ -350,7 +351,7 @@ def test_nvidia_fused_blocks_whatever_batchnorm_kwargs_hold(monkeypatch, stored_
         kernels.calls.clear()
         fused = blocks[0](*inputs)
         name, kwargs = kernels.calls[0]
-        if cls is models.BatchNormReLU:
+        if cls is layers.BatchNormReLU:
             assert name == 'BatchNorm' and kwargs['act_type'] == 'relu'
         else:
             assert name == 'BatchNormAddRelu' and 'act_type' not in kwargs
@@ -364,7 +365,7 @@ def test_nvidia_fused_blocks_whatever_batchnorm_kwargs_hold(monkeypatch, stored_
 
 
 def test_capability_probe_matches_the_installed_mxnet():
-    available = models.fused_ops_available()
+    available = layers.fused_ops_available()
     assert available['nvidia_bn_add_relu'] == hasattr(mx.nd, 'BatchNormAddRelu')
     assert available['onednn_bn_relu'] == (mx.runtime.Features().is_enabled('MKLDNN') and
                                            hasattr(mx.nd.contrib, 'BatchNormWithReLU'))
@@ -380,7 +381,7 @@ def test_capability_probe_matches_the_installed_mxnet():
 def test_nhwc_input_with_nchw_layers_matches_nchw(tmp_path):
     nchw = initialised(models.get_model(num_layers=50, num_classes=10))
     nhwc_input = models.get_model(num_layers=50, num_classes=10, input_layout='NHWC')
-    transposes = blocks_of(nhwc_input, models.Transpose)
+    transposes = blocks_of(nhwc_input, layers.Transpose)
     assert [(t.source, t.target) for t in transposes] == [('NHWC', 'NCHW')]
     assert nhwc_input.features['conv0_transpose'] is transposes[0]        # right before the stem
     copy_weights(nchw, nhwc_input, tmp_path)
@@ -396,7 +397,7 @@ def test_mixed_layouts_on_cpu_match_nchw(arch, tmp_path):
     mixed = models.get_model(arch, 18, num_classes=10, input_layout='NHWC', batchnorm_layout='NHWC',
                              pooling_layout='NHWC')
     assert all(bn._kwargs['axis'] == 3 for bn in blocks_of(mixed, gluon.nn.BatchNorm))
-    assert len(blocks_of(mixed, models.Transpose)) > 20
+    assert len(blocks_of(mixed, layers.Transpose)) > 20
     copy_weights(nchw, mixed, tmp_path)
     x = images()
     assert_close(mixed(x.transpose((0, 2, 3, 1))), nchw(x))
@@ -405,7 +406,7 @@ def test_mixed_layouts_on_cpu_match_nchw(arch, tmp_path):
 def test_gpu_nhwc_network_has_one_transpose_before_the_stem():
     net = models.get_model(conv_layout='NHWC', batchnorm_layout='NHWC', pooling_layout='NHWC', device='gpu',
                            image_shape=(4, 224, 224))
-    transposes = blocks_of(net, models.Transpose)
+    transposes = blocks_of(net, layers.Transpose)
     assert [(t.source, t.target) for t in transposes] == [('NCHW', 'NHWC')]
     assert list(net.features._children)[:2] == ['conv0_transpose', 'conv0']
     assert all(conv._kwargs['layout'] == 'NHWC' for conv in blocks_of(net, gluon.nn.Conv2D))
@@ -414,7 +415,7 @@ def test_gpu_nhwc_network_has_one_transpose_before_the_stem():
     assert trainable_count(net, (1, 4, 32, 32)) == 25560168      # shape inference only: no NHWC conv runs
     assert not blocks_of(models.get_model('xception', input_layout='NHWC', conv_layout='NHWC',
                                           batchnorm_layout='NHWC', pooling_layout='NHWC', device='gpu'),
-                         models.Transpose)
+                         layers.Transpose)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -450,7 +451,7 @@ def test_float16_parameters_names_and_float32_logits():
                                               ('resnextv1', 50, False), ('resnextv15', 50, False),
                                               ('xception', 50, False)])
 def test_hybridize_export_import_round_trip(arch, depth, fused, tmp_path):
-    fused = fused and models.fused_ops_available()['onednn_bn_relu']
+    fused = fused and layers.fused_ops_available()['onednn_bn_relu']
     net = initialised(models.get_model(arch, depth, num_classes=10, fuse_bn_relu=fused, fuse_bn_add_relu=fused))
     x = images()
     imperative = net(x).asnumpy()
