@@ -149,11 +149,15 @@ class BatchNormReLU(nn.BatchNorm):
 
 class BatchNormAddReLU(nn.BatchNorm):
     """relu(batchnorm(x) + addend) with `kernel` 'composed' (three ops) or 'nvidia' (NVIDIA's BatchNormAddRelu
-    operator). Same parameters as nn.BatchNorm."""
+    operator). Same parameters as nn.BatchNorm. With `drop_rate` (stochastic depth, composed only), in training
+    each sample's batchnorm output is dropped with that probability and the others scaled by 1 / (1 - rate):
+    Dropout with one draw per sample (axes C, H, W), which MXNet applies only in training."""
 
-    def __init__(self, kernel, **kwargs):
+    def __init__(self, kernel, drop_rate=0.0, **kwargs):
         super().__init__(**kwargs)
-        self.kernel = kernel
+        if drop_rate and kernel != 'composed':
+            raise ValueError('stochastic depth needs the composed kernel')
+        self.kernel, self.drop_rate = kernel, drop_rate
 
     def _alias(self):
         return 'batchnorm'   # Gluon names parameters after the class: keep the names of nn.BatchNorm
@@ -164,6 +168,8 @@ class BatchNormAddReLU(nn.BatchNorm):
             return F.BatchNormAddRelu(data=x, addend=addend, gamma=gamma, beta=beta, moving_mean=running_mean,
                                       moving_var=running_var, name='fwd', **kwargs)
         normalised = F.BatchNorm(x, gamma, beta, running_mean, running_var, name='fwd', **kwargs)
+        if self.drop_rate:
+            normalised = F.Dropout(normalised, p=self.drop_rate, axes=(1, 2, 3))
         return F.Activation(normalised + addend, act_type='relu')   # not F.relu: see BatchNormReLU
 
 
@@ -229,11 +235,13 @@ class Builder:
         block = BatchNormReLU(self.bn_relu_kernel, **self._batchnorm_options(channels, zero_gamma=False))
         return layers + [(name, without_weight_decay(block, 'gamma', 'beta'))]
 
-    def batchnorm_add_relu(self, name, channels):
+    def batchnorm_add_relu(self, name, channels, drop_rate=0.0):
         """(transposes for the body, the block): the final batchnorm of a residual body, gamma 0, fused with
-        the shortcut addition and the ReLU. The shortcut must `follow` this builder afterwards."""
+        the shortcut addition and the ReLU, and the body dropped per sample with `drop_rate` in training
+        (composed then: the fused kernel has no per-sample scale). The shortcut must `follow` this builder."""
         layers = self._into(self.batchnorm_layout, f'{name}_transpose')
-        block = BatchNormAddReLU(self.bn_add_relu_kernel, **self._batchnorm_options(channels, zero_gamma=True))
+        kernel = 'composed' if drop_rate else self.bn_add_relu_kernel
+        block = BatchNormAddReLU(kernel, drop_rate, **self._batchnorm_options(channels, zero_gamma=True))
         return layers, without_weight_decay(block, 'gamma', 'beta')
 
     def max_pool(self, name):

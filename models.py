@@ -71,6 +71,9 @@ def add_model_args(parser):
     group.add_argument('--num-classes', type=flags.integer(minimum=2), default=None,
                        help='the number of classes (default: the count of the classes.json beside --data-train '
                             'or --data-val, as prepare_dataset.py writes it; else, and with --data-backend synthetic, 1000)')
+    group.add_argument('--drop-path', type=flags.real(minimum=0, maximum=1, exclusive=True), default=0.0,
+                       help='stochastic depth (ResNet, ResNeXt): in training, residual unit k of n skips its body '
+                            'for a sample with probability R x k / (n - 1), as timm; off in val, pred and export')
     group.add_argument('--batchnorm-eps', type=flags.real(minimum=0, exclusive=True), default=1e-5,
                        help='the amount added to the batchnorm variance to prevent output explosion.')
     group.add_argument('--batchnorm-mom', type=flags.real(minimum=0, maximum=1), default=0.9,
@@ -91,7 +94,8 @@ def model_options(args):
                 fuse_bn_relu=bool(args.fuse_bn_relu), fuse_bn_add_relu=bool(args.fuse_bn_add_relu),
                 input_layout=args.input_layout, conv_layout=args.conv_layout,
                 batchnorm_layout=args.batchnorm_layout, pooling_layout=args.pooling_layout,
-                image_shape=tuple(args.image_shape), dtype=args.dtype, device=args.device)
+                image_shape=tuple(args.image_shape), dtype=args.dtype, device=args.device,
+                drop_path=args.drop_path if args.mode in ('train', 'train_val') else 0.0)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -156,15 +160,15 @@ def bottleneck_body(builder, in_channels, channels, stride, stride_on_3x3, width
             builder.conv('conv3', channels, 1, in_channels=width))
 
 
-def residual_unit(builder, kind, in_channels, channels, stride, stride_on_3x3, width, groups):
+def residual_unit(builder, kind, in_channels, channels, stride, stride_on_3x3, width, groups, drop_rate):
     """A 'basic' or 'bottleneck' unit with an identity shortcut, or a 1x1 projection (conv + batchnorm) where the
-    stride or the channel count changes."""
+    stride or the channel count changes; its body dropped per sample with `drop_rate` in training."""
     entry = builder.fork()
     if kind == 'basic':
         body = basic_body(builder, in_channels, channels, stride)
     else:
         body = bottleneck_body(builder, in_channels, channels, stride, stride_on_3x3, width, groups)
-    final_transposes, final_bn = builder.batchnorm_add_relu('final_bn', channels)
+    final_transposes, final_bn = builder.batchnorm_add_relu('final_bn', channels, drop_rate)
     shortcut = []
     if stride != 1 or in_channels != channels:
         shortcut = (entry.conv('conv', channels, 1, stride, in_channels=in_channels) +
@@ -172,11 +176,14 @@ def residual_unit(builder, kind, in_channels, channels, stride, stride_on_3x3, w
     return ResidualUnit(body + final_transposes, final_bn, shortcut + entry.follow(builder))
 
 
-def resnet_features(builder, num_layers, in_channels, stride_on_3x3, groups=1, width_per_group=None):
+def resnet_features(builder, num_layers, in_channels, stride_on_3x3, groups=1, width_per_group=None,
+                    drop_path=0.0):
     """Stem (7x7/2 conv 64, batchnorm-ReLU, 3x3/2 max-pool), four stages (stride 2 from the second on) and
     global average pooling. Bottleneck width: channels / 4 (ResNet) or groups * width_per_group * 2**stage
-    (ResNeXt). Returns the layers and the feature width."""
+    (ResNeXt). Stochastic depth as timm: unit k of n drops its body with drop_path * k / (n - 1). Returns the
+    layers and the feature width."""
     kind, units_per_stage = RESNET_DEPTHS[num_layers]
+    drop_rates = iter(np.linspace(0, drop_path, sum(units_per_stage)))
     layers = (builder.conv('conv0', 64, 7, 2, 3, in_channels=in_channels) + builder.batchnorm_relu('bn0', 64) +
               builder.max_pool('pool0'))
     channels = 64
@@ -186,21 +193,22 @@ def resnet_features(builder, num_layers, in_channels, stride_on_3x3, groups=1, w
         for i in range(units):
             stride = 2 if stage > 0 and i == 0 else 1
             stage_units.append((f'unit{i + 1}', residual_unit(builder, kind, channels, out_channels, stride,
-                                                              stride_on_3x3, width, groups)))
+                                                              stride_on_3x3, width, groups, next(drop_rates))))
             channels = out_channels
         layers.append((f'stage{stage + 1}', Stack(stage_units)))
     return layers + builder.global_avg_pool('pool1'), channels
 
 
-def resnet(name, num_layers, stride_on_3x3, num_classes, in_channels, builder):
+def resnet(name, num_layers, stride_on_3x3, num_classes, in_channels, builder, drop_path):
     if num_layers not in RESNET_DEPTHS:
         raise RecipeError(f'--num-layers {num_layers}: ResNet comes in depths '
                           f'{", ".join(map(str, RESNET_DEPTHS))}')
     return Classifier(f'{name}_{num_layers}', resnet_features, builder or Builder(), num_classes,
-                      num_layers=num_layers, in_channels=in_channels, stride_on_3x3=stride_on_3x3)
+                      num_layers=num_layers, in_channels=in_channels, stride_on_3x3=stride_on_3x3,
+                      drop_path=drop_path)
 
 
-def resnetv1(num_layers=50, num_classes=1000, in_channels=3, builder=None):
+def resnetv1(num_layers=50, num_classes=1000, in_channels=3, builder=None, drop_path=0.0):
     r"""ResNet v1 from "Deep Residual Learning for Image Recognition" (He et al., 2015): the downsampling
     stride of a bottleneck sits on its first 1x1 convolution.
 
@@ -214,14 +222,17 @@ def resnetv1(num_layers=50, num_classes=1000, in_channels=3, builder=None):
         Input channels of the stem convolution (4 for the zero-padded input of the NHWC float16 path).
     builder : Builder, optional
         Layouts, batchnorm settings and kernels; default: NCHW everywhere, unfused.
+    drop_path : float, default 0
+        Stochastic depth in training: residual unit k of n skips its body for a sample with probability
+        drop_path * k / (n - 1) (timm's rule); off in inference.
 
     Trainable parameters (1000 classes, 3 input channels), the same as v1.5: 11,689,512 (18),
     21,797,672 (34), 25,557,032 (50), 44,549,160 (101), 60,192,808 (152).
     """
-    return resnet('resnetv1', num_layers, False, num_classes, in_channels, builder)
+    return resnet('resnetv1', num_layers, False, num_classes, in_channels, builder, drop_path)
 
 
-def resnetv15(num_layers=50, num_classes=1000, in_channels=3, builder=None):
+def resnetv15(num_layers=50, num_classes=1000, in_channels=3, builder=None, drop_path=0.0):
     r"""ResNet v1.5 (the recipe's default): ResNet v1 with the downsampling stride of a bottleneck on its 3x3
     convolution instead of the first 1x1 (about 0.5% more top-1, about 5% slower). Basic units (18, 34) are
     the same as v1's.
@@ -236,14 +247,17 @@ def resnetv15(num_layers=50, num_classes=1000, in_channels=3, builder=None):
         Input channels of the stem convolution (4 for the zero-padded input of the NHWC float16 path).
     builder : Builder, optional
         Layouts, batchnorm settings and kernels; default: NCHW everywhere, unfused.
+    drop_path : float, default 0
+        Stochastic depth in training: residual unit k of n skips its body for a sample with probability
+        drop_path * k / (n - 1) (timm's rule); off in inference.
 
     Trainable parameters (1000 classes): 25,557,032 for ResNet-50 (25,560,168 with 4 input channels);
     11,689,512 (18), 21,797,672 (34), 44,549,160 (101), 60,192,808 (152).
     """
-    return resnet('resnetv15', num_layers, True, num_classes, in_channels, builder)
+    return resnet('resnetv15', num_layers, True, num_classes, in_channels, builder, drop_path)
 
 
-def resnext(name, num_layers, num_groups, stride_on_3x3, num_classes, in_channels, builder):
+def resnext(name, num_layers, num_groups, stride_on_3x3, num_classes, in_channels, builder, drop_path):
     if RESNET_DEPTHS.get(num_layers, ('',))[0] != 'bottleneck':
         raise RecipeError(f'--num-layers {num_layers}: ResNeXt is built from bottleneck units and comes in depths '
                           '50, 101 and 152')
@@ -251,10 +265,11 @@ def resnext(name, num_layers, num_groups, stride_on_3x3, num_classes, in_channel
         raise RecipeError(f'--num-groups {num_groups}: ResNeXt needs at least one group')
     return Classifier(f'{name}_{num_layers}_{num_groups}x{RESNEXT_WIDTH_PER_GROUP}d', resnet_features,
                       builder or Builder(), num_classes, num_layers=num_layers, in_channels=in_channels,
-                      stride_on_3x3=stride_on_3x3, groups=num_groups, width_per_group=RESNEXT_WIDTH_PER_GROUP)
+                      stride_on_3x3=stride_on_3x3, groups=num_groups, width_per_group=RESNEXT_WIDTH_PER_GROUP,
+                      drop_path=drop_path)
 
 
-def resnextv1(num_layers=50, num_groups=32, num_classes=1000, in_channels=3, builder=None):
+def resnextv1(num_layers=50, num_groups=32, num_classes=1000, in_channels=3, builder=None, drop_path=0.0):
     r"""ResNeXt from "Aggregated Residual Transformations for Deep Neural Networks" (Xie et al., 2017): ResNet
     bottlenecks whose 3x3 convolution has `num_groups` groups of 4 channels in the first stage, doubling per
     stage (bottleneck width num_groups * 4 * 2**stage, e.g. 128..1024 for 32x4d). As in the recipe's v1/v1.5
@@ -272,14 +287,17 @@ def resnextv1(num_layers=50, num_groups=32, num_classes=1000, in_channels=3, bui
         Input channels of the stem convolution.
     builder : Builder, optional
         Layouts, batchnorm settings and kernels; default: NCHW everywhere, unfused.
+    drop_path : float, default 0
+        Stochastic depth in training: residual unit k of n skips its body for a sample with probability
+        drop_path * k / (n - 1) (timm's rule); off in inference.
 
     Trainable parameters (1000 classes), the same as v1.5: 25,028,904 for ResNeXt-50 32x4d, 44,177,704 for
     ResNeXt-101 32x4d.
     """
-    return resnext('resnextv1', num_layers, num_groups, False, num_classes, in_channels, builder)
+    return resnext('resnextv1', num_layers, num_groups, False, num_classes, in_channels, builder, drop_path)
 
 
-def resnextv15(num_layers=50, num_groups=32, num_classes=1000, in_channels=3, builder=None):
+def resnextv15(num_layers=50, num_groups=32, num_classes=1000, in_channels=3, builder=None, drop_path=0.0):
     r"""ResNeXt (Xie et al., 2017) with the downsampling stride on the grouped 3x3 convolution, as the paper's
     reference implementation has it; otherwise the same as `resnextv1`.
 
@@ -295,10 +313,13 @@ def resnextv15(num_layers=50, num_groups=32, num_classes=1000, in_channels=3, bu
         Input channels of the stem convolution.
     builder : Builder, optional
         Layouts, batchnorm settings and kernels; default: NCHW everywhere, unfused.
+    drop_path : float, default 0
+        Stochastic depth in training: residual unit k of n skips its body for a sample with probability
+        drop_path * k / (n - 1) (timm's rule); off in inference.
 
     Trainable parameters (1000 classes): 25,028,904 for ResNeXt-50 32x4d, 44,177,704 for ResNeXt-101 32x4d.
     """
-    return resnext('resnextv15', num_layers, num_groups, True, num_classes, in_channels, builder)
+    return resnext('resnextv15', num_layers, num_groups, True, num_classes, in_channels, builder, drop_path)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -412,13 +433,14 @@ def check_options(arch, num_classes, batchnorm_eps, batchnorm_mom, layouts, imag
 def get_model(arch='resnetv15', num_layers=50, num_classes=1000, num_groups=32, batchnorm_eps=1e-5,
               batchnorm_mom=0.9, fuse_bn_relu=False, fuse_bn_add_relu=False, input_layout='NCHW',
               conv_layout='NCHW', batchnorm_layout='NCHW', pooling_layout='NCHW', image_shape=(3, 224, 224),
-              dtype='float32', device='cpu'):
+              dtype='float32', device='cpu', drop_path=0.0):
     """An uninitialised network (HybridBlock) for the Model flags; the defaults make ResNet-50 v1.5.
 
     It takes (N, C, H, W) or (N, H, W, C) input per `input_layout`, of `dtype`, with C = image_shape[0], and
     returns float32 logits (N, num_classes). `num_layers` is for ResNet/ResNeXt, `num_groups` for ResNeXt.
     `device` ('cpu' or 'gpu') decides which layouts and fused kernels exist; a request the installed MXNet
-    cannot honour on it is a RecipeError. float16 casts every parameter but the batchnorm ones."""
+    cannot honour on it is a RecipeError. float16 casts every parameter but the batchnorm ones. `drop_path`:
+    stochastic depth in training (ResNet and ResNeXt)."""
     layouts = {'input-layout': input_layout, 'conv-layout': conv_layout, 'batchnorm-layout': batchnorm_layout,
                'pooling-layout': pooling_layout}
     check_options(arch, num_classes, batchnorm_eps, batchnorm_mom, layouts, image_shape, dtype, device)
@@ -427,13 +449,15 @@ def get_model(arch='resnetv15', num_layers=50, num_classes=1000, num_groups=32, 
                       layers.bn_add_relu_kernel(fuse_bn_add_relu, device))
     common = dict(num_classes=num_classes, in_channels=image_shape[0], builder=builder)
     if arch == 'xception':
+        if drop_path:
+            raise RecipeError('--drop-path: stochastic depth is built for ResNet and ResNeXt, not --arch xception')
         net = xception(**common)
     elif arch in ('resnextv1', 'resnextv15'):
         factory = resnextv1 if arch == 'resnextv1' else resnextv15
-        net = factory(num_layers=num_layers, num_groups=num_groups, **common)
+        net = factory(num_layers=num_layers, num_groups=num_groups, drop_path=drop_path, **common)
     else:
         factory = resnetv1 if arch == 'resnetv1' else resnetv15
-        net = factory(num_layers=num_layers, **common)
+        net = factory(num_layers=num_layers, drop_path=drop_path, **common)
     if dtype == 'float16':
         net.cast('float16')     # Gluon keeps batchnorm parameters in float32
     return net

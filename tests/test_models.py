@@ -13,7 +13,7 @@ from mxnet import gluon
 
 import layers
 import models
-from conftest import in_fresh_process, randomise_batchnorm
+from conftest import in_fresh_process, randomise_batchnorm, train_args
 from errors import RecipeError
 
 # --------------------------------------------------------------------------------------------------------
@@ -491,3 +491,54 @@ def test_nhwc_pooling_and_batchnorm_are_allowed_on_cpu_but_not_convolution():
     models.get_model(conv_layout='NHWC', device='gpu')
     with pytest.raises(RecipeError):
         models.get_model(conv_layout='NHWC', batchnorm_layout='NHWC', pooling_layout='NHWC', device='cpu')
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'float16'])
+def test_stochastic_depth_drops_whole_samples_of_the_body_in_training_only(dtype):
+    """--drop-path in a residual unit's last block: in training each sample's batchnorm output is either
+    dropped (relu(shortcut)) or scaled by 1 / (1 - rate), about `rate` of the samples dropped; in inference
+    the plain relu(batchnorm(x) + shortcut). Float16 too (the float16 twin of a GPU run)."""
+    rate, count = 0.4, 4000
+    block = layers.BatchNormAddReLU('composed', rate, in_channels=3)
+    block.initialize()
+    block.gamma.set_data(mx.nd.array([1.5, 0.5, 2.0]))
+    block.beta.set_data(mx.nd.array([0.3, -0.2, 0.1]))
+    rng = np.random.default_rng(0)
+    x = mx.nd.array(rng.normal(size=(count, 3, 2, 2)), dtype=dtype)
+    shortcut = mx.nd.array(rng.normal(size=(count, 3, 2, 2)), dtype=dtype)
+    if dtype == 'float16':
+        block.cast('float16')
+    with mx.autograd.record(train_mode=True):
+        trained = block(x, shortcut).asnumpy().astype(np.float64)
+    inference = block(x, shortcut).asnumpy().astype(np.float64)
+    with mx.autograd.record(train_mode=True):    # normalised with the batch's statistics
+        normalised = mx.nd.BatchNorm(x.astype('float32'), block.gamma.data().astype('float32'),
+                                     block.beta.data().astype('float32'), mx.nd.zeros(3),
+                                     mx.nd.ones(3), fix_gamma=False, eps=1e-5).asnumpy().astype(np.float64)
+    plain = np.maximum(0, shortcut.asnumpy().astype(np.float64))
+    kept = np.maximum(0, normalised / (1 - rate) + shortcut.asnumpy())
+    tolerance = dict(atol=2e-2, rtol=1e-2) if dtype == 'float16' else dict(atol=1e-4)
+    dropped = np.array([np.allclose(t, p, **tolerance) and not np.allclose(t, k, **tolerance)
+                        for t, p, k in zip(trained, plain, kept)])
+    assert all(np.allclose(t, k, **tolerance) for t, k in zip(trained[~dropped], kept[~dropped]))
+    assert abs(dropped.mean() - rate) < 5 * np.sqrt(rate * (1 - rate) / count)
+    running = mx.nd.BatchNorm(x.astype('float32'), block.gamma.data().astype('float32'),
+                              block.beta.data().astype('float32'), block.running_mean.data(),
+                              block.running_var.data(), fix_gamma=False, eps=1e-5,
+                              use_global_stats=True).asnumpy()
+    np.testing.assert_allclose(inference, np.maximum(0, running + shortcut.asnumpy()), **tolerance)
+
+
+def test_stochastic_depth_rises_linearly_over_the_units_and_leaves_inference_networks_alone():
+    net = models.get_model(num_layers=50, num_classes=10, image_shape=(3, 32, 32), drop_path=0.15)
+    rates = [block.drop_rate for block in blocks_of(net, layers.BatchNormAddReLU)]
+    np.testing.assert_allclose(rates, np.linspace(0, 0.15, 16))
+    assert sorted(net._collect_params_with_prefix()) == sorted(models.get_model(
+        num_layers=50, num_classes=10, image_shape=(3, 32, 32))._collect_params_with_prefix())
+    resnext = models.get_model('resnextv15', num_layers=50, num_classes=10, drop_path=0.2)
+    assert [b.drop_rate for b in blocks_of(resnext, layers.BatchNormAddReLU)][-1] == pytest.approx(0.2)
+    for mode, expected in (('train', 0.1), ('train_val', 0.1), ('val', 0.0), ('pred', 0.0), ('export', 0.0)):
+        args = argparse.Namespace(**vars(train_args(['--drop-path', '0.1', '--mode', mode])), device='cpu')
+        assert models.model_options(args)['drop_path'] == expected, mode
+    with pytest.raises(RecipeError, match='not --arch xception'):
+        models.get_model('xception', drop_path=0.1)
