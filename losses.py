@@ -1,4 +1,4 @@
-"""What the loss sees: label-smoothed targets, mixup, CutMix, and dynamic loss scaling for float16.
+"""What the loss sees: label-smoothed targets, mixup, CutMix, binary targets, and dynamic loss scaling for float16.
 
     targets = losses.smoothed_one_hot(labels, num_classes, 0.1)
     images, targets = losses.mixup(images, targets, lam)          # lam from losses.mixup_weights(...)
@@ -26,6 +26,12 @@ def smoothed_one_hot(labels, num_classes, smoothing):
     """Dense targets: 1 - smoothing + smoothing/K for the label, smoothing/K elsewhere."""
     off = smoothing / num_classes
     return mx.nd.one_hot(labels, num_classes, on_value=1 - smoothing + off, off_value=off)
+
+
+def bce_targets(targets, threshold):
+    """--bce-target-thresh: dense targets above `threshold` become 1, the others 0 (timm's BinaryCrossEntropy);
+    None leaves them as they are."""
+    return targets if threshold is None else (targets > threshold).astype(targets.dtype)
 
 
 def mixup(images, targets, lam):

@@ -45,8 +45,9 @@ class TrainingStep:
     def __init__(self, args, net, world):
         self.args, self.net, self.world = args, net, world
         self.contexts = args.contexts
-        self.sparse_labels = args.label_smoothing == 0 and args.mixup == 0 and args.cutmix == 0
-        self.loss = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=self.sparse_labels)
+        self.sparse_labels = args.label_smoothing == 0 and args.mixup == 0 and args.cutmix == 0 and not args.bce_loss
+        self.loss = gluon.loss.SigmoidBinaryCrossEntropyLoss() if args.bce_loss else \
+            gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=self.sparse_labels)
         self.loss.hybridize(static_alloc=True, static_shape=True)
         optimizer_params = {'learning_rate': 0.0, 'wd': args.wd,
                             'multi_precision': args.dtype == 'float16'}
@@ -82,9 +83,15 @@ class TrainingStep:
 
     def inputs_and_targets(self, images, labels, epoch, iteration, part):
         """(images, targets) as the loss wants them: the labels sparse or as smoothed one-hot vectors, and
-        with mixup or CutMix (one of them per batch with both) the images and the targets blended."""
+        with mixup or CutMix (one of them per batch with both) the images and the targets blended; with
+        --bce-target-thresh, the dense targets made binary after all that."""
         if self.sparse_labels:
             return images, labels
+        images, targets = self.blended(images, labels, epoch, iteration, part)
+        return images, losses.bce_targets(targets, self.args.bce_target_thresh)
+
+    def blended(self, images, labels, epoch, iteration, part):
+        """(images, smoothed one-hot targets), mixup or CutMix applied (one of them per batch with both)."""
         targets = losses.smoothed_one_hot(labels, self.args.num_classes, self.args.label_smoothing)
         position = (self.args.seed, epoch, iteration, self.world.rank, part)
         if self.args.cutmix > 0 and (self.args.mixup == 0 or

@@ -5,6 +5,7 @@
   beside the trained weights (`val.ema.*`), saved as `<prefix>_ema_best.params` on its own best top-1 and
   kept in `<prefix>_last.state`.
 * --cutmix, --mixup-switch-prob: losses.py draws and pastes the boxes; TrainingStep picks one per batch.
+* --bce-loss, --bce-target-thresh: TrainingStep's loss and losses.bce_targets.
 * --grad-accum-steps K: Accumulation (gradients summed over K batches, one optimizer step).
 * --keep-checkpoints N: checkpoint.prune_epoch_params.
 * --target-accuracy A: the run stops after the first validation whose top-1 reaches A (target_reached).
@@ -35,6 +36,13 @@ def add_args(group):
                             'mixed by its area; with --mixup too, one of them per batch')
     group.add_argument('--mixup-switch-prob', type=flags.real(minimum=0, maximum=1), default=0.5,
                        help='with both --mixup and --cutmix, the probability that a batch gets CutMix')
+    group.add_argument('--bce-loss', action='store_true',
+                       help='binary cross-entropy on each class (timm\'s): sigmoid of each logit against the '
+                            'targets of --label-smoothing, mixup and CutMix, averaged over the classes; validation '
+                            'still reports the softmax cross-entropy')
+    group.add_argument('--bce-target-thresh', type=flags.real(minimum=0, maximum=1), default=None,
+                       help='--bce-loss: targets above this become 1, the others 0 (timm\'s; ResNet strikes back '
+                            'uses 0.2)')
     group.add_argument('--grad-accum-steps', type=flags.integer(minimum=1), default=1,
                        help='one optimizer step every K batches (the effective batch is K times --batch-size; '
                             'the runner scales -l by it)')
@@ -66,6 +74,8 @@ def check(args):
     """Flag combinations that cannot work, before any training."""
     if args.target_accuracy is not None and args.mode != 'train_val':
         raise RecipeError('--target-accuracy needs a validation every epoch: use --mode train_val')
+    if args.bce_target_thresh is not None and not args.bce_loss:
+        raise RecipeError('--bce-target-thresh sets the targets of --bce-loss: add --bce-loss')
     if (args.eval_period, args.eval_offset) != (1, 0) and args.mode != 'train_val':
         raise RecipeError('--eval-period and --eval-offset say when train_val validates: use --mode train_val')
 

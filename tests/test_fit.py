@@ -10,7 +10,7 @@ import sys
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet import gluon
+from mxnet import autograd, gluon
 
 import dali
 import data
@@ -316,3 +316,36 @@ def test_the_default_warm_up_is_shortened_to_fit_a_short_run(caplog):
     assert max(rates) == pytest.approx(1.0, abs=0.01) and rates[-1] < 0.02     # peaks, then decays to ~0
     args = train.build_parser().parse_args(['--num-epochs', '90'])
     assert fit.default_warmup(args) == 5
+
+
+@pytest.mark.parametrize('threshold', [None, 0.2])
+@pytest.mark.parametrize('dtype', ['float32', 'float16'])
+def test_bce_loss_is_the_mean_binary_cross_entropy_of_each_class(dtype, threshold):
+    """--bce-loss: the step's loss is timm's BinaryCrossEntropy, written out here: the mean over the classes of
+    -t log sigmoid(z) - (1 - t) log(1 - sigmoid(z)), with t the label-smoothed targets, made 0/1 by
+    --bce-target-thresh; float32 and the float16 twin (loss scaling)."""
+    extra = ['--bce-loss', '--label-smoothing', '0.1'] + \
+        (['--bce-target-thresh', str(threshold)] if threshold is not None else [])
+    step = step_for(Float16Net(), dtype, extra=extra)
+    if step.loss_scale is not None:
+        step.loss_scale = losses.DynamicLossScale(scale=8.0)
+    rng = np.random.default_rng(2)
+    images, labels = rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)
+    batch = batch_of(images, labels, dtype)
+    with autograd.record():     # the logits of the batch as the step computes them (training-mode batchnorm)
+        logits = step.net(batch.data[0]).asnumpy().astype(np.float64)
+    loss = float(step.run(batch, 0, 0, 0.1).asscalar())
+    targets = np.full((8, 3), 0.1 / 3)
+    targets[np.arange(8), labels] = 0.9 + 0.1 / 3
+    if threshold is not None:
+        targets = (targets > threshold).astype(float)
+    probabilities = 1 / (1 + np.exp(-logits))
+    expected = -(targets * np.log(probabilities) + (1 - targets) * np.log(1 - probabilities)).mean()
+    assert loss == pytest.approx(expected, rel=2e-3 if dtype == 'float16' else 1e-5)
+    assert step.loss_scale is None or step.loss_scale.skipped == 0
+
+
+def test_bce_target_threshold_without_bce_loss_is_refused():
+    import training_extras
+    with pytest.raises(RecipeError, match='add --bce-loss'):
+        training_extras.check(resolved(['--bce-target-thresh', '0.2']))
