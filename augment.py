@@ -21,7 +21,9 @@ k cannot put back where it was, so with them a resumed epoch would see other aug
   area, aspect ratio log-uniform in 0.3-3.3 (10 tries to fit, else none), at a uniform position, set after
   normalisation to per-pixel standard normal noise (--random-erase-mode pixel, timm's) or to 0, the mean
   colour (const, torchvision's).
-The native backend (ImageRecordIter) has none of these and refuses the flags.
+The native backend (ImageRecordIter) has none of these and refuses the flags. --aug-repeats N (repeated
+augmentation) is a property of the epoch's order (records.epoch_order) and works with every backend that reads
+records.
 """
 import numpy as np
 
@@ -38,8 +40,8 @@ ERASE_STREAM = 0xe7a5
 
 
 def add_args(parser):
-    group = parser.add_argument_group('DALI augmentations', 'automatic augmentation and random erasing '
-                                      '(--data-backend dali-gpu or dali-cpu)')
+    group = parser.add_argument_group('Augmentation', 'automatic augmentation and random erasing (--data-backend '
+                                      'dali-gpu or dali-cpu), repeated augmentation (any backend reading records)')
     group.add_argument('--auto-augment', choices=POLICIES,
                        help="automatic augmentation after the crop: ta_wide (TrivialAugment-wide), ra "
                             "(RandAugment), imagenet (AutoAugment's ImageNet policy)")
@@ -51,6 +53,9 @@ def add_args(parser):
                        help='probability of erasing a random box of each training image (0: off)')
     group.add_argument('--random-erase-mode', choices=('pixel', 'const'), default='const',
                        help='what fills an erased box: per-pixel normal noise (timm) or 0, the mean (torchvision)')
+    group.add_argument('--aug-repeats', type=flags.integer(minimum=1), default=1,
+                       help='repeated augmentation: each image of an epoch N times, its copies on different '
+                            'workers, in an epoch as long as without (1/N of the images per epoch)')
     return group
 
 
@@ -61,6 +66,8 @@ def check(args):
     if used and args.data_backend not in ('dali-gpu', 'dali-cpu'):
         raise RecipeError(f'{" and ".join(used)}: only the DALI backends implement this (--data-backend dali-gpu, '
                           f'or dali-cpu without a GPU); --data-backend {args.data_backend} has no such augmentation')
+    if args.aug_repeats > 1 and args.data_backend == 'synthetic':
+        raise RecipeError('--aug-repeats repeats the records of an epoch; --data-backend synthetic has none')
     if args.auto_augment == 'ra' and args.ra_magnitude >= 31:
         raise RecipeError(f'--ra-magnitude {args.ra_magnitude}: the bins are 0 to 30')
 

@@ -427,7 +427,7 @@ RUN_SETTINGS = ('data_train', 'num_classes', 'arch', 'num_layers', 'image_shape'
                 'lr_steps', 'lr_factor', 'warmup_epochs', 'optimizer', 'dtype', 'amp', 'label_smoothing', 'mixup',
                 'cutmix', 'mixup_switch_prob', 'grad_accum_steps', 'lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps',
                 'eval_period', 'eval_offset', 'drop_path', 'bce_loss', 'bce_target_thresh', 'auto_augment',
-                'ra_magnitude', 'ra_num_ops', 'random_erase', 'random_erase_mode')
+                'ra_magnitude', 'ra_num_ops', 'random_erase', 'random_erase_mode', 'aug_repeats')
 
 
 def run_settings(args):

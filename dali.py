@@ -215,7 +215,7 @@ class DaliLoader:
         if training:
             self.num_examples = args.num_examples or len(self.records)
             self.shard = records.TrainingShard(len(self.records), self.num_examples, rank, num_workers,
-                                            self.batch_size, args.seed)
+                                               self.batch_size, args.seed, args.aug_repeats)
         else:
             self.num_examples = len(self.records)
             self.shard = records.SequentialShard(self.num_examples, rank, num_workers, self.batch_size)

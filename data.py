@@ -316,7 +316,7 @@ class RecordLoader:
         if training:
             self.num_examples = args.num_examples or len(self.records)
             self.shard = records.TrainingShard(len(self.records), self.num_examples, rank, num_workers, self.batch_size,
-                                       args.seed)
+                                               args.seed, args.aug_repeats)
             self.num_batches = self.shard.num_batches
             self.chunk_batches = max(1, -(-CHUNK_IMAGES // self.batch_size))
         else:

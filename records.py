@@ -194,13 +194,18 @@ def epoch_seed(seed, *keys):
 ORDER_STREAM = 0x0de5   # keys the order's random stream apart from the augmentation streams
 
 
-def epoch_order(total, count, seed, epoch):
+def epoch_order(total, count, seed, epoch, repeats=1):
     """The training order of epoch `epoch`: `count` record indices, a fresh permutation of range(total) that
     depends on (seed, epoch) alone (further permutations follow when count > total). numpy's permutation of
-    1.28 M indices takes about 30 ms."""
+    1.28 M indices takes about 30 ms. With `repeats` N (repeated augmentation, --aug-repeats, as timm's and
+    torchvision's samplers), the first ceil(count / N) indices of that order each appear N times in a row, cut
+    to `count`: an epoch as long as without, whose N copies of an image sit at consecutive positions, which
+    TrainingShard deals to N different workers (when there are at least N)."""
+    unique = -(-count // repeats)
     passes = [np.random.default_rng([seed or 0, epoch, p, ORDER_STREAM]).permutation(total)
-              for p in range(-(-count // total))]
-    return (np.concatenate(passes) if len(passes) > 1 else passes[0])[:count]
+              for p in range(-(-unique // total))]
+    order = (np.concatenate(passes) if len(passes) > 1 else passes[0])[:unique]
+    return order if repeats == 1 else np.repeat(order, repeats)[:count]
 
 
 def training_steps(count, num_workers, batch_size):
@@ -213,18 +218,18 @@ class TrainingShard:
     batch i is order[(i * batch_size + j) * workers + rank] and a global batch (batch i of every worker) is a
     contiguous slice of the order, the same records for any number of workers. Every worker makes
     num_batches = ceil(ceil(count / workers) / batch_size) steps; positions past `count` are filler (records
-    from the start of the order), at the end of the batch and counted in its pad."""
+    from the start of the order), at the end of the batch and counted in its pad. `repeats`: epoch_order's."""
 
-    def __init__(self, total, count, rank, num_workers, batch_size, seed):
+    def __init__(self, total, count, rank, num_workers, batch_size, seed, repeats=1):
         self.total, self.count, self.rank, self.num_workers = total, count, rank, num_workers
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.seed, self.repeats = batch_size, seed, repeats
         self.num_batches = training_steps(count, num_workers, batch_size)
         self.real_samples = len(range(rank, count, num_workers))
         self._cached = (None, None)
 
     def order(self, epoch):
         if self._cached[0] != epoch:
-            self._cached = (epoch, epoch_order(self.total, self.count, self.seed, epoch))
+            self._cached = (epoch, epoch_order(self.total, self.count, self.seed, epoch, self.repeats))
         return self._cached[1]
 
     def batch(self, epoch, index):

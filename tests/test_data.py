@@ -216,6 +216,7 @@ def test_load_image_uses_validation_preprocessing(tmp_path):
     (['--auto-augment', 'ta_wide'], 'mxnet', 'only the DALI backends implement this'),
     (['--random-erase', '0.25'], 'synthetic', 'only the DALI backends implement this'),
     (['--auto-augment', 'ra', '--ra-magnitude', '31'], 'dali-cpu', 'the bins are 0 to 30'),
+    (['--aug-repeats', '3'], 'synthetic', 'synthetic has none'),
 ])
 def test_data_flags_that_would_be_ignored_or_cannot_work_are_refused(flags, backend, message):
     args = resolved(['--data-backend', backend, '--image-shape', '3,32,32', '--data-val-resize', '32'] + flags)

@@ -224,3 +224,36 @@ def test_unfused_decoder_crops_the_same_windows(tmp_path):
         batches[fuse] = [b.data[0].asnumpy().copy() for b in train.epoch(1)]
     for fused, unfused in zip(batches['1'], batches['0']):
         np.testing.assert_allclose(fused, unfused, atol=0.05)
+
+
+@pytest.mark.parametrize('workers', [1, 2, 4])
+@pytest.mark.parametrize('repeats', [2, 3])
+def test_repeated_augmentation_puts_the_copies_of_an_image_on_different_workers(workers, repeats):
+    """--aug-repeats N: an epoch as long as without, made of ceil(count / N) records N times each, whose copies
+    go to min(N, workers) different workers; another subset every epoch."""
+    count, batch = 60, 4
+    subsets = []
+    for epoch in (0, 1):
+        where = {}
+        for rank in range(workers):
+            shard = records.TrainingShard(count, count, rank, workers, batch, seed=3, repeats=repeats)
+            assert shard.num_batches == records.TrainingShard(count, count, rank, workers, batch, seed=3).num_batches
+            for index in range(shard.num_batches):
+                indices, pad = shard.batch(epoch, index)
+                for record in indices[:len(indices) - pad]:
+                    where.setdefault(int(record), []).append(rank)
+        assert sum(map(len, where.values())) == count and len(where) == -(-count // repeats)
+        assert sorted(len(ranks) for ranks in where.values())[1:] == [repeats] * (len(where) - 1)
+        assert all(len(set(ranks)) == min(len(ranks), workers) for ranks in where.values())
+        subsets.append(set(where))
+    assert subsets[0] != subsets[1]
+
+
+@pytest.mark.parametrize('backend', REAL)
+def test_repeated_augmentation_through_the_loaders_of_two_workers(tmp_path, backend):
+    """The loaders follow the repeated order: each of 12 records twice in the epoch, once on each worker."""
+    args = unique_label_args(tmp_path, backend, count=24, batch=8, extra=['--aug-repeats', '2'])
+    per_worker = epoch_labels(args, 2, 1)
+    seen = [sorted(label for labels, pad in batches for label in labels[:len(labels) - pad])
+            for batches in per_worker]
+    assert seen[0] == seen[1] and len(seen[0]) == 12 == len(set(seen[0]))
