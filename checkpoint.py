@@ -439,6 +439,7 @@ def run_settings(args):
     settings['lr_steps'] = list(args.lr_steps)
     settings['lr'], settings['global_batch'] = args.lr, args.batch_size
     settings['data_val_resize'] = args.data_val_resize     # what val, pred and export take (trained_settings.py)
+    settings['val_image_shape'] = list(args.val_image_shape) if args.val_image_shape else None
     return settings
 
 

@@ -308,7 +308,7 @@ class DaliLoader:
         """The DALI graph of this loader's pipeline for `device`: its output, the batch of images."""
         from nvidia.dali import fn, types
         args = self.args
-        channels, height, width = args.image_shape
+        channels, height, width = data.image_shape(args, self.training)
         decoder = dict(device='mixed' if self.on_gpu else 'cpu', output_type=types.RGB)
         if self.on_gpu:
             padding = args.dali_nvjpeg_memory_padding * 1024 * 1024

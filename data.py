@@ -98,6 +98,10 @@ def add_data_args(parser):
     group.add_argument('--image-shape', type=flags.image_shape, default=(3, 224, 224),
                        help='the image shape fed into the network: C,H,W with C = 3, or 4 for a zero 4th '
                             'channel')
+    group.add_argument('--val-image-shape', type=flags.image_shape, default=None,
+                       help='the image shape of validation, pred and export (default: --image-shape): train at 176 '
+                            'and test at 224 after a 232 resize with --image-shape 3,176,176 --val-image-shape '
+                            '3,224,224 --data-val-resize 232')
     group.add_argument('--rgb-mean', type=flags.float_tuple, default=(123.68, 116.779, 103.939),
                        help='a tuple of size 3 for the mean rgb')
     group.add_argument('--rgb-std', type=flags.float_tuple, default=(58.393, 57.12, 57.375),
@@ -158,7 +162,10 @@ def resolve_backend(args):
 
 def check_data_flags(args):
     """RecipeError for data flags that are out of range, or that the chosen backend would ignore."""
-    shape = args.image_shape
+    shape = image_shape(args, training=False)
+    if args.val_image_shape is not None and args.val_image_shape[0] != args.image_shape[0]:
+        raise RecipeError(f'--val-image-shape {",".join(map(str, args.val_image_shape))}: the channels are those of '
+                          f'--image-shape ({args.image_shape[0]})')
     if len(args.rgb_mean) != 3 or len(args.rgb_std) != 3 or min(args.rgb_std) <= 0:
         raise RecipeError('--rgb-mean and --rgb-std take 3 values each (R,G,B), the std values positive')
     if args.data_val_resize < max(shape[1:]):
@@ -183,6 +190,14 @@ def check_data_flags(args):
         raise RecipeError(f'{what}: only --data-backend mxnet (ImageRecordIter) implements this; '
                           f'--data-backend {args.data_backend} always uses random-resized-crop with the area and '
                           'aspect-ratio flags and --random-mirror')
+
+
+def image_shape(args, training):
+    """(C, H, W) of the images of training, or of validation, pred and export (--val-image-shape, else
+    --image-shape)."""
+    if training or args.val_image_shape is None:
+        return tuple(args.image_shape)
+    return tuple(args.val_image_shape)
 
 
 def flag_value(args, flag):
@@ -335,7 +350,7 @@ class RecordLoader:
 
     def _common(self):
         args = self.args
-        return dict(data_shape=(3,) + tuple(args.image_shape[1:]), batch_size=self.batch_size,
+        return dict(data_shape=(3,) + image_shape(args, self.training)[1:], batch_size=self.batch_size,
                     label_width=1, preprocess_threads=args.data_mxnet_threads, verbose=False,
                     mean_r=args.rgb_mean[0], mean_g=args.rgb_mean[1], mean_b=args.rgb_mean[2],
                     std_r=args.rgb_std[0], std_g=args.rgb_std[1], std_b=args.rgb_std[2])
@@ -466,7 +481,7 @@ class SyntheticLoader:
             self.num_batches = -(-records.shard_size(self.num_examples, rank, num_workers) // self.batch_size)
         first = rank * self.batch_size
         stream = 0 if training else 1
-        shape = (3,) + tuple(args.image_shape[1:])
+        shape = (3,) + image_shape(args, training)[1:]
         images = np.stack([np.random.default_rng([args.seed or 0, stream, first + i]).uniform(-1, 1, shape)
                            for i in range(self.batch_size)]).astype(np.float32)
         labels = np.random.default_rng([args.seed or 0, stream]).integers(
@@ -485,13 +500,13 @@ class SyntheticLoader:
 
 def load_image(path, args):
     """One image file as a network input batch of 1, with validation preprocessing (shorter side to
-    --data-val-resize, center crop to --image-shape, normalisation, layout, dtype, 4th channel)."""
+    --data-val-resize, center crop to the validation image shape, normalisation, layout, dtype, 4th channel)."""
     try:
         with open(path, 'rb') as f:
             image = mx.image.imdecode(f.read(), to_rgb=1)
     except (OSError, mx.base.MXNetError) as e:
         raise RecipeError(f'cannot read image {path}: {mxnet_message(e)}') from e
-    height, width = args.image_shape[1:]
+    height, width = image_shape(args, training=False)[1:]
     image = mx.image.resize_short(image, args.data_val_resize)
     image, _ = mx.image.center_crop(image, (width, height))
     image = (image.astype('float32') - mx.nd.array(args.rgb_mean)) / mx.nd.array(args.rgb_std)

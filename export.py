@@ -18,7 +18,7 @@ import numpy as np
 import checkpoint
 import models
 import trained_settings
-from data import whole
+from data import image_shape, whole
 from errors import RecipeError, mxnet_message
 from inference import input_shape
 
@@ -71,7 +71,7 @@ def portable_network(args):
     them). The input stays in --input-layout; a 4th input channel, zeros in this recipe's data, is dropped."""
     options = dict(models.model_options(args), dtype='float32', conv_layout='NCHW', batchnorm_layout='NCHW',
                    pooling_layout='NCHW', fuse_bn_relu=False, fuse_bn_add_relu=False,
-                   image_shape=(3,) + tuple(args.image_shape[1:]), device='cpu')
+                   image_shape=(3,) + image_shape(args, training=False)[1:], device='cpu')
     net = models.get_model(**options)
     net.initialize(ctx=mx.cpu())
     net.hybridize(static_alloc=True, static_shape=True)

@@ -447,7 +447,8 @@ def write_state(args, net, step, meta, world):
                 workers=world.size, settings=checkpoint.run_settings(args), preprocessing={
                     'rgb_mean': list(args.rgb_mean), 'rgb_std': list(args.rgb_std),
                     'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
-                    'data_val_resize': args.data_val_resize})
+                    'data_val_resize': args.data_val_resize,
+                    'val_image_shape': list(args.val_image_shape or args.image_shape)})
     checkpoint.save_state(checkpoint.last_state_path(args), net, step.gluon_trainer, meta,
                           previous=checkpoint.previous_state_path(args), worker_statistics=statistics,
                           extra=average)

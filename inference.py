@@ -32,7 +32,7 @@ import flags
 import logs
 import memory
 import trained_settings
-from data import batches, device_slices, load_image, whole
+from data import batches, device_slices, image_shape, load_image, whole
 from errors import RecipeError, mxnet_message
 
 log = logging.getLogger(__name__)
@@ -337,7 +337,7 @@ def calibration_record(args, net, source):
             'weights_sha256': logs.file_sha256(source) if source else None,
             'graph_sha256': hashlib.sha256(graph).hexdigest(),
             'arch': args.arch, 'num_layers': args.num_layers, 'num_classes': args.num_classes,
-            'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
+            'image_shape': list(image_shape(args, training=False)), 'input_layout': args.input_layout,
             'calib_mode': args.calib_mode, 'calib_batches': args.calib_batches, 'calib_batch_size': CALIBRATION_BATCH,
             'data': args.data_train if args.data_backend != 'synthetic' else 'synthetic'}
 
@@ -386,10 +386,11 @@ def calibrate(args, net, get_loaders):
 
 
 def input_shape(args, channels=None):
-    """The (C, H, W) or (H, W, C) shape of one input image in --input-layout, with --image-shape's channels
-    unless `channels` is given."""
-    height, width = args.image_shape[1:]
-    channels = channels or args.image_shape[0]
+    """The (C, H, W) or (H, W, C) shape of one validation (and pred, export) image in --input-layout, with
+    --image-shape's channels unless `channels` is given."""
+    shape = image_shape(args, training=False)
+    height, width = shape[1:]
+    channels = channels or shape[0]
     return (height, width, channels) if args.input_layout == 'NHWC' else (channels, height, width)
 
 

@@ -30,6 +30,7 @@ import math
 
 import mxnet as mx
 
+from data import image_shape
 from errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def graph_bytes(net, image_shape, input_layout, dtype):
 def batch_need(args, net, images):
     """(estimated bytes one device needs for a batch of `images` images in args.mode, bytes per image)."""
     training = args.mode in ('train', 'train_val')
-    outputs, parameters = graph_bytes(net, args.image_shape, args.input_layout, args.dtype)
+    outputs, parameters = graph_bytes(net, image_shape(args, training), args.input_layout, args.dtype)
     per_image = outputs * (TRAINING_FRACTION if training else VALIDATION_FRACTION)
     return images * per_image + parameters * (3 if training else 1), per_image
 
@@ -84,7 +85,8 @@ def check_batch_fits(args, net, world, on_gpu=None):
     per_worker = max(1, args.batch_size // world.size)
     per_device = math.ceil(per_worker / len(args.contexts))
     need, per_image = batch_need(args, net, per_device)
-    what = (f'--batch-size {args.batch_size} ({per_device} images per device, {"x".join(map(str, args.image_shape))} '
+    shape = image_shape(args, training=args.mode != 'val')
+    what = (f'--batch-size {args.batch_size} ({per_device} images per device, {"x".join(map(str, shape))} '
             f'{args.dtype}, {"training" if args.mode != "val" else "validation"})')
     if on_gpu:
         for context in args.contexts:

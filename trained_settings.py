@@ -1,6 +1,7 @@
 """The weights --mode val, pred and export use, and what they take from the run that trained them: its
-network (--arch, --num-layers), image size, validation resize and class count, so that a ResNet-18 trained at
-128x128 is validated, asked and exported as one, at 128x128.
+network (--arch, --num-layers), image size, test image size (--val-image-shape, which the command may change to
+test at another resolution), validation resize and class count, so that a ResNet-18 trained at 128x128 is
+validated, asked and exported as one, at 128x128, and one trained at 176 and tested at 224 at 224.
 
     trained_settings.inherit(args)                  # before the network is built; logs what it took, and from where
     path = trained_settings.inference_weights(args)  # checkpoint.find_weights, logged with why that file
@@ -55,9 +56,9 @@ def inference_weights(args):
 
 
 def inherit(args):
-    """Take the weights' run's --arch, --num-layers, --image-shape (height and width), --data-val-resize and
-    class count where the command does not give them; RecipeError where it gives other values. Nothing for
-    training modes."""
+    """Take the weights' run's --arch, --num-layers, --image-shape (height and width), --val-image-shape,
+    --data-val-resize and class count where the command does not give them; RecipeError where it gives other
+    values (but for --val-image-shape). Nothing for training modes."""
     if args.mode not in INFERENCE_MODES:
         return
     try:
@@ -77,6 +78,11 @@ def inherit(args):
         elif tuple(args.image_shape[1:]) != (height, width):
             args.image_shape = (args.image_shape[0], height, width)
             taken.append(f'--image-shape {",".join(map(str, args.image_shape))}')
+    tested = settings.get('val_image_shape')     # the run's test resolution; --val-image-shape may ask another
+    if tested and 'val_image_shape' not in given and tuple(args.val_image_shape or args.image_shape)[1:] != \
+            tuple(tested[1:]):
+        args.val_image_shape = (args.image_shape[0],) + tuple(tested[1:])
+        taken.append(f'--val-image-shape {",".join(map(str, args.val_image_shape))}')
     for name in ('arch', 'num_layers', 'data_val_resize'):
         saved, flag = settings.get(name), '--' + name.replace('_', '-')
         if saved is None or getattr(args, name) == saved:

@@ -306,3 +306,20 @@ def test_dali_outputs_are_copied_synchronously():
     np.testing.assert_array_equal(array.asnumpy(), values)
     with pytest.raises(ValueError, match='shape'):
         dali.copy_output(TensorCPU(values), mx.nd.empty((3, 2)), on_gpu=False)
+
+
+@pytest.mark.parametrize('backend', REAL + ['synthetic'])
+def test_training_and_validation_images_have_their_own_shapes(digits, backend):
+    """--val-image-shape: validation batches (and pred's image) at the test size, training batches at
+    --image-shape."""
+    args = resolved(digits_flags(digits) + ['--data-backend', backend, '--image-shape', '3,32,32',
+                                            '--val-image-shape', '3,40,40', '--data-val-resize', '46',
+                                            '--num-examples', '64'])
+    train, val = get_loaders(args, 0, 1)
+    assert next(train.epoch(0)).data[0].shape[1:] == (3, 32, 32)
+    assert next(val.epoch(0)).data[0].shape[1:] == (3, 40, 40)
+    image = next((digits / 'images' / 'val' / 'digit_1').iterdir())
+    assert data.load_image(str(image), args).shape == (1, 3, 40, 40)
+    args.val_image_shape = (4, 40, 40)
+    with pytest.raises(RecipeError, match='the channels are those of --image-shape'):
+        data.check_data_flags(args)

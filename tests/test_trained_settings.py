@@ -82,3 +82,30 @@ def test_a_finished_run_continued_in_a_new_workspace_has_its_own_best_and_says_w
     assert pred.returncode == 0, pred.stderr[-3000:]
     assert f'Weights: {new / "model_best.params"} (the best validated weights of the workspace)' in \
         (new / 'log.log').read_text()
+
+
+def test_trained_at_one_size_and_tested_at_another(digits, tmp_path):
+    """--image-shape 3,32,32 --val-image-shape 3,40,40 --data-val-resize 46: validation during training, --mode
+    val, pred and export all test at 40x40 (taken from the run); the top-1 of --mode val is the run's own."""
+    rec = digits / 'rec'
+    data = ['--data-train', rec / 'train.rec', '--data-train-idx', rec / 'train.idx', '--data-val', rec / 'val.rec',
+            '--data-val-idx', rec / 'val.idx']
+    workspace = tmp_path / 'apart'
+    result = train_py(*data, '--num-layers', '18', '--image-shape', '3,32,32', '--val-image-shape', '3,40,40',
+                      '--data-val-resize', '46', '--num-epochs', '1', '--num-examples', '256', '--warmup-epochs', '0',
+                      '--workspace', workspace)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trained_top1 = json.loads((workspace / 'report.json').read_text())['epochs'][-1]['val.accuracy']
+    val = train_py(*data, '--mode', 'val', '--workspace', workspace)
+    assert val.returncode == 0, val.stderr[-3000:]
+    assert '--val-image-shape 3,40,40' in (workspace / 'log.log').read_text()
+    assert json.loads((workspace / 'report_val.json').read_text())['summary']['val.accuracy'] == \
+        pytest.approx(trained_top1, abs=1e-9)
+    pred = train_py(*data, '--mode', 'pred', '--workspace', workspace, '--data-pred',
+                    digits / 'images' / 'val' / 'digit_3')
+    assert pred.returncode == 0 and '1. ' in pred.stdout, pred.stderr[-3000:]
+    export = train_py('--mode', 'export', '--workspace', workspace, '--data-backend', 'synthetic')
+    assert export.returncode == 0, export.stderr[-3000:]
+    import onnx
+    model = onnx.load(str(workspace / 'export' / 'model.onnx'))
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][1:] == [3, 40, 40]
