@@ -55,6 +55,7 @@ import logs  # noqa: E402
 import memory  # noqa: E402
 import models  # noqa: E402
 import recipes  # noqa: E402
+import synthetic  # noqa: E402
 import trained_settings  # noqa: E402
 import workers  # noqa: E402
 from errors import RecipeError  # noqa: E402
@@ -149,7 +150,7 @@ def get_loaders(args, rank=0, num_workers=1, train=True, val=True):
     if args.data_backend in ('dali-gpu', 'dali-cpu'):
         make = dali.DaliLoader
     else:
-        make = data.SyntheticLoader if args.data_backend == 'synthetic' else data.RecordLoader
+        make = synthetic.SyntheticLoader if args.data_backend == 'synthetic' else data.RecordLoader
     has_val = args.data_backend == 'synthetic' or args.data_val
     train_loader = make(args, rank, num_workers, training=True) if train else None
     val_loader = make(args, rank, num_workers, training=False) if val and has_val else None

@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 import data
+import synthetic
 from train import get_loaders
 from conftest import digits_flags, resolved
 from errors import RecipeError
@@ -244,15 +245,15 @@ def test_synthetic_batches_live_on_the_workers_devices():
     """No host-to-device copy per step: the fixed batch is made on the worker's device, or one slice per
     device with several, with the values of the host batch."""
     flags = ['--data-backend', 'synthetic', '--batch-size', '8', '--image-shape', '3,16,16', '--num-classes', '10']
-    reference = data.SyntheticLoader(resolved(flags), 0, 1, True).batch
+    reference = synthetic.SyntheticLoader(resolved(flags), 0, 1, True).batch
     one = resolved(flags)
     one.contexts = [mx.cpu(1)]
-    batch = next(data.SyntheticLoader(one, 0, 1, True).epoch(0))
+    batch = next(synthetic.SyntheticLoader(one, 0, 1, True).epoch(0))
     assert batch.data[0].context == mx.cpu(1) and batch.label[0].context == mx.cpu(1)
     np.testing.assert_array_equal(batch.data[0].asnumpy(), reference.data[0].asnumpy())
     two = resolved(flags)
     two.contexts = [mx.cpu(1), mx.cpu(2)]
-    batch = next(data.SyntheticLoader(two, 0, 1, True).epoch(0))
+    batch = next(synthetic.SyntheticLoader(two, 0, 1, True).epoch(0))
     assert [p.context for p in batch.data[0]] == [mx.cpu(1), mx.cpu(2)] == [p.context for p in batch.label[0]]
     np.testing.assert_array_equal(data.whole(batch.data[0]).asnumpy(), reference.data[0].asnumpy())
     np.testing.assert_array_equal(data.whole(batch.label[0]).asnumpy(), reference.label[0].asnumpy())
