@@ -112,13 +112,14 @@ class Policy:
         signs = rng.integers(0, 2, shape)
         return ops.astype(np.int32), bins.astype(np.int32), signs.astype(np.int32)
 
-    def apply(self, images, ops, bins, signs, height, width):
-        """The DALI graph: `images` (uint8 HWC, height x width) through the drawn operations of each stage.
-        Needs a pipeline built with enable_conditionals (select splits the batch by operation)."""
+    def apply(self, images, ops, bins, signs, size):
+        """The DALI graph: `images` (uint8 HWC of `size`, (height, width) or a DataNode of them) through the
+        drawn operations of each stage. Needs a pipeline built with enable_conditionals (select splits the
+        batch by operation)."""
         from nvidia.dali.auto_aug.core import select, signed_bin
         for stage in range(self.stages):
             images = select(self.suite, ops[stage], images, magnitude_bin=signed_bin(bins[stage], signs[stage]),
-                            num_magnitude_bins=self.num_bins, fill_value=FILL, shape=(height, width))
+                            num_magnitude_bins=self.num_bins, fill_value=FILL, shape=size)
         return images
 
 
@@ -150,13 +151,14 @@ def erase_noise(rng, shapes, channels):
     return noise
 
 
-def apply_erase(images, anchors, shapes, noise, height, width):
-    """The DALI graph: the boxes of normalised HWC `images` set to 0, plus, with `noise` (pixel mode), the
-    noise placed in them."""
+def apply_erase(images, anchors, shapes, noise, size):
+    """The DALI graph: the boxes of normalised HWC `images` (of `size`, (height, width) or a DataNode of
+    them) set to 0, plus, with `noise` (pixel mode), the noise placed in them."""
     from nvidia.dali import fn
     images = fn.erase(images, anchor=anchors, shape=shapes, axes=[0, 1], fill_value=0)
     if noise is None:
         return images
-    return images + fn.slice(noise, -anchors, np.array([height, width], np.float32), axes=[0, 1],
+    canvas = np.array(size, np.float32) if isinstance(size, tuple) else size
+    return images + fn.slice(noise, -anchors, canvas, axes=[0, 1],
                              out_of_bounds_policy='pad', fill_values=0, normalized_anchor=False,
                              normalized_shape=False)

@@ -38,6 +38,7 @@ import augment
 import data
 import flags
 import records
+import resolution
 from errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -255,26 +256,32 @@ class DaliLoader:
         return inputs, (labels, pad, indices)
 
     def extra_draws(self, epoch, index, device, count):
-        """The external-source inputs of --auto-augment and --random-erase for `count` images (augment.py):
-        operations, bins and signs; the erased boxes' anchors and shapes, and their noise in pixel mode."""
+        """The external-source inputs of --progressive-size, --auto-augment and --random-erase for `count`
+        images: the epoch's (height, width) (resolution.py); operations, bins and signs (augment.py); the
+        erased boxes' anchors and shapes, and their noise in pixel mode."""
         args, inputs = self.args, []
         keys = [args.seed or 0, epoch, self.rank, index, device]
+        channels, height, width = resolution.training_shape(args, epoch)
+        if args.progressive_size is not None:
+            inputs.append(np.tile(np.array([height, width], np.float32), (count, 1)))
         if self.policy is not None:
             inputs += self.policy.draw(np.random.default_rng(keys + [augment.AUTO_AUGMENT_STREAM]), count)
         if args.random_erase:
             rng = np.random.default_rng(keys + [augment.ERASE_STREAM])
-            anchors, shapes = augment.erase_boxes(rng, count, *args.image_shape[1:], args.random_erase)
+            anchors, shapes = augment.erase_boxes(rng, count, height, width, args.random_erase)
             inputs += [anchors, shapes]
             if args.random_erase_mode == 'pixel':
-                inputs.append(augment.erase_noise(rng, shapes, args.image_shape[0]))
+                inputs.append(augment.erase_noise(rng, shapes, channels))
         return inputs
 
     def training_inputs(self, device):
         """The DataNodes of read_batch's training inputs: jpegs, anchors, shapes, mirror, then
-        extra_draws' (the auto-augment draws as one list; None for what is off)."""
+        extra_draws' (the size; the auto-augment draws as one list; the erasing's; None for what is off)."""
         from nvidia.dali import fn, types
         args = self.args
         kinds = [(types.UINT8, 1), (types.FLOAT, 1), (types.FLOAT, 1), (types.INT32, 0)]
+        if args.progressive_size is not None:
+            kinds.append((types.FLOAT, 1))
         if self.policy is not None:
             kinds += [(types.INT32, 1)] * 3
         if args.random_erase:
@@ -285,11 +292,12 @@ class DaliLoader:
                                         dtype=[kind for kind, _ in kinds], ndim=[ndim for _, ndim in kinds]))
         jpegs, anchors, shapes, mirror = nodes[:4]
         rest = nodes[4:]
+        size = rest.pop(0) if args.progressive_size is not None else None
         draws = None
         if self.policy is not None:
             draws, rest = rest[:3], rest[3:]
         erase = rest + [None] * (3 - len(rest)) if args.random_erase else None
-        return jpegs, anchors, shapes, mirror, draws, erase
+        return jpegs, anchors, shapes, mirror, size, draws, erase
 
     def pipeline(self, device):
         from nvidia.dali import pipeline_def
@@ -315,31 +323,33 @@ class DaliLoader:
             decoder.update(device_memory_padding=padding, host_memory_padding=padding,
                            preallocate_width_hint=args.dali_nvjpeg_width_hint,
                            preallocate_height_hint=args.dali_nvjpeg_height_hint)
-        erase = None
+        erase, crop = None, {}
         if self.training:
-            jpegs, anchors, shapes, mirror, draws, erase = self.training_inputs(device)
+            jpegs, anchors, shapes, mirror, size, draws, erase = self.training_inputs(device)
             if args.dali_fuse_decoder:
                 images = fn.decoders.image_slice(jpegs, anchors, shapes, **decoder)
             else:
                 images = fn.slice(fn.decoders.image(jpegs, **decoder), anchors, shapes)
-            images = fn.resize(images, resize_x=width, resize_y=height)
+            # resized to exactly the training size (the epoch's with --progressive-size): nothing to crop
+            size = (height, width) if size is None else size
+            images = fn.resize(images, resize_x=size[1], resize_y=size[0])
             if draws is not None:
-                images = self.policy.apply(images, *draws, height, width)
+                images = self.policy.apply(images, *draws, size)
         else:
             jpegs = fn.external_source(source=self.feeds[device], num_outputs=1, batch=True,
                                        dtype=[types.UINT8], ndim=[1])[0]
             images = fn.decoders.image(jpegs, **decoder)
             images = fn.resize(images, resize_shorter=args.data_val_resize)
-            mirror = 0
+            mirror, crop = 0, {'crop': (height, width)}
         channels_first = args.input_layout == 'NCHW'
         dtype = types.FLOAT16 if data.training_dtype(args) == 'float16' else types.FLOAT
         noise = erase is not None and erase[2] is not None     # DALI's arithmetic has no float16: add in float32
         images = fn.crop_mirror_normalize(
-            images, crop=(height, width), mirror=mirror, mean=list(args.rgb_mean), std=list(args.rgb_std),
+            images, mirror=mirror, mean=list(args.rgb_mean), std=list(args.rgb_std), **crop,
             dtype=types.FLOAT if noise else dtype, output_layout='CHW' if channels_first and erase is None else 'HWC',
             pad_output=channels == 4)
         if erase is not None:     # erased after normalisation, as torchvision and timm do, in HWC
-            images = augment.apply_erase(images, *erase, height, width)
+            images = augment.apply_erase(images, *erase, size)
             if noise and dtype != types.FLOAT:
                 images = fn.cast(images, dtype=dtype)
             if channels_first:

@@ -49,6 +49,7 @@ import numpy as np
 import augment
 import flags
 import records
+import resolution
 from errors import RecipeError, mxnet_message
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ def add_data_args(parser):
                             f'{IMAGENET_TRAIN_SIZE} for synthetic data)')
     group.add_argument('--data-val-resize', type=flags.integer(minimum=1), default=256,
                        help='base length of shorter edge for validation dataset')
+    resolution.add_args(group)
     return group
 
 
@@ -179,6 +181,7 @@ def check_data_flags(args):
         raise RecipeError(f'aspect ratio range [{low}, {high}] from --min/max-random-aspect-ratio: expected '
                           '0 < min <= max')
     augment.check(args)
+    resolution.check(args)
     changed = [flag for flag, _, default, _ in NATIVE_AUGMENTATIONS if flag_value(args, flag) != default]
     if args.data_backend == 'mxnet':
         conflicts = [flag for flag in RESIZED_CROP_CONFLICTS if flag in changed]
@@ -348,14 +351,14 @@ class RecordLoader:
             os.symlink(os.path.abspath(self.records.rec_path), self.linked + '.rec')
             os.symlink(os.path.abspath(self.records.idx_path), self.linked + '.idx')
 
-    def _common(self):
+    def _common(self, shape):
         args = self.args
-        return dict(data_shape=(3,) + image_shape(args, self.training)[1:], batch_size=self.batch_size,
+        return dict(data_shape=(3,) + tuple(shape[1:]), batch_size=self.batch_size,
                     label_width=1, preprocess_threads=args.data_mxnet_threads, verbose=False,
                     mean_r=args.rgb_mean[0], mean_g=args.rgb_mean[1], mean_b=args.rgb_mean[2],
                     std_r=args.rgb_std[0], std_g=args.rgb_std[1], std_b=args.rgb_std[2])
 
-    def _training_iterator(self, path, seed):
+    def _training_iterator(self, path, seed, shape):
         args = self.args
         low, high = aspect_ratio_range(args)
         return mx.io.ImageRecordIter(
@@ -368,7 +371,7 @@ class RecordLoader:
             max_random_scale=args.max_random_scale, min_random_scale=args.min_random_scale,
             min_crop_size=args.min_crop_size, max_crop_size=args.max_crop_size, brightness=args.brightness,
             contrast=args.contrast, saturation=args.saturation, pca_noise=args.pca_noise, pad=args.pad_size,
-            **self._common())
+            **self._common(shape))
 
     def epoch(self, epoch, start=0):
         """The epoch's batches from `start`. A batch, like those of MXNet's own iterators, is valid until the
@@ -401,7 +404,8 @@ class RecordLoader:
         with open(path + '.idx', 'w') as f:
             f.write(''.join(f'{i}\t{offset}\n' for i, offset in enumerate(offsets)))
         try:
-            iterator = self._training_iterator(path, records.epoch_seed(self.args.seed, epoch, self.rank, chunk))
+            iterator = self._training_iterator(path, records.epoch_seed(self.args.seed, epoch, self.rank, chunk),
+                                               resolution.training_shape(self.args, epoch))
         except mx.base.MXNetError as e:
             shutil.rmtree(folder, ignore_errors=True)
             raise RecipeError(records.undecodable_message(self.records, indices, e)) from e
@@ -444,7 +448,7 @@ class RecordLoader:
         iterator = mx.io.ImageRecordIter(
             path_imgrec=self.linked + '.rec', path_imgidx=self.linked + '.idx', resize=self.args.data_val_resize,
             rand_crop=False, rand_mirror=False, shuffle=False, round_batch=True, num_parts=self.num_workers,
-            part_index=self.rank, **self._common())
+            part_index=self.rank, **self._common(image_shape(self.args, training=False)))
         first = self.part.start
         for index, batch in enumerate(iterator):
             if index == self.num_batches:

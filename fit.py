@@ -30,6 +30,7 @@ import flags
 import inference
 import lars
 import logs
+import resolution
 import tensorboard_log
 import training_extras
 from data import batches
@@ -328,7 +329,8 @@ def train(args, net, world, get_loaders, dllogger, stop):
         start_batch = meta['iteration'] if epoch == meta['epoch'] else 0
         if start_batch == 0:
             meta['loss_sum'], meta['loss_count'] = 0.0, 0
-        log.info('Starting epoch %d', epoch)
+        log.info('Starting epoch %d%s', epoch, '' if args.progressive_size is None else
+                 ' (training at %dx%d)' % resolution.training_shape(args, epoch)[1:])
         next_batch, durations, stopped = train_epoch(args, step, train_loader, epoch, start_batch, meta,
                                                      dllogger, stop)
         check_parameters(args, net, world, epoch, next_batch)

@@ -218,6 +218,10 @@ def test_load_image_uses_validation_preprocessing(tmp_path):
     (['--random-erase', '0.25'], 'synthetic', 'only the DALI backends implement this'),
     (['--auto-augment', 'ra', '--ra-magnitude', '31'], 'dali-cpu', 'the bins are 0 to 30'),
     (['--aug-repeats', '3'], 'synthetic', 'synthetic has none'),
+    (['--progressive-size', '16'], 'synthetic', 'synthetic has none'),
+    (['--progressive-size', '48'], 'dali-cpu', 'larger than --image-shape'),
+    (['--progressive-epochs', '1,3'], 'mxnet', 'add --progressive-size'),
+    (['--progressive-size', '16', '--progressive-epochs', '3,1'], 'mxnet', 'expected 0 <= START <= END'),
 ])
 def test_data_flags_that_would_be_ignored_or_cannot_work_are_refused(flags, backend, message):
     args = resolved(['--data-backend', backend, '--image-shape', '3,32,32', '--data-val-resize', '32'] + flags)

@@ -257,3 +257,27 @@ def test_repeated_augmentation_through_the_loaders_of_two_workers(tmp_path, back
     seen = [sorted(label for labels, pad in batches for label in labels[:len(labels) - pad])
             for batches in per_worker]
     assert seen[0] == seen[1] and len(seen[0]) == 12 == len(set(seen[0]))
+
+
+def test_progressive_sizes_follow_ffcvs_rule():
+    from resolution import size_at
+    sizes = [size_at(epoch, 160, 192, 65, 76, 32) for epoch in range(60, 80)]
+    assert sizes[:6] == [160] * 6 and sizes[-4:] == [192] * 4
+    assert sizes == sorted(sizes) and set(sizes) == {160, 192}
+    assert [size_at(e, 128, 224, 0, 6, 16) for e in range(8)] == [128, 144, 160, 176, 192, 208, 224, 224]
+    assert size_at(5, 100, 130, 0, 10, 32) == 128 and size_at(1, 100, 130, 0, 10, 32) == 100   # kept in range
+
+
+@pytest.mark.parametrize('backend,extra', [('mxnet', []), ('dali-cpu', []),
+                                           ('dali-cpu', ['--auto-augment', 'ra', '--random-erase', '1',
+                                                         '--random-erase-mode', 'pixel'])])
+def test_progressive_resizing_grows_the_training_batches_and_resumes_exactly(tmp_path, backend, extra):
+    args = unique_label_args(tmp_path, backend, count=16, batch=4, extra=[
+        '--progressive-size', '16', '--progressive-epochs', '0,2', '--progressive-step', '8'] + extra)
+    train, val = get_loaders(args, 0, 1)
+    for epoch, size in ((0, 16), (1, 24), (2, 32), (5, 32)):
+        batches = [b.data[0].asnumpy().copy() for b in train.epoch(epoch)]
+        assert {b.shape for b in batches} == {(4, 3, size, size)}, epoch
+        resumed = next(get_loaders(args, 0, 1, val=False)[0].epoch(epoch, 2)).data[0].asnumpy()
+        np.testing.assert_array_equal(resumed, batches[2])
+    assert next(val.epoch(0)).data[0].shape == (4, 3, 32, 32)
