@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 import checkpoint
+import distill
 import flags
 import inference
 import lars
@@ -98,6 +99,7 @@ def add_fit_args(parser):
                        help='learning rate of every layer but the classifier, as a multiple of the schedule\'s '
                             '(e.g. 0.1 when fine-tuning: the pretrained layers move less than the new head)')
     lars.add_args(group)
+    distill.add_args(group)
     training_extras.add_args(group)
     return group
 

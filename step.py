@@ -12,6 +12,7 @@ import math
 import mxnet as mx
 from mxnet import autograd, gluon
 
+import distill
 import lars  # noqa: F401  (registers --optimizer lars's optimizer with MXNet)
 import losses
 import training_extras
@@ -80,6 +81,7 @@ class TrainingStep:
         self.loss_scale = losses.DynamicLossScale() if args.dtype == 'float16' and not args.amp else None
         self.accumulation = training_extras.Accumulation(args.grad_accum_steps, self.params)
         self.average = None   # --model-ema's ema.WeightAverage, set by train() once the weights are final
+        self.teacher = distill.Teacher(args) if args.teacher else None
 
     def inputs_and_targets(self, images, labels, epoch, iteration, part):
         """(images, targets) as the loss wants them: the labels sparse or as smoothed one-hot vectors, and
@@ -117,7 +119,9 @@ class TrainingStep:
             device_losses = []
             for part, (x, y) in enumerate(zip(images, labels)):
                 x, target = self.inputs_and_targets(x, y, epoch, iteration, part)
-                device_losses.append(self.loss(self.net(x), target))
+                logits = self.net(x)
+                loss = self.loss(logits, target)
+                device_losses.append(loss if self.teacher is None else self.teacher.loss(x, logits, loss))
             if self.amp_scaling:
                 from mxnet.contrib import amp
                 with amp.scale_loss(device_losses, self.gluon_trainer) as scaled:

@@ -223,6 +223,10 @@ def check_weights_folder(args):
     # Before anything is written: a failed start leaves no log files behind.
     if args.load and not os.path.isfile(args.load):
         raise RecipeError(f'--load {args.load}: no such file')
+    if args.teacher is not None and args.mode not in ('train', 'train_val'):
+        raise RecipeError(f'--teacher distils while training: --mode {args.mode} does not train')
+    if args.teacher is not None and not os.path.isfile(args.teacher):
+        raise RecipeError(f'--teacher {args.teacher}: no such file')
     if args.finetune and not args.load:
         raise RecipeError('--finetune fine-tunes the weights of --load, and none was given: add --load WEIGHTS (see '
                           'the README\'s "Bring your own weights" for where ImageNet weights come from), or leave '
