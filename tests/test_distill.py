@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 
-import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import autograd
