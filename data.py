@@ -100,9 +100,9 @@ def add_data_args(parser):
                        help='the image shape fed into the network: C,H,W with C = 3, or 4 for a zero 4th '
                             'channel')
     group.add_argument('--val-image-shape', type=flags.image_shape, default=None,
-                       help='the image shape of validation, pred and export (default: --image-shape): train at 176 '
-                            'and test at 224 after a 232 resize with --image-shape 3,176,176 --val-image-shape '
-                            '3,224,224 --data-val-resize 232')
+                       help='the image shape of validation, pred and export (default: --image-shape; the channels '
+                            'are always --image-shape\'s): train at 176 and test at 224 after a 232 resize with '
+                            '--image-shape 3,176,176 --val-image-shape 3,224,224 --data-val-resize 232')
     group.add_argument('--rgb-mean', type=flags.float_tuple, default=(123.68, 116.779, 103.939),
                        help='a tuple of size 3 for the mean rgb')
     group.add_argument('--rgb-std', type=flags.float_tuple, default=(58.393, 57.12, 57.375),
@@ -165,9 +165,6 @@ def resolve_backend(args):
 def check_data_flags(args):
     """RecipeError for data flags that are out of range, or that the chosen backend would ignore."""
     shape = image_shape(args, training=False)
-    if args.val_image_shape is not None and args.val_image_shape[0] != args.image_shape[0]:
-        raise RecipeError(f'--val-image-shape {",".join(map(str, args.val_image_shape))}: the channels are those of '
-                          f'--image-shape ({args.image_shape[0]})')
     if len(args.rgb_mean) != 3 or len(args.rgb_std) != 3 or min(args.rgb_std) <= 0:
         raise RecipeError('--rgb-mean and --rgb-std take 3 values each (R,G,B), the std values positive')
     if args.data_val_resize < max(shape[1:]):
@@ -196,11 +193,11 @@ def check_data_flags(args):
 
 
 def image_shape(args, training):
-    """(C, H, W) of the images of training, or of validation, pred and export (--val-image-shape, else
-    --image-shape)."""
+    """(C, H, W) of the images of training, or of validation, pred and export (--val-image-shape's size, else
+    --image-shape's; the channels always --image-shape's, which the runner makes 4 for float16 on GPUs)."""
     if training or args.val_image_shape is None:
         return tuple(args.image_shape)
-    return tuple(args.val_image_shape)
+    return (args.image_shape[0],) + tuple(args.val_image_shape[1:])
 
 
 def flag_value(args, flag):

@@ -421,6 +421,50 @@ def test_the_mlperf_recipe_sets_its_values_for_the_global_batch_and_flags_win(mo
         {k: v for k, v in vars(default).items() if k not in ('recipe', 'recipe_flags', 'given_flags', 'lr')}
 
 
+@pytest.mark.parametrize('gpus', [8, 0])
+def test_the_torchvision_and_timm_recipes_set_their_published_values(gpus):
+    """torchvision-v2: 0.5 at 1,024 images, 600 epochs, TrivialAugment, random erasing, mixup/CutMix, 4 repeats,
+    the weight average every 32 steps, trained at 176 (the runner's --image-shape follows the recipe, with 4
+    channels for float16 on GPUs) and tested at 224 after 232; rsb-a3: LAMB 8e-3 at 2,048, BCE, RandAugment m6,
+    160/224 after 236. A flag on the command line wins."""
+    import train
+    channels = 4 if gpus else 3
+    _, flags, raw = command(['-n', '8', '--recipe', 'torchvision-v2'], gpus=gpus)
+    args = train.build_parser().parse_args(raw)
+    assert flags['--batch-size'] == '1024' and float(flags['--lr']) == pytest.approx(0.5)
+    assert (args.num_epochs, args.warmup_epochs, args.wd, args.label_smoothing, args.mixup, args.cutmix) == \
+        (600, 5.0, 2e-5, 0.1, 0.2, 1.0)
+    assert (args.auto_augment, args.random_erase, args.aug_repeats) == ('ta_wide', 0.1, 4)
+    assert (args.model_ema, args.model_ema_steps, args.model_ema_decay, args.model_ema_adjust) == \
+        (True, 32, 0.99998, True)
+    assert (args.image_shape, args.val_image_shape[1:], args.data_val_resize) == ((channels, 176, 176), (224, 224), 232)
+    _, flags, raw = command(['-n', '8', '--recipe', 'rsb-a3', '--image-shape', f'{channels},192,192'], gpus=gpus)
+    args = train.build_parser().parse_args(raw)
+    assert flags['--batch-size'] == '2048' and float(flags['--lr']) == pytest.approx(0.008)
+    assert (args.optimizer, args.wd, args.num_epochs, args.bce_loss, args.bce_target_thresh, args.label_smoothing) == \
+        ('lamb', 0.02, 100, True, 0.2, 0.0)
+    assert (args.auto_augment, args.ra_magnitude, args.mixup, args.cutmix) == ('ra', 6, 0.1, 1.0)
+    assert (args.image_shape, args.val_image_shape[1:], args.data_val_resize) == ((channels, 192, 192), (224, 224), 236)
+
+
+@HOROVOD
+@pytest.mark.parametrize('recipe', ['torchvision-v2', 'rsb-a3'])
+def test_the_torchvision_and_timm_recipes_train_on_two_cpu_workers(digits, tmp_path, recipe):
+    """Each recipe, at the digits' sizes, for one epoch on 2 workers: every piece it sets runs (automatic
+    augmentation, erasing, repeats, the weight average, BCE, LAMB) and validation tests at its own size."""
+    result = run_runner(demo_argv(digits, tmp_path, examples=64, extra=[
+        '--recipe', recipe, '-b', '8', '-e', '1', '--warmup-epochs', '0', '--image-shape', '3,32,32',
+        '--val-image-shape', '3,40,40', '--data-val-resize', '46']))
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (tmp_path / 'log.log').read_text()
+    assert f'Recipe {recipe}: ' in log and 'Validation' in log
+    config = json.loads((tmp_path / 'report.json').read_text())['config']
+    expected = {'torchvision-v2': {'auto_augment': 'ta_wide', 'aug_repeats': 4, 'model_ema': True},
+                'rsb-a3': {'auto_augment': 'ra', 'optimizer': 'lamb', 'bce_loss': True}}[recipe]
+    assert {key: config[key] for key in expected} == expected
+    assert config['val_image_shape'] == [3, 40, 40]
+
+
 @HOROVOD
 def test_the_mlperf_recipe_on_two_cpu_workers_evaluates_on_its_period_and_stops_at_the_target(digits, tmp_path):
     """--recipe mlperf (LARS, poly decay, evaluation every 4 epochs from epoch 2) shortened to 7 epochs on the
