@@ -13,9 +13,9 @@ or directly, with global values:
         --num-epochs 10 --image-shape 3,32,32 --num-classes 10 --workspace runs/demo
     python train.py --data-backend synthetic --test-io     # the data loader alone, images/s
 
-`python train.py --help` lists every flag, grouped as Run, Model, Training, Data, DALI, MXNet augmentation
-and Inference. This is the only module that knows every other one: workers.py (who runs where, in which
-precision), models.py (the network), data.py / dali.py (the loaders), fit.py (training), inference.py
+`python train.py --help` lists every flag, grouped as Run, Model, Training, Data, DALI, MXNet augmentation,
+Augmentation and Inference. This is the only module that knows every other one: workers.py (who runs where, in
+which precision), models.py (the network), data.py / dali.py / synthetic.py (the loaders), fit.py (training), inference.py
 (validation, prediction, INT8, export), checkpoint.py and logs.py (files). The modes:
 
     train_val, train   fit.train         (validation every epoch in train_val)
