@@ -7,6 +7,7 @@ and resume at ImageNet scale, each optionally against the code of another git re
     python scripts/benchmark_loaders.py --order [--baseline REV]       # order of epoch 1 against epoch 0
     python scripts/benchmark_loaders.py --startup [--baseline REV]     # loaders on a 1,281,167-record index
     python scripts/benchmark_loaders.py --resume [--baseline REV]      # start at 90% of a 100,000-record epoch
+    python scripts/benchmark_loaders.py --augmentations --rounds 3     # dali-cpu with each of augment.py's pieces
 
 Throughput: writes --images synthetic photographs (500x375 JPEGs of about ImageNet's file size) to a
 RecordIO file once (in --workdir), then measures, with the same number of decoding threads or processes:
@@ -28,7 +29,8 @@ two records that shared a (global) batch in epoch 0 share one again (goal <= 1.3
 --startup: the time to build the training loader of rank 0 of 8 on a 1,281,167-record synthetic .idx/.rec
 (goal <= 3 s), and to its first batch, twice in one process (first: files possibly read from disk; again:
 from the page cache). --resume: the time to the first batch of epoch(0, k) with k at 90% of a
-100,000-record epoch, against k = 0.
+100,000-record epoch, against k = 0. --augmentations: the recipe's dali-cpu throughput without and with each
+automatic augmentation policy and random erasing (augment.py), in interleaved rounds, the median of each.
 """
 import argparse
 import io
@@ -55,9 +57,11 @@ def parse_args():
     parser.add_argument('--order', action='store_true', help='order quality of epoch 1 against epoch 0')
     parser.add_argument('--startup', action='store_true', help='loader start-up on a 1,281,167-record index')
     parser.add_argument('--resume', action='store_true', help='start time at 90%% of a 100,000-record epoch')
+    parser.add_argument('--augmentations', action='store_true', help='dali-cpu with and without each augmentation')
     parser.add_argument('--measure', help=argparse.SUPPRESS)      # internal: one measurement in this process
     parser.add_argument('--code', default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument('--backend', help=argparse.SUPPRESS)
+    parser.add_argument('--extra', default='[]', help=argparse.SUPPRESS)   # internal: more train.py flags (JSON)
     return parser.parse_args()
 
 
@@ -158,10 +162,10 @@ def timed(batches, count):
     return images / (time.time() - start)
 
 
-def recipe_batches(args, rec, idx, backend):
+def recipe_batches(args, rec, idx, backend, extra=()):
     flags = ['--data-train', rec, '--data-train-idx', idx, '--batch-size', str(args.batch_size),
              '--data-backend', backend, '--dali-threads', str(args.workers), '--data-mxnet-threads', str(args.workers),
-             '--seed', '1']
+             '--seed', '1'] + list(extra)
     loader = get_loaders(options(flags), 0, 1, val=False)[0]
     epoch = 0
     while True:
@@ -222,7 +226,8 @@ def pil_batches(args, rec, idx, pool):
 
 def measure_throughput(args):
     rec, idx = make_dataset(args)
-    return {'images_per_s': timed(recipe_batches(args, rec, idx, args.backend), args.batches)}
+    extra = json.loads(args.extra)
+    return {'images_per_s': timed(recipe_batches(args, rec, idx, args.backend, extra), args.batches)}
 
 
 def measure_order(args):
@@ -294,10 +299,10 @@ MEASURES = {'throughput': measure_throughput, 'order': measure_order, 'startup':
             'resume': measure_resume}
 
 
-def run_measure(args, what, backend, code):
+def run_measure(args, what, backend, code, extra=()):
     command = [sys.executable, os.path.abspath(__file__), '--measure', what, '--backend', backend, '--code', code,
                '--workdir', args.workdir, '--images', str(args.images), '--batch-size', str(args.batch_size),
-               '--workers', str(args.workers), '--batches', str(args.batches)]
+               '--workers', str(args.workers), '--batches', str(args.batches), '--extra', json.dumps(list(extra))]
     result = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in result.stdout.splitlines() if line.startswith('{')]
     if result.returncode or not lines:
@@ -345,6 +350,27 @@ def compare(args, what):
                   f'(medians), {paired:.3f} (median of the rounds\' ratios); target >= 0.95')
 
 
+AUGMENTATIONS = {'none': [], 'ta_wide': ['--auto-augment', 'ta_wide'], 'ra (2 ops, m9)': ['--auto-augment', 'ra'],
+                 'imagenet': ['--auto-augment', 'imagenet'], 'erase 0.25 const': ['--random-erase', '0.25'],
+                 'erase 0.25 pixel': ['--random-erase', '0.25', '--random-erase-mode', 'pixel']}
+
+
+def compare_augmentations(args):
+    """dali-cpu throughput without and with each piece of augment.py, in interleaved rounds."""
+    make_dataset(args)
+    results = {}
+    for round_index in range(args.rounds):
+        names = list(AUGMENTATIONS) if round_index % 2 == 0 else list(AUGMENTATIONS)[::-1]
+        for name in names:
+            value = run_measure(args, 'throughput', 'dali-cpu', ROOT, AUGMENTATIONS[name])['images_per_s']
+            results.setdefault(name, []).append(value)
+            print(f'  round {round_index + 1}: {name:18} {value:.1f} images/s', flush=True)
+    base = statistics.median(results['none'])
+    print(f'dali-cpu, batch {args.batch_size}, {args.workers} threads, 224x224: {cpu_name()}, {os.cpu_count()} cores')
+    for name, values in results.items():
+        print(f'  {name:18} {statistics.median(values):8.1f} images/s  ({statistics.median(values) / base:.2f}x)')
+
+
 def cpu_name():
     with open('/proc/cpuinfo') as f:
         return next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), 'unknown CPU')
@@ -359,6 +385,9 @@ def main():
         if getattr(args, what):
             compare(args, what)
             return
+    if args.augmentations:
+        compare_augmentations(args)
+        return
     if args.baseline:
         compare(args, 'throughput')
         return

@@ -2,6 +2,7 @@
 """The recipe's training throughput against a bare hybridized Gluon loop on the same network, in one run.
 
     python scripts/benchmark_training.py [--batch-size 32] [--iters 12] [--image-size 224] [--rounds 2] [--amp]
+    python scripts/benchmark_training.py --pieces      # the recipe's step with --drop-path and with --teacher
 
 Both train ResNet-50 v1.5 (float32, or AMP with --amp) on synthetic data on this machine with the same math
 (sparse labels, SGD with momentum 0.875 and weight decay 1/32768 on the weights): the recipe through
@@ -9,7 +10,9 @@ Both train ResNet-50 v1.5 (float32, or AMP with --amp) on synthetic data on this
 `train.ips`, warm-up iterations left out), the bare loop as forward, backward and SGD step with one host
 sync per iteration, timed after the same warm-up. The two alternate for --rounds rounds and the best of each
 counts (a shared 2-core machine varies by about 10% from one minute to the next). Prints both, their ratio
-(the recipe is held to >= 0.97), every round, and the peak resident memory of each.
+(the recipe is held to >= 0.97), every round, and the peak resident memory of each. --pieces instead measures
+the recipe alone, without and with the training-step pieces of issue 31 (stochastic depth 0.05, distillation
+from a ResNet-50 teacher), alternating, the best of --rounds each.
 """
 import argparse
 import json
@@ -41,15 +44,17 @@ def parse_args():
     parser.add_argument('--image-size', type=int, default=224)
     parser.add_argument('--rounds', type=int, default=2, help='alternating measurements of each; the best counts')
     parser.add_argument('--amp', action='store_true', help='bfloat16 AMP on CPU, float16 on GPU')
+    parser.add_argument('--pieces', action='store_true', help='the recipe without and with --drop-path, --teacher')
     return parser.parse_args()
 
 
-def recipe_ips(args):
+def recipe_ips(args, extra=()):
     with tempfile.TemporaryDirectory() as workspace:
         command = [sys.executable, os.path.join(HERE, 'train.py'), '--data-backend', 'synthetic', '--mode', 'train',
                    '--batch-size', str(args.batch_size), '--benchmark-iters', str(args.iters), '--num-epochs', '1',
                    '--image-shape', f'3,{args.image_size},{args.image_size}', '--workspace', workspace,
-                   '--dtype', 'float32', '--seed', '1', '--label-smoothing', '0'] + (['--amp'] if args.amp else [])
+                   '--dtype', 'float32', '--seed', '1', '--label-smoothing', '0'] + (['--amp'] if args.amp else []) + \
+            list(extra)
         subprocess.run(command, check=True, capture_output=True)
         epoch = [r for r in logs.read_dllogger(os.path.join(workspace, 'dllogger_log.log')) if r['step'] == [0]]
         with open(os.path.join(workspace, 'report.json')) as f:
@@ -82,8 +87,30 @@ def bare_ips(args):
     return args.batch_size / (sum(steady) / len(steady))
 
 
+def pieces(args):
+    """The recipe's train.ips without and with each training-step piece, alternating rounds, the best of each."""
+    with tempfile.TemporaryDirectory() as folder:
+        teacher = os.path.join(folder, 'resnet50.params')
+        net = models.get_model()
+        net.initialize()
+        net.save_parameters(teacher)
+        variants = {'plain': [], 'drop path 0.05': ['--drop-path', '0.05'],
+                    'teacher ResNet-50': ['--teacher', teacher, '--kd-alpha', '0.5', '--kd-temperature', '4']}
+        rates = {name: [] for name in variants}
+        for round_index in range(args.rounds):
+            for name in (list(variants) if round_index % 2 == 0 else list(variants)[::-1]):
+                rates[name].append(round(recipe_ips(args, variants[name])[0], 2))
+    best = {name: max(values) for name, values in rates.items()}
+    print(json.dumps({'batch_size': args.batch_size, 'image_size': args.image_size,
+                      'cpu': cpu.cpuinfo_field('model name'), 'onednn': cpu.describe(), 'train_ips': best,
+                      'relative': {name: round(ips / best['plain'], 3) for name, ips in best.items()}, 'rounds': rates}))
+
+
 def main():
     args = parse_args()
+    if args.pieces:
+        pieces(args)
+        return
     recipe, bare = [], []
     for _ in range(args.rounds):
         ips, recipe_peak_mb = recipe_ips(args)
