@@ -18,6 +18,18 @@ def run_script(*argv, check=True, **kwargs):
                           check=check, **kwargs)
 
 
+def gloo_workers(script, output):
+    """Run tests/`script` OUTPUT as 2 Horovod workers over Gloo (1 OpenMP thread each); returns the JSON
+    that rank 0 wrote to `output`."""
+    import json
+    result = subprocess.run(['horovodrun', '-np', '2', '--gloo', sys.executable, os.path.join(ROOT, 'tests', script),
+                             str(output)], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'),
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(output) as f:
+        return json.load(f)
+
+
 @functools.lru_cache(maxsize=None)
 def runner_module():
     """The `runner` script as a module (it has no .py suffix), loaded once: its functions and main() in process."""

@@ -1,11 +1,7 @@
 """fit.py and losses.py: schedule, targets, loss scaling, and the training step in float16, on several devices
 and on several workers."""
-import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
@@ -17,7 +13,7 @@ import data
 import fit
 import losses
 import workers
-from conftest import ROOT, digits_flags, resolved
+from conftest import digits_flags, gloo_workers, resolved
 from float16_twin import Float16Net, batch_of, step_for
 from errors import RecipeError
 from step import TrainingStep
@@ -239,12 +235,7 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
 def test_an_overflow_on_one_worker_skips_the_step_on_every_worker(tmp_path):
     """2 Gloo workers in float16: rank 1 alone meets an inf; after the all-reduce both skip that step, halve
     the same scale and keep identical weights; the gradients are pre-divided by sqrt(2)."""
-    output = tmp_path / 'workers.json'
-    result = subprocess.run(['horovodrun', '-np', '2', '--gloo', sys.executable,
-                             os.path.join(ROOT, 'tests', 'float16_twin.py'), str(output)],
-                            capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'), timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = json.loads(output.read_text())
+    ranks = gloo_workers('float16_twin.py', tmp_path / 'workers.json')
     assert [(r['scale'], r['skipped'], r['clean_steps']) for r in ranks] == [(4.0, 1.0, 1.0)] * 2   # 8 halved
     assert ranks[0]['weight'] == ranks[1]['weight']
     # float16 gradients divided by sqrt(2) before the sum and after it (step.predivision), not summed first

@@ -2,21 +2,16 @@
 parameter: weights of 2+ dimensions get lr x eta x ||w|| / (||g|| + wd x ||w|| + eps) with weight decay and
 momentum, 1-dimensional ones (batchnorm gamma/beta, biases) plain SGD without weight decay; float32 and the
 float16 twin (float32 master weights); on 1 worker and on 2 (tests/lars_workers.py)."""
-import json
-import os
 import shutil
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
 import pytest
 
 import losses
+from conftest import gloo_workers
 from float16_twin import Float16Net, batch_of, step_for
 from lars_workers import EPS, ETA, FLAGS, LR, MOMENTUM, WD
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def expected_after_one_step(before, grad):
@@ -70,12 +65,7 @@ def test_two_workers_take_the_trust_ratio_of_the_averaged_gradient(tmp_path):
     """2 Gloo workers, each with its own batch: the gradient the optimizer saw is the mean of the workers'
     gradients (not one worker's, not their sum) on both, and each parameter moved by the formula above with
     that gradient, identically on both workers; float32 and the float16 twin."""
-    output = tmp_path / 'lars.json'
-    result = subprocess.run(['horovodrun', '-np', '2', '--gloo', sys.executable,
-                             os.path.join(ROOT, 'tests', 'lars_workers.py'), str(output)],
-                            capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'), timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads(output.read_text())
+    results = gloo_workers('lars_workers.py', tmp_path / 'lars.json')
     for dtype, params in results.items():
         rows = {name: {key: np.array(p[key], dtype=np.float64).reshape([2] + p['shape'])
                        for key in ('before', 'grad', 'after')} for name, p in params.items()}
