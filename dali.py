@@ -192,6 +192,16 @@ def copy_output(output, array, on_gpu):
         output.copy_to_external(pointer)
 
 
+def pipeline_failure(records_file, feed, error, epoch, index):
+    """The RecipeError message for a DALI pipeline error: a decoder's names the undecodable record among those
+    in flight; any other (an augmentation, say) is not the data's fault, and says what DALI said."""
+    if 'operator decoders__' in str(error):
+        return records.undecodable_message(records_file, np.concatenate([info[2] for info in feed.in_flight]), error)
+    lines = [line.strip() for line in str(error).splitlines() if line.strip() and not line.startswith(
+        ('[frame', 'Stacktrace', 'Critical error in pipeline', 'Current pipeline object'))]
+    return f'the DALI pipeline failed at batch {index} of epoch {epoch}: {" ".join(lines[:2])[:400]}'
+
+
 def loader_graph(loader, device):
     """What pipeline_def takes: a function (DALI's conditionals cannot convert a bound method)."""
     return loader.graph(device)
@@ -343,14 +353,17 @@ class DaliLoader:
             mirror, crop = 0, {'crop': (height, width)}
         channels_first = args.input_layout == 'NCHW'
         dtype = types.FLOAT16 if data.training_dtype(args) == 'float16' else types.FLOAT
-        noise = erase is not None and erase[2] is not None     # DALI's arithmetic has no float16: add in float32
+        with_noise = erase is not None and erase[2] is not None   # DALI's arithmetic has no float16: add in float32
         images = fn.crop_mirror_normalize(
             images, mirror=mirror, mean=list(args.rgb_mean), std=list(args.rgb_std), **crop,
-            dtype=types.FLOAT if noise else dtype, output_layout='CHW' if channels_first and erase is None else 'HWC',
-            pad_output=channels == 4)
+            dtype=types.FLOAT if with_noise else dtype, pad_output=channels == 4,
+            output_layout='CHW' if channels_first and erase is None else 'HWC')
         if erase is not None:     # erased after normalisation, as torchvision and timm do, in HWC
-            images = augment.apply_erase(images, *erase, size)
-            if noise and dtype != types.FLOAT:
+            anchors, shapes, noise = erase
+            if with_noise and self.on_gpu:
+                noise = noise.gpu()     # an external source's output is on the host; the images are not
+            images = augment.apply_erase(images, anchors, shapes, noise, size)
+            if with_noise and dtype != types.FLOAT:
                 images = fn.cast(images, dtype=dtype)
             if channels_first:
                 images = fn.transpose(images, perm=[2, 0, 1])
@@ -392,8 +405,7 @@ class DaliLoader:
                 try:
                     (images,) = pipe.run()
                 except RuntimeError as e:
-                    indices = np.concatenate([info[2] for info in feed.in_flight])
-                    raise RecipeError(records.undecodable_message(self.records, indices, e)) from e
+                    raise RecipeError(pipeline_failure(self.records, feed, e, epoch, index)) from e
                 part_labels, pad, _ = feed.in_flight.popleft()
                 images = images.as_tensor()
                 array = mx.nd.empty(images.shape(), ctx=context, dtype=dtype)

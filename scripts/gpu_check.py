@@ -15,6 +15,8 @@ test of its outcome. On GPUs:
                    first validation right after the training epoch (its pipeline built before training began)
     dali-copy      DALI GPU outputs copied into MXNet arrays (dali.copy_output) and read by MXNet at once: equal
                    to DALI's own copy to the host (a copy still running when MXNet reads would differ)
+    dali-augment   DALI on the GPU with RandAugment, random erasing with noise, progressive resizing, a separate
+                   test size and test-time flip (augment.py, resolution.py): two epochs train and validate
     kvstore-device one process driving every GPU (--kv-store device)
     horovod        one Horovod worker per GPU (NCCL)
     resume         a Horovod run stopped after its first epoch and resumed: the state holds CPU arrays only, and
@@ -24,8 +26,8 @@ test of its outcome. On GPUs:
 
 With --device cpu each check runs its CPU twin, the same recipe code on this CPU: float16 -> the recipe's
 float16 step on CPU-capable operators with 2 Gloo workers and an inf on one of them (tests/float16_twin.py);
-amp -> bfloat16 AMP (needs AVX-512, else reported as skipped); dali-gpu -> dali-cpu; dali-copy -> the same
-with CPU outputs; kvstore-device -> the
+amp -> bfloat16 AMP (needs AVX-512, else reported as skipped); dali-gpu and dali-augment -> dali-cpu; dali-copy
+-> the same with CPU outputs; kvstore-device -> the
 step over two CPU contexts against one (pytest); horovod -> 2 Gloo workers; resume -> the same with 2 Gloo
 workers (the state's arrays); export -> ONNX of a checkpoint written in the GPU layout. Prints a table (check, verdict, seconds, detail) and writes JSON with -o.
 Exit status 0 when every check passes (or is skipped for a stated reason), 1 otherwise, 2 without a GPU and
@@ -48,7 +50,7 @@ interpreter.use_project_python()   # before any third-party import: finds .venv 
 
 SMALL = ['-b', '16', '-e', '1', '--num-layers', '18', '--image-shape', '3,32,32', '--num-classes', '10',
          '--data-val-resize', '32', '--num-examples', '128', '--seed', '1', '--disp-batches', '2']
-CHECKS = ('float16', 'amp', 'dali-gpu', 'dali-copy', 'kvstore-device', 'horovod', 'resume', 'export')
+CHECKS = ('float16', 'amp', 'dali-gpu', 'dali-copy', 'dali-augment', 'kvstore-device', 'horovod', 'resume', 'export')
 
 
 def parse_args(argv=None):
@@ -157,6 +159,22 @@ def check_dali(options, workdir):
     if passed and accuracy is None:
         return False, f'{backend}: no validation after the training epoch'
     return passed, f'{backend}: {detail}' + (f', validated after it: top-1 {accuracy:.4f}' if passed else '')
+
+
+def check_dali_augment(options, workdir):
+    backend = 'dali-gpu' if options.device == 'gpu' else 'dali-cpu'
+    workspace = os.path.join(workdir, 'dali-augment')
+    status, output = run(runner('-n', '1', *SMALL, '-e', '2', '--data-backend', backend, '--data-root',
+                                digits_dataset(workdir), '--workspace', workspace, '--dali-threads', '2',
+                                '--auto-augment', 'ra', '--random-erase', '0.5', '--random-erase-mode', 'pixel',
+                                '--progressive-size', '24', '--progressive-epochs', '0,1', '--progressive-step', '8',
+                                '--val-image-shape', '3,40,40', '--data-val-resize', '46', '--tta', 'flip',
+                                '--warmup-epochs', '0'))
+    passed, detail = trained(workspace, status, output)
+    validated = [m.get('val.accuracy') for m in epoch_metrics(workspace)] if passed else []
+    if passed and (len(validated) != 2 or None in validated or 'training at 24x24' not in output):
+        return False, f'{backend}: expected 2 validated epochs, the first trained at 24x24 ({validated})'
+    return passed, f'{backend}: {detail}' + (f', top-1 {validated[-1]:.4f} at 40x40 with flip' if passed else '')
 
 
 def check_dali_copy(options, workdir, rounds=8):
@@ -309,6 +327,7 @@ def gpu_layout_checkpoint(path):
 
 
 RUNS = {'float16': check_float16, 'amp': check_amp, 'dali-gpu': check_dali, 'dali-copy': check_dali_copy,
+        'dali-augment': check_dali_augment,
         'kvstore-device': check_kvstore_device, 'horovod': check_horovod, 'resume': check_resume,
         'export': check_export}
 

@@ -110,3 +110,17 @@ def test_erased_boxes_hold_zeros_or_the_drawn_noise_and_nothing_else_changes(tmp
         box = after[i][:, y:y + h, x:x + w]
         want = np.zeros_like(box) if mode == 'const' else extra[2][i].transpose(2, 0, 1).astype(dtype)
         np.testing.assert_array_equal(box, want)
+
+
+def test_an_augmentation_failure_is_not_blamed_on_the_data(tmp_path, monkeypatch):
+    """A DALI error outside the decoder (here an erasing that cannot broadcast) says what DALI said, at which
+    batch, and does not send the user to rebuild a dataset that is fine."""
+    from errors import RecipeError
+    monkeypatch.setattr(augment, 'apply_erase', lambda images, anchors, shapes, noise, size: images + anchors)
+    args = unique_label_args(tmp_path, 'dali-cpu', count=8, batch=4, extra=['--random-erase', '0.5'])
+    loader = get_loaders(args, 0, 1, val=False)[0]
+    with pytest.raises(RecipeError) as error:
+        next(loader.epoch(0))
+    message = str(error.value)
+    assert message.startswith('the DALI pipeline failed at batch 0 of epoch 0: Error when executing CPU operator')
+    assert 'decoded' not in message and 'prepare_dataset' not in message and 'Stacktrace' not in message
