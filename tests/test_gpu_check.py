@@ -17,19 +17,20 @@ def test_without_a_gpu_it_asks_for_the_cpu_twins():
 
 
 def test_cpu_twins_pass_are_reported_and_leave_nothing_behind(tmp_path):
-    """Three of the twins end to end (the others are tests of their own): the float16 step on 2 Gloo workers,
-    a 2-worker resume from a CPU-only state, and the export of a checkpoint in the GPU layout. Without
-    --workdir, its temporary folder goes at the end."""
+    """Four of the twins end to end (the others are tests of their own): the float16 step on 2 Gloo workers,
+    DALI with the augmentations of augment.py and resolution.py, a 2-worker resume from a CPU-only state, and
+    the export of a checkpoint in the GPU layout. Without --workdir, its temporary folder goes at the end."""
     output, scratch = tmp_path / 'report.json', tmp_path / 'tmp'
     scratch.mkdir()
     env = dict(os.environ, TMPDIR=str(scratch), PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
-    result = subprocess.run([sys.executable, SCRIPT, '--device', 'cpu', '--only', 'float16,resume,export', '-o', str(output)],
-                            capture_output=True, text=True, env=env)
+    result = subprocess.run([sys.executable, SCRIPT, '--device', 'cpu', '--only', 'float16,dali-augment,resume,export',
+                             '-o', str(output)], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     report = json.loads(output.read_text())
-    assert [(r['check'], r['verdict']) for r in report['results']] == [('float16', 'PASS'), ('resume', 'PASS'),
-                                                                       ('export', 'PASS')]
-    assert 'resumed from a CPU-only state' in report['results'][1]['detail']
+    assert [(r['check'], r['verdict']) for r in report['results']] == [
+        ('float16', 'PASS'), ('dali-augment', 'PASS'), ('resume', 'PASS'), ('export', 'PASS')]
+    assert 'at 40x40 with flip' in report['results'][1]['detail']
+    assert 'resumed from a CPU-only state' in report['results'][2]['detail']
     assert 'weights equal' in report['results'][0]['detail']
     assert result.stdout.splitlines()[0].startswith('float16         PASS')
     assert list(scratch.iterdir()) == []
