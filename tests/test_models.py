@@ -115,7 +115,7 @@ def test_model_flags_and_options():
     assert (args.batchnorm_eps, args.batchnorm_mom, args.fuse_bn_relu, args.fuse_bn_add_relu) == (1e-5, 0.9, 0, 0)
     args = parser.parse_args(['--arch', 'resnextv1', '--num-layers', '101', '--fuse-bn-relu', '1'])
     other_groups = dict(input_layout='NHWC', conv_layout='NCHW', batchnorm_layout='NCHW', pooling_layout='NCHW',
-                        image_shape=[4, 64, 64], dtype='float32', device='cpu')
+                        image_shape=[4, 64, 64], dtype='float32', device='cpu', mode='train')
     options = models.model_options(argparse.Namespace(**vars(args), **other_groups))
     assert options['fuse_bn_relu'] is True and options['fuse_bn_add_relu'] is False
     assert options['image_shape'] == (4, 64, 64) and options['arch'] == 'resnextv1'
