@@ -133,7 +133,7 @@ def validate(args, net, loader, world, passes_label=''):
     totals = np.zeros(4)  # correct top-1, correct top-5, loss sum, images
     timed = []            # (seconds, real images) per batch, from one batch's finish to the next
     pending = None
-    tick = time.time()
+    tick = begin = time.time()
     for batch in batches(loader, 0, 0, args.benchmark_iters or loader.num_batches):
         queued = queue_batch(args, net, batch)
         if pending is not None:
@@ -145,6 +145,7 @@ def validate(args, net, loader, world, passes_label=''):
     if pending is not None:
         totals += finish_batch(args, pending, loss_fn)
         timed.append((time.time() - tick, pending[2]))
+    whole = (time.time() - begin, sum(images for _, images in timed))
     totals = world.allreduce_sum(totals)
     seen = max(totals[3], 1)
     metrics = {}
@@ -152,7 +153,10 @@ def validate(args, net, loader, world, passes_label=''):
         metrics = {'val.loss': totals[2] / seen, 'val.accuracy': totals[0] / seen}
         if args.num_classes > 5:   # with 5 classes or fewer every image is in the top 5
             metrics['val.top_k_accuracy_5'] = totals[1] / seen
-    steady = logs.steady_durations(timed)
+    # With one or two batches the last one computes while the first is waited for (the engine runs both), so
+    # its finish-to-finish time says nothing: the whole pass is timed instead, shared out over its batches.
+    steady = logs.steady_durations(timed) if len(timed) > 2 else \
+        [(whole[0] / len(timed), whole[1] / len(timed))] * len(timed)
     seconds, images = (sum(column) for column in zip(*steady)) if steady else (0.0, 0)
     metrics['val.ips'] = images * world.size / seconds if seconds else 0.0
     metrics['val.latency_avg'] = seconds / len(steady) if steady else 0.0

@@ -315,3 +315,21 @@ def test_flip_tta_prediction_gives_the_probabilities_of_the_mean_logits(digits, 
                    t['probability']) for p in json.loads(output.read_text())['predictions'] for t in p['top']]
         differences = [abs(probability - expected[i, c]) for i, c, probability in listed]
         assert len(listed) == 15 and (max(differences) < 1e-4) == bool(tta), (tta, max(differences))
+
+
+def test_a_validation_of_two_batches_is_timed_whole(monkeypatch):
+    """With two batches the second computes while the first is waited for, so its finish-to-finish time (0 s
+    here) would give any images/s: the whole pass is timed (3 clock readings of 1 s apart: 2 s for 5 images)."""
+    import types
+    from test_fit import RecordingLoader
+    rng = np.random.default_rng(0)
+    batches = [mx.io.DataBatch(data=[mx.nd.array(rng.normal(size=(4, 3)))],
+                               label=[mx.nd.array(rng.integers(0, 5, 4))], pad=0) for _ in range(2)]
+    batches[1].pad = 3
+    net = mx.gluon.nn.Dense(5, in_units=3)
+    net.initialize()
+    readings = iter([0.0, 1.0, 1.0, 2.0])    # start, first finish, second finish (no time at all), the end
+    monkeypatch.setattr(inference.time, 'time', lambda: next(readings, 2.0))
+    args = types.SimpleNamespace(contexts=[mx.cpu()], benchmark_iters=None, no_metrics=False, num_classes=5, tta=None)
+    metrics, durations = inference.validate(args, net, RecordingLoader(batches, []), workers.World('device'))
+    assert metrics['val.ips'] == pytest.approx(5 / 2) and durations == [1.0, 1.0]
