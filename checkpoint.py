@@ -36,6 +36,7 @@ import zipfile
 import mxnet as mx
 import numpy as np
 
+import lars
 import logs
 import weights
 from errors import RecipeError, mxnet_message
@@ -142,6 +143,7 @@ def restore_trainer_state(trainer, state):
     for updater, ctx in zip(updaters, trainer._contexts):
         updater.states = {index: on_device(value, ctx) for index, value in updater.states.items()}
         updater.states_synced = dict.fromkeys(updater.states, True)
+    lars.upgrade_loaded_state(trainer._optimizer, updaters)
 
 
 def on_device(value, ctx):

@@ -8,19 +8,38 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+import checkpoint
+import lars
 import losses
+import models
 from conftest import gloo_workers
 from float16_twin import Float16Net, batch_of, step_for
 from lars_workers import EPS, ETA, FLAGS, LR, MOMENTUM, WD
 
 
-def expected_after_one_step(before, grad):
-    """The LARS update from zero momentum, in float64."""
+def expected_step(before, grad, velocity=0.0):
+    """One LARS update in float64: (weights after, velocity after), from `velocity` (0 at the first step)."""
     if before.ndim > 1:
         w_norm, g_norm = np.linalg.norm(before), np.linalg.norm(grad)
         trust = ETA * w_norm / (g_norm + WD * w_norm + EPS) if w_norm > 0 and g_norm > 0 else 1.0
-        return before - LR * trust * (grad + WD * before)
-    return before - LR * grad
+        velocity = MOMENTUM * velocity + LR * trust * (grad + WD * before)
+    else:
+        velocity = MOMENTUM * velocity + LR * grad
+    return before - velocity, velocity
+
+
+def expected_after_one_step(before, grad):
+    return expected_step(before, grad)[0]
+
+
+def trained(step):
+    """{name: parameter} of what the optimizer updates."""
+    return {name: p for name, p in step.net._collect_params_with_prefix().items() if p.grad_req != 'null'}
+
+
+def snapshot(params, rescale=1.0, grads=False):
+    return {name: (p.grad() if grads else p.data()).asnumpy().astype(np.float64) * rescale
+            for name, p in params.items()}
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'float16'])
@@ -29,8 +48,8 @@ def test_one_lars_step_of_every_parameter_follows_the_formula(dtype):
     step = step_for(Float16Net(), dtype, extra=FLAGS)
     if step.loss_scale is not None:   # float16: a scale whose gradients fit (the default overflows this tiny net)
         step.loss_scale = losses.DynamicLossScale(scale=8.0)
-    params = {name: p for name, p in step.net._collect_params_with_prefix().items() if p.grad_req != 'null'}
-    before = {name: p.data().asnumpy().astype(np.float64) for name, p in params.items()}
+    params = trained(step)
+    before = snapshot(params)
     rng = np.random.default_rng(1)
     step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), dtype), 0, 0, LR)
     optimizer = step.gluon_trainer._optimizer
@@ -84,3 +103,65 @@ def test_two_workers_take_the_trust_ratio_of_the_averaged_gradient(tmp_path):
             np.testing.assert_allclose(r['after'][0], want, rtol=2e-3 if dtype == 'float16' else 1e-5, atol=1e-6,
                                        err_msg=f'{dtype} {name}')
             assert not np.allclose(r['after'][0], r['before'][0])
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'float16'])
+def test_the_second_lars_step_carries_the_momentum(dtype):
+    """Two steps on different batches: the second adds momentum x the first step's velocity to its own."""
+    mx.random.seed(3)
+    step = step_for(Float16Net(), dtype, extra=FLAGS)
+    if step.loss_scale is not None:
+        step.loss_scale = losses.DynamicLossScale(scale=8.0)
+    params = trained(step)
+    rng = np.random.default_rng(2)
+    want, velocity = snapshot(params), dict.fromkeys(params, 0.0)
+    for iteration in range(2):
+        step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), dtype), 0, iteration, LR)
+        grads = snapshot(params, step.gluon_trainer._optimizer.rescale_grad, grads=True)
+        for name in params:
+            want[name], velocity[name] = expected_step(want[name], grads[name], velocity[name])
+    for name, got in snapshot(params).items():
+        np.testing.assert_allclose(got, want[name], rtol=3e-3 if dtype == 'float16' else 1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_every_array_of_a_resnet_follows_the_formula():
+    """ResNet-18's 62 trained arrays: more than one multi-tensor call (60 arrays each), weights of 4 and 2
+    dimensions among batchnorm and bias vectors, each updated by its own trust ratio."""
+    mx.random.seed(4)
+    step = step_for(models.get_model(num_layers=18, num_classes=3, image_shape=(3, 16, 16)), extra=FLAGS)
+    params = trained(step)
+    assert len(params) > lars.ARRAYS_PER_CALL
+    before = snapshot(params)
+    rng = np.random.default_rng(5)
+    step.run(batch_of(rng.normal(size=(8, 3, 16, 16)), rng.integers(0, 3, 8)), 0, 0, LR)
+    grads = snapshot(params, step.gluon_trainer._optimizer.rescale_grad, grads=True)
+    for name, got in snapshot(params).items():
+        np.testing.assert_allclose(got, expected_after_one_step(before[name], grads[name]), rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_a_state_of_the_first_lars_resumes_with_its_momentum(tmp_path):
+    """The first version of lars.py kept the momentum's negation: its state, loaded, continues the same run."""
+    mx.random.seed(6)
+    rng = np.random.default_rng(7)
+    batches = [batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)) for _ in range(2)]
+    running = step_for(Float16Net(), extra=FLAGS)
+    running.run(batches[0], 0, 0, LR)
+    optimizer, updater = running.gluon_trainer._optimizer, running.gluon_trainer._updaters[0]
+    del optimizer.momentum_sign                      # as the first version pickled it
+    for momentum, _ in updater.states.values():
+        momentum *= -1
+    state = checkpoint.trainer_state_bytes(running.gluon_trainer)
+    for momentum, _ in updater.states.values():     # the uninterrupted run goes on with its own momentum
+        momentum *= -1
+    optimizer.momentum_sign = 'mxnet'
+    resumed = step_for(Float16Net(), extra=FLAGS)
+    resumed.net(batches[0].data[0])
+    for name, param in resumed.net._collect_params_with_prefix().items():
+        param.set_data(running.net._collect_params_with_prefix()[name].data())
+    checkpoint.restore_trainer_state(resumed.gluon_trainer, state)
+    for step in (running, resumed):
+        step.run(batches[1], 0, 1, LR)
+    for name, got in snapshot(trained(resumed)).items():
+        np.testing.assert_allclose(got, snapshot(trained(running))[name], rtol=1e-6, err_msg=name)
