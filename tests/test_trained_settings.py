@@ -10,6 +10,10 @@ import pytest
 
 from conftest import ROOT
 
+# Two validations of the same weights may round one near tie differently (another process, another plan of
+# oneDNN's kernels): a top-1 is compared within one of the 359 validation digits.
+ONE_IMAGE = 1.01 / 359
+
 TINY = ['--seed', '3', '--batch-size', '32', '--data-backend', 'mxnet',
         '--data-mxnet-threads', '2']
 
@@ -43,7 +47,7 @@ def test_val_pred_and_export_take_the_trained_size(trained, digits, tmp_path):
     assert '--image-shape 3,32,32, --num-layers 18, --data-val-resize 36' in log
     # the same weights and preprocessing as the run's own validation: the same top-1 (it was 0.1 at 224x224)
     assert json.loads((workspace / 'report_val.json').read_text())['summary']['val.accuracy'] == \
-        pytest.approx(trained_top1, abs=1e-9)
+        pytest.approx(trained_top1, abs=ONE_IMAGE)
     export = train_py('--mode', 'export', '--workspace', workspace, '--data-backend', 'synthetic')
     assert export.returncode == 0, export.stderr[-3000:]
     import onnx
@@ -100,7 +104,7 @@ def test_trained_at_one_size_and_tested_at_another(digits, tmp_path):
     assert val.returncode == 0, val.stderr[-3000:]
     assert '--val-image-shape 3,40,40' in (workspace / 'log.log').read_text()
     assert json.loads((workspace / 'report_val.json').read_text())['summary']['val.accuracy'] == \
-        pytest.approx(trained_top1, abs=1e-9)
+        pytest.approx(trained_top1, abs=ONE_IMAGE)
     pred = train_py(*data, '--mode', 'pred', '--workspace', workspace, '--data-pred',
                     digits / 'images' / 'val' / 'digit_3')
     assert pred.returncode == 0 and '1. ' in pred.stdout, pred.stderr[-3000:]
