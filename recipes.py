@@ -17,7 +17,8 @@ README (the v2 command); Wightman et al. 2021, "ResNet strikes back" (arXiv 2110
 Where this recipe differs from theirs: torchvision warms up from 1% of the rate, here from 0; A3's RandAugment
 draws its magnitude around 6 with a standard deviation of 0.5 (timm's mstd0.5), here always 6; A3's LAMB is
 MXNet's, whose trust ratio also applies to batchnorm and bias parameters (timm's leaves those without weight
-decay unadapted); A3's cosine ends at 1e-6, here at 0.
+decay unadapted) and which does not clip the global gradient norm (timm's Lamb clips it to 1.0, its default
+max_grad_norm); A3's cosine ends at 1e-6, here at 0.
 """
 
 RECIPES = {
