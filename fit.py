@@ -73,7 +73,8 @@ def add_fit_args(parser):
     group.add_argument('--warmup-epochs', type=flags.real(minimum=0), default=None,
                        help=f'epochs of linear warmup from 0 to --lr (default {DEFAULT_WARMUP_EPOCHS:g}, or half of '
                             'a shorter run: the log says so); at most --num-epochs')
-    group.add_argument('--optimizer', default='sgd', help='any MXNet optimizer name; lars is MLPerf\'s (lars.py)')
+    group.add_argument('--optimizer', default='sgd',
+                       help='any MXNet optimizer name; lars is MLPerf\'s (lars.py), lamb timm\'s (lamb.py)')
     group.add_argument('--mom', type=flags.real(minimum=0, maximum=1), default=0.875,
                        help='momentum (sgd, nag, signum, dcasgd, lbsgd)')
     group.add_argument('--wd', type=flags.real(minimum=0), default=1 / 32768,

@@ -15,10 +15,8 @@ evaluation every 4 epochs from epoch 2) and NVIDIA's DeepLearningExamples MXNet 
 blog "How to train state-of-the-art models using TorchVision's latest primitives" and its references/classification
 README (the v2 command); Wightman et al. 2021, "ResNet strikes back" (arXiv 2110.00476), Table 1, procedure A3.
 Where this recipe differs from theirs: torchvision warms up from 1% of the rate, here from 0; A3's RandAugment
-draws its magnitude around 6 with a standard deviation of 0.5 (timm's mstd0.5), here always 6; A3's LAMB is
-MXNet's, whose trust ratio also applies to batchnorm and bias parameters (timm's leaves those without weight
-decay unadapted) and which does not clip the global gradient norm (timm's Lamb clips it to 1.0, its default
-max_grad_norm); A3's cosine ends at 1e-6, here at 0.
+draws its magnitude around 6 with a standard deviation of 0.5 (timm's mstd0.5), here always 6; A3's cosine
+ends at 1e-6, here at 0. A3's LAMB is timm's (lamb.py).
 """
 
 RECIPES = {

@@ -13,6 +13,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 import distill
+import lamb
 import lars  # noqa: F401  (registers --optimizer lars's optimizer with MXNet)
 import losses
 import training_extras
@@ -58,6 +59,8 @@ class TrainingStep:
         if optimizer == 'lars':   # MLPerf's LARS (lars.py), not MXNet's, which skips by names Gluon never gives
             optimizer = 'mlperflars'
             optimizer_params.update(momentum=args.mom, eta=args.lars_eta, eps=args.lars_eps)
+        if optimizer == 'lamb':   # timm's Lamb (lamb.py): MXNet's adapts every array and clips no gradient norm
+            optimizer = 'timmlamb'
         self.params = net.collect_params()
         if args.backbone_lr_mult != 1:
             for name, param in net._collect_params_with_prefix().items():
@@ -135,6 +138,8 @@ class TrainingStep:
         local_batch = sum(x.shape[0] for x in images) * self.accumulation.pending
         # Trainer.step split around the host's wait; all-reduce first, so every worker skips alike.
         self.gluon_trainer.allreduce_grads()
+        if isinstance(self.gluon_trainer._optimizer, lamb.TimmLAMB):
+            self.gluon_trainer._optimizer.measure_gradients(self.params, self.contexts[0])
         finite = self.loss_scale.check(self.params.values()) if self.loss_scale is not None else None
         if before_sync is not None:
             before_sync()

@@ -1,0 +1,124 @@
+"""--optimizer lamb (lamb.py) against timm's Lamb written out here: three steps of the recipe's TrainingStep,
+every parameter, float32 and the float16 twin (float32 master weights). Arrays with weight decay get the trust
+ratio ||w|| / ||u||, those without (batchnorm gamma/beta, wd_mult 0 as in the recipe's networks) none; every
+gradient is first divided by max(1, global norm / max_grad_norm)."""
+import pickle
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import checkpoint
+import lamb
+import losses
+from float16_twin import Float16Net, batch_of, step_for
+
+LR, WD, BETA1, BETA2, EPS = 0.05, 0.02, 0.9, 0.999, 1e-6
+
+
+def expected_steps(before, steps_grads, max_norm):
+    """timm's Lamb in float64 from `before` ({name: array}) over the gradients of each step ({name: array}, the
+    mean-loss gradients the optimizer saw); batchnorm arrays (names starting 'bn') have no weight decay."""
+    weights = {name: value.copy() for name, value in before.items()}
+    mean = {name: np.zeros_like(value) for name, value in before.items()}
+    var = {name: np.zeros_like(value) for name, value in before.items()}
+    for t, grads in enumerate(steps_grads, start=1):
+        divisor = max(1.0, np.sqrt(sum(np.sum(g ** 2) for g in grads.values())) / max_norm)
+        for name, w in weights.items():
+            g = grads[name] / divisor
+            mean[name] = BETA1 * mean[name] + (1 - BETA1) * g
+            var[name] = BETA2 * var[name] + (1 - BETA2) * g ** 2
+            update = (mean[name] / (1 - BETA1 ** t)) / (np.sqrt(var[name] / (1 - BETA2 ** t)) + EPS)
+            wd = 0.0 if name.startswith('bn') else WD
+            trust = 1.0
+            if wd:
+                update = update + wd * w
+                w_norm, u_norm = np.linalg.norm(w), np.linalg.norm(update)
+                trust = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+            weights[name] = w - LR * trust * update
+    return weights
+
+
+def lamb_step(dtype):
+    mx.random.seed(5)
+    net = Float16Net()
+    for param in net.bn.collect_params().values():
+        param.wd_mult = 0.0      # as layers.py sets it on the recipe's batchnorm layers
+    step = step_for(net, dtype, extra=['--optimizer', 'lamb', '--wd', str(WD), '--label-smoothing', '0'])
+    if step.loss_scale is not None:   # float16: a scale whose gradients fit (the default overflows this tiny net)
+        step.loss_scale = losses.DynamicLossScale(scale=8.0)
+    # Norms unlike an update's at the first step (gamma 1 and beta 0 would give a trust ratio of 1 anyway).
+    net.bn.gamma.set_data(mx.nd.array([2.5, 1.5, 3.0, 2.0]))
+    net.bn.beta.set_data(mx.nd.array([0.3, -0.2, 0.1, 0.4]))
+    return step
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'float16'])
+@pytest.mark.parametrize('max_norm', [1.0, 0.05])
+def test_three_lamb_steps_of_every_parameter_follow_timms_formula(dtype, max_norm):
+    step = lamb_step(dtype)
+    optimizer = step.gluon_trainer._optimizer
+    assert isinstance(optimizer, lamb.TimmLAMB) and optimizer.max_grad_norm == lamb.MAX_GRAD_NORM
+    optimizer.max_grad_norm = max_norm       # 0.05: the clip is active at every step of this net
+    params = {name: p for name, p in step.net._collect_params_with_prefix().items() if p.grad_req != 'null'}
+    before = {name: p.data().asnumpy().astype(np.float64) for name, p in params.items()}
+    rng = np.random.default_rng(2)
+    steps_grads, divisors = [], []
+    for iteration in range(3):
+        step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), dtype), 0, iteration, LR)
+        steps_grads.append({name: p.grad().asnumpy().astype(np.float64) * optimizer.rescale_grad
+                            for name, p in params.items()})
+        divisors.append(optimizer.clip_divisor)
+    assert (min(divisors) > 1) == (max_norm < 1)
+    want = expected_steps(before, steps_grads, max_norm)
+    for name, param in params.items():
+        got = param.data().asnumpy().astype(np.float64)
+        np.testing.assert_allclose(got, want[name], rtol=2e-3 if dtype == 'float16' else 1e-5, atol=1e-5,
+                                   err_msg=name)
+        assert not np.allclose(got, before[name])
+
+
+def test_mxnets_lamb_would_take_the_trust_ratio_of_batchnorm_and_clip_nothing():
+    """The reason for lamb.py: MXNet's own lamb on the same steps differs from timm's formula on the batchnorm
+    arrays (so the test above can fail)."""
+    step = lamb_step('float32')
+    step.gluon_trainer._optimizer.__class__ = mx.optimizer.LAMB
+    params = {name: p for name, p in step.net._collect_params_with_prefix().items() if p.grad_req != 'null'}
+    before = {name: p.data().asnumpy().astype(np.float64) for name, p in params.items()}
+    rng = np.random.default_rng(2)
+    step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)), 0, 0, LR)
+    grads = {name: p.grad().asnumpy().astype(np.float64) * step.gluon_trainer._optimizer.rescale_grad
+             for name, p in params.items()}
+    want = expected_steps(before, [grads], lamb.MAX_GRAD_NORM)
+    assert not np.allclose(params['bn.gamma'].data().asnumpy(), want['bn.gamma'], rtol=1e-4)
+
+
+def test_a_pickled_optimizer_holds_no_gradient_norm():
+    step = lamb_step('float32')
+    optimizer = step.gluon_trainer._optimizer
+    optimizer.measure_gradients(step.params, mx.cpu())
+    restored = pickle.loads(pickle.dumps(optimizer))
+    assert restored.gradient_norm is None and restored.max_grad_norm == optimizer.max_grad_norm
+    assert optimizer.gradient_norm is not None
+
+
+def test_a_saved_lamb_state_resumes_the_same_steps():
+    """Steps 1-2, the trainer's state saved and restored into a fresh step, step 3: the same weights as three
+    steps without the stop (the moments, step counts and clip setting travel in the state)."""
+    rng = np.random.default_rng(4)
+    batches = [batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)) for _ in range(3)]
+    running = lamb_step('float32')
+    running.gluon_trainer._optimizer.max_grad_norm = 0.05
+    for iteration in range(2):
+        running.run(batches[iteration], 0, iteration, LR)
+    state = checkpoint.trainer_state_bytes(running.gluon_trainer)
+    resumed = lamb_step('float32')
+    for name, param in resumed.net._collect_params_with_prefix().items():
+        param.set_data(running.net._collect_params_with_prefix()[name].data())
+    checkpoint.restore_trainer_state(resumed.gluon_trainer, state)
+    assert isinstance(resumed.gluon_trainer._optimizer, lamb.TimmLAMB)
+    for step in (running, resumed):
+        step.run(batches[2], 0, 2, LR)
+    for name, param in resumed.net._collect_params_with_prefix().items():
+        np.testing.assert_allclose(param.data().asnumpy(), running.net._collect_params_with_prefix()[name].data()
+                                   .asnumpy(), rtol=1e-6, err_msg=name)
