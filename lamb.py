@@ -22,25 +22,15 @@ call reads it (one wait for the device per step).
 A state saved by MXNet's own LAMB (this recipe before) holds that optimizer and resumes with it unchanged.
 """
 import mxnet as mx
-import numpy as np
 from mxnet.ndarray.contrib import multi_lamb_update, multi_mp_lamb_update
+
+import lars
 
 # timm's Lamb default: the global gradient norm is clipped to this.
 MAX_GRAD_NORM = 1.0
 
-# Arrays per call of MXNet's multi-tensor kernels (multi_sum_sq and multi_lamb_update take at most 60 and 45).
+# Arrays per call of MXNet's multi_lamb_update (at most 45).
 ARRAYS_PER_CALL = 45
-
-
-def sum_of_squares(arrays):
-    """The sum of the squares of every element of `arrays` (a list of NDArrays on one device), a 1-element
-    float32 NDArray on that device, in MXNet's multi-tensor kernel. Its CPU kernel squares float16 values in
-    float16 (a loss-scaled gradient above 256 squares to inf), so on a CPU float16 arrays are cast first."""
-    if arrays[0].context.device_type == 'cpu' and arrays[0].dtype == np.float16:
-        arrays = [a.astype('float32') for a in arrays]
-    parts = [mx.nd.multi_sum_sq(*arrays[i:i + ARRAYS_PER_CALL], num_arrays=len(arrays[i:i + ARRAYS_PER_CALL]))
-             for i in range(0, len(arrays), ARRAYS_PER_CALL)]
-    return mx.nd.add_n(*[part.sum() for part in parts]) if len(parts) > 1 else parts[0].sum()
 
 
 @mx.optimizer.register
@@ -57,28 +47,21 @@ class TimmLAMB(mx.optimizer.LAMB):
     def measure_gradients(self, params, ctx):
         """Queue the global norm of the step's gradients (those of `params`, a ParameterDict, on `ctx`, after the
         all-reduce); the next update divides the gradients by max(1, norm x rescale_grad / max_grad_norm)."""
-        grads = [p.grad(ctx) for p in params.values() if p.grad_req != 'null']
         by_dtype = {}
-        for grad in grads:
-            by_dtype.setdefault(grad.dtype, []).append(grad)
-        squares = [sum_of_squares(group) for group in by_dtype.values()]
-        self.gradient_norm = mx.nd.add_n(*squares).sqrt() if len(squares) > 1 else squares[0].sqrt()
+        for param in params.values():
+            if param.grad_req != 'null':
+                by_dtype.setdefault(param.dtype, []).append(param.grad(ctx))
+        squares = [lars.sums_of_squares(grads).sum() for grads in by_dtype.values()]
+        self.gradient_norm = mx.nd.add_n(*squares).sqrt()
 
     def __getstate__(self):
         state = super().__getstate__()
         state['gradient_norm'] = None    # a device array of one step, not part of a saved state
         return state
 
-    def update(self, index, weight, grad, state):
-        self._update_impl(index, weight, grad, state, multi_precision=False)
-
-    def update_multi_precision(self, index, weight, grad, state):
-        multi_precision = self.multi_precision and \
-            (weight[0] if isinstance(weight, (tuple, list)) else weight).dtype == np.float16
-        self._update_impl(index, weight, grad, state, multi_precision=multi_precision)
-
     def _update_impl(self, index, weight, grad, state, multi_precision=False):
-        """One step of the arrays `index` (a list, or one index), all of one dtype as the Updater groups them."""
+        """One step of the arrays `index` (a list, or one index), all of one dtype as the Updater groups them;
+        MXNet's LAMB.update and update_multi_precision call it."""
         indices, weights, grads, states = (index, weight, grad, state) if isinstance(index, (tuple, list)) else \
             ([index], [weight], [grad], [state])
         if self.gradient_norm is not None:    # the first call of the step: the host waits for the norm here

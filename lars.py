@@ -30,6 +30,17 @@ def add_args(group):
 ARRAYS_PER_CALL = 60
 
 
+def sums_of_squares(arrays):
+    """The sum of the squares of each of `arrays` (NDArrays of one dtype on one device), a float32 vector, in
+    MXNet's multi-tensor kernel. Its CPU kernel squares float16 values in float16 (a loss-scaled gradient above
+    256 would square to inf), so on a CPU float16 arrays are cast first; the GPU kernel squares in float32."""
+    if arrays[0].context.device_type == 'cpu' and arrays[0].dtype == np.float16:
+        arrays = [a.astype('float32') for a in arrays]
+    parts = [mx.nd.multi_sum_sq(*arrays[i:i + ARRAYS_PER_CALL], num_arrays=len(arrays[i:i + ARRAYS_PER_CALL]))
+             for i in range(0, len(arrays), ARRAYS_PER_CALL)]
+    return parts[0] if len(parts) == 1 else mx.nd.concat(*parts, dim=0)
+
+
 @mx.optimizer.register
 class MLPerfLARS(mx.optimizer.Optimizer):
     """The optimizer of --optimizer lars (registered as `mlperflars`; step.py creates it by that name).
@@ -78,13 +89,9 @@ class MLPerfLARS(mx.optimizer.Optimizer):
         momenta, masters = [states[i][0] for i in order], [states[i][1] for i in order]
         targets = [master if master is not None else weight for weight, master in zip(weights, masters)]
         if layered:
-            # MXNet's CPU kernel squares float16 values in float16 (a loss-scaled gradient above 256 would
-            # square to inf and stop its layer); the GPU kernel squares in float32.
-            norm_grads = grads[:layered] if ctx.device_type != 'cpu' or grads[0].dtype != np.float16 else \
-                [g.astype('float32') for g in grads[:layered]]
-            mx.nd.multi_lars(lrs[:layered], mx.nd.multi_sum_sq(*targets[:layered], num_arrays=layered),
-                             mx.nd.multi_sum_sq(*norm_grads, num_arrays=layered), wds[:layered], eta=self.eta,
-                             eps=self.eps, rescale_grad=self.rescale_grad, out=lrs[:layered])
+            mx.nd.multi_lars(lrs[:layered], sums_of_squares(targets[:layered]), sums_of_squares(grads[:layered]),
+                             wds[:layered], eta=self.eta, eps=self.eps, rescale_grad=self.rescale_grad,
+                             out=lrs[:layered])
         options = dict(num_weights=len(weights), momentum=self.momentum, rescale_grad=self.rescale_grad)
         if self.clip_gradient is not None:   # as MXNet's LARS: the trust ratio sees the unclipped gradient
             options['clip_gradient'] = self.clip_gradient
