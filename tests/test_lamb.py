@@ -39,12 +39,13 @@ def expected_steps(before, steps_grads, max_norm):
     return weights
 
 
-def lamb_step(dtype):
+def lamb_step(dtype, contexts=(mx.cpu(),)):
     mx.random.seed(5)
     net = Float16Net()
     for param in net.bn.collect_params().values():
         param.wd_mult = 0.0      # as layers.py sets it on the recipe's batchnorm layers
-    step = step_for(net, dtype, extra=['--optimizer', 'lamb', '--wd', str(WD), '--label-smoothing', '0'])
+    step = step_for(net, dtype, contexts=contexts,
+                    extra=['--optimizer', 'lamb', '--wd', str(WD), '--label-smoothing', '0'])
     if step.loss_scale is not None:   # float16: a scale whose gradients fit (the default overflows this tiny net)
         step.loss_scale = losses.DynamicLossScale(scale=8.0)
     # Norms unlike an update's at the first step (gamma 1 and beta 0 would give a trust ratio of 1 anyway).
@@ -54,12 +55,12 @@ def lamb_step(dtype):
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'float16'])
-@pytest.mark.parametrize('max_norm', [1.0, 0.05])
+@pytest.mark.parametrize('max_norm', [10.0, 0.05])
 def test_three_lamb_steps_of_every_parameter_follow_timms_formula(dtype, max_norm):
     step = lamb_step(dtype)
     optimizer = step.gluon_trainer._optimizer
     assert isinstance(optimizer, lamb.TimmLAMB) and optimizer.max_grad_norm == lamb.MAX_GRAD_NORM
-    optimizer.max_grad_norm = max_norm       # 0.05: the clip is active at every step of this net
+    optimizer.max_grad_norm = max_norm       # global norms 0.79-0.96 here: 0.05 clips every step, 10 none
     params = {name: p for name, p in step.net._collect_params_with_prefix().items() if p.grad_req != 'null'}
     before = {name: p.data().asnumpy().astype(np.float64) for name, p in params.items()}
     rng = np.random.default_rng(2)
@@ -76,6 +77,28 @@ def test_three_lamb_steps_of_every_parameter_follow_timms_formula(dtype, max_nor
         np.testing.assert_allclose(got, want[name], rtol=2e-3 if dtype == 'float16' else 1e-5, atol=1e-5,
                                    err_msg=name)
         assert not np.allclose(got, before[name])
+
+
+def test_two_devices_of_one_process_take_the_same_clipped_steps():
+    """--kv-store device (several GPUs in one process), twinned by two CPU contexts: each device's updater
+    applies the step's one clip divisor and its own step counts; both copies follow the formula."""
+    contexts = (mx.cpu(0), mx.cpu(1))
+    step = lamb_step('float32', contexts)
+    optimizer = step.gluon_trainer._optimizer
+    optimizer.max_grad_norm = 0.05
+    params = {name: p for name, p in step.net._collect_params_with_prefix().items() if p.grad_req != 'null'}
+    before = {name: p.data(contexts[0]).asnumpy().astype(np.float64) for name, p in params.items()}
+    rng = np.random.default_rng(2)
+    steps_grads = []
+    for iteration in range(3):
+        step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)), 0, iteration, LR)
+        steps_grads.append({name: p.grad(contexts[0]).asnumpy().astype(np.float64) * optimizer.rescale_grad
+                            for name, p in params.items()})
+    want = expected_steps(before, steps_grads, 0.05)
+    for name, param in params.items():
+        for ctx in contexts:
+            np.testing.assert_allclose(param.data(ctx).asnumpy(), want[name], rtol=1e-5, atol=1e-5,
+                                       err_msg=f'{name} on {ctx}')
 
 
 def test_mxnets_lamb_would_take_the_trust_ratio_of_batchnorm_and_clip_nothing():
