@@ -8,8 +8,14 @@ workspace) on the global step, the batches trained since the run began (epoch * 
 `val/loss` (`val/ema/...` with --model-ema) at the step of the epoch's last batch. Every run opens the
 writer with purge_step one past the step it starts from: TensorBoard then drops what the interrupted run wrote
 after its last state (it ran on before it was stopped or killed), so every step appears once. Each record is
-flushed at once, so a kill -9 loses none that the state already covers.
+written and flushed at once, so a kill -9 loses none that the state already covers: the events go through
+tensorboardX's synchronous EventsWriter, not its SummaryWriter, which queues them for a thread and whose
+flush() writes only what that thread has already taken from the queue (a run killed right after an epoch's
+validation once lost that epoch's val/ scalars).
 """
+import os
+import time
+
 import logs
 
 # What goes to TensorBoard of each kind of record (the speed of validation and latencies stay in DLLogger).
@@ -22,15 +28,37 @@ def teed(args, world, dllogger, iterations, meta):
     """`dllogger`, or with --tensorboard on rank 0 a TeeLogger in front of it."""
     if args.tensorboard is None or world.rank != 0:
         return dllogger
-    from tensorboardX import SummaryWriter
     position = meta['epoch'] * iterations + meta['iteration']
     # Also at position 0: a run killed before its first state may have left events to supersede.
-    writer = SummaryWriter(logs.in_workspace(args, args.tensorboard), purge_step=position + 1)
-    return TeeLogger(dllogger, writer, iterations)
+    return TeeLogger(dllogger, EventFile(logs.in_workspace(args, args.tensorboard), purge_step=position + 1),
+                     iterations)
+
+
+class EventFile:
+    """A new TensorBoard event file in `folder` whose scalars are on disk when add_scalars returns; it starts as
+    SummaryWriter's does with purge_step: TensorBoard hides the events of earlier files from that step on."""
+
+    def __init__(self, folder, purge_step):
+        # tensorboardX is imported only with --tensorboard.
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.summary import scalar
+        self.new_event, self.scalar_summary = Event, scalar
+        os.makedirs(folder, exist_ok=True)
+        self.events = EventsWriter(os.path.join(folder, 'events'))
+        self.events.write_event(Event(step=purge_step, file_version='brain.Event:2'))
+        self.events.write_event(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+        self.events.flush()
+
+    def add_scalars(self, scalars, step):
+        for tag, value in scalars.items():
+            self.events.write_event(self.new_event(wall_time=time.time(), step=step,
+                                                   summary=self.scalar_summary(tag, value)))
+        self.events.flush()
 
 
 class TeeLogger:
-    """A DLLogger that also writes the training scalars to a tensorboardX SummaryWriter."""
+    """A DLLogger that also writes the training scalars to a TensorBoard EventFile."""
 
     def __init__(self, dllogger, writer, iterations):
         self.dllogger, self.writer, self.iterations = dllogger, writer, iterations
@@ -49,6 +77,4 @@ class TeeLogger:
             global_step = (step[0] + 1) * self.iterations
             scalars = {key: value for key, value in data.items()
                        if key.startswith(EPOCH_PREFIX) and not key.startswith(EPOCH_SKIPPED)}
-        for key, value in scalars.items():
-            self.writer.add_scalar(key.replace('.', '/'), value, global_step)
-        self.writer.flush()
+        self.writer.add_scalars({key.replace('.', '/'): value for key, value in scalars.items()}, global_step)

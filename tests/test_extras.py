@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from types import SimpleNamespace
 
 import mxnet as mx
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 import checkpoint
 import ema
 import losses
+import tensorboard_log
 import train
 import training_extras
 from conftest import ROOT
@@ -272,6 +275,29 @@ def scalars(folder):
     events = EventAccumulator(str(folder))
     events.Reload()
     return {tag: [(e.step, round(e.value, 5)) for e in events.Scalars(tag)] for tag in events.Tags()['scalars']}
+
+
+class RecordsOnly:
+    def __init__(self):
+        self.records = []
+
+    def log(self, step, data, note=''):
+        self.records.append((step, data))
+
+
+def test_tensorboard_scalars_are_on_disk_when_the_record_is_logged(tmp_path):
+    """No writer thread between a record and the file: tensorboardX's SummaryWriter queued events for one, and
+    its flush() wrote only what the thread had taken, so a run killed right after an epoch's validation once
+    lost that epoch's val/ scalars (the kill test below, in the suite)."""
+    args = SimpleNamespace(tensorboard=str(tmp_path / 'tb'), workspace=str(tmp_path))
+    threads = threading.active_count()
+    dllogger = RecordsOnly()
+    logger = tensorboard_log.teed(args, SimpleNamespace(rank=0), dllogger, 4, {'epoch': 0, 'iteration': 0})
+    logger.log((0, 2), {'train.loss': 1.5, 'train.lr': 0.1})
+    logger.log((0,), {'val.accuracy': 0.5, 'val.ips': 900.0})
+    assert threading.active_count() == threads
+    assert scalars(tmp_path / 'tb') == {'train/loss': [(2, 1.5)], 'train/lr': [(2, 0.1)], 'val/accuracy': [(4, 0.5)]}
+    assert len(dllogger.records) == 2
 
 
 def test_resume_after_kill_is_exact_with_every_feature(digits, tmp_path):
