@@ -42,6 +42,18 @@ def runner_module():
     return module
 
 
+def report_gpus(monkeypatch, gpus, fused=True):
+    """MXNet made to report `gpus` GPUs (and, with `fused`, NVIDIA's fused batchnorm kernels, as its build in
+    the container does): the runner's own code plans for them, from machine_gpus() to layers.py's probe."""
+    import mxnet as mx
+    import layers
+    monkeypatch.setattr(mx.context, 'num_gpus', lambda: gpus)
+    if fused:
+        monkeypatch.setattr(layers, 'fused_ops_available', lambda: {'nvidia_bn_relu': True,
+                                                                    'nvidia_bn_add_relu': True,
+                                                                    'onednn_bn_relu': False})
+
+
 def randomise_batchnorm(net, seed=0):
     """Non-trivial batchnorm parameters and statistics (zero gammas would hide most of the network)."""
     import mxnet as mx

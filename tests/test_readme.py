@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT, runner_module
+from conftest import ROOT, report_gpus, runner_module
 
 README = os.path.join(ROOT, 'README.md')
 DOCS = [README] + [os.path.join(ROOT, 'docs', name) for name in sorted(os.listdir(os.path.join(ROOT, 'docs')))]
@@ -42,10 +42,9 @@ def test_every_runner_command_of_the_readme_is_accepted_as_printed(capsys, monke
              if argv[0] == './runner' and not any('<' in word for word in argv)]
     assert len(lines) >= 15
     runner = runner_module()
-    monkeypatch.setattr(runner, 'fused_kernels_available', lambda: True)
     for argv in lines:
         multi_node = any(word in argv for word in ('-H', '--hostfile', '--launcher'))
-        monkeypatch.setattr(runner, 'machine_gpus', lambda: 8 if multi_node else 0)
+        report_gpus(monkeypatch, 8 if multi_node else 0)
         code = runner.main(argv[1:] + ['--dry-run'])
         assert code == 0, (shlex.join(argv), capsys.readouterr().err[-1500:])
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, runner_module
+from conftest import ROOT, report_gpus, runner_module
 
 runner = runner_module()
 
@@ -160,11 +160,10 @@ def test_numeric_flags_are_range_checked_at_parse_time(argv, capsys):
     assert exit_.value.code == 2 and 'error:' in capsys.readouterr().err
 
 
-def dry_run(monkeypatch, capsys, argv, gpus=8):
-    """(exit status, train.py flags as a dict of last values, stderr) of `runner --dry-run argv` on a mocked
-    machine with `gpus` GPUs."""
-    monkeypatch.setattr(runner, 'machine_gpus', lambda: gpus)
-    monkeypatch.setattr(runner, 'fused_kernels_available', lambda: True)
+def dry_run(monkeypatch, capsys, argv, gpus=8, fused=True):
+    """(exit status, train.py flags as a dict of last values, stderr) of `runner --dry-run argv` with MXNet
+    made to report `gpus` GPUs."""
+    report_gpus(monkeypatch, gpus, fused)
     code = runner.main(argv + ['--dry-run'])
     out, err = capsys.readouterr()
     if code:
@@ -172,6 +171,35 @@ def dry_run(monkeypatch, capsys, argv, gpus=8):
     flags = out.strip().splitlines()[-1].split()
     values = {flag: flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag.startswith('--')}
     return code, values, err
+
+
+@pytest.mark.parametrize('fused', [False, True])
+@pytest.mark.parametrize('argv,env,prefix', [
+    (['-n', '8', '-b', '192'], {}, 'horovodrun -np 8 '),
+    (['-n', '16', '-H', 'a:8,b:8'], {}, 'horovodrun -np 16 -H a:8,b:8 '),
+    (['-n', '16', '--launcher', 'slurm'], {'SLURM_NTASKS': '16', 'SLURM_NTASKS_PER_NODE': '8'}, sys.executable)])
+def test_the_whole_gpu_plan_with_mxnet_reporting_gpus(monkeypatch, capsys, argv, env, prefix, fused):
+    """The runner's GPU branch end to end (main, --dry-run) with nothing of the runner mocked: MXNet reports 8
+    GPUs, with or without NVIDIA's fused kernels. It used to end in an AttributeError (the probe of the fused
+    kernels had moved from models.py to layers.py)."""
+    for name in SLURM_PLAN + ('OMP_NUM_THREADS', 'MXNET_ASYNC_GPU_ENGINE', 'MXNET_ENABLE_CUDA_GRAPHS'):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    report_gpus(monkeypatch, 8, fused)
+    assert runner.main(argv + ['--dry-run']) == 0
+    out, err = capsys.readouterr()
+    *variables, line = out.strip().splitlines()
+    assert line.startswith(prefix)
+    words = line.split()
+    flags = {flag: words[i + 1] for i, flag in enumerate(words[:-1]) if flag.startswith('--')}
+    assert flags['--gpus'] == '0,1,2,3,4,5,6,7' and flags['--dtype'] == 'float16'
+    assert flags['--batch-size'] == str(192 * int(argv[1])) and flags['--image-shape'] == '4,224,224'
+    assert (flags['--conv-layout'], flags['--batchnorm-layout'], flags['--pooling-layout']) == ('NHWC',) * 3
+    assert (flags.get('--fuse-bn-relu'), flags.get('--fuse-bn-add-relu')) == (('1', '1') if fused else (None, None))
+    assert fused or 'no NVIDIA fused batchnorm kernels' in err
+    assert {'MXNET_ASYNC_GPU_ENGINE=1', 'MXNET_ENABLE_CUDA_GRAPHS=1', 'OMP_NUM_THREADS=1',
+            f'RN50_WORKERS={argv[1]}'} <= set(variables)
 
 
 def test_gpu_ids_are_per_node(monkeypatch, capsys, tmp_path):
@@ -214,8 +242,7 @@ def test_a_launch_from_a_machine_without_gpus_plans_for_the_workers_nodes(monkey
 def test_gpu_runs_get_the_engine_variables_of_the_original_runner(monkeypatch, capsys):
     for name in ('MXNET_ASYNC_GPU_ENGINE', 'MXNET_EXEC_ENABLE_ADDTO'):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(runner, 'machine_gpus', lambda: 8)
-    monkeypatch.setattr(runner, 'fused_kernels_available', lambda: True)
+    report_gpus(monkeypatch, 8)
     assert runner.main(['-n', '8', '--dry-run']) == 0
     lines = capsys.readouterr().out.splitlines()
     assert {'MXNET_ASYNC_GPU_ENGINE=1', 'MXNET_EXEC_ENABLE_ADDTO=1', 'HOROVOD_ENABLE_ASYNC_COMPLETION=1'} <= set(lines)
@@ -393,7 +420,7 @@ def test_a_crashed_worker_is_one_error_line_instead_of_horovodruns_traceback():
 def test_missing_validation_data_points_to_mode_train(monkeypatch, capsys, tmp_path):
     (tmp_path / 'train.rec').write_bytes(b'')
     (tmp_path / 'train.idx').write_text('')
-    monkeypatch.setattr(runner, 'machine_gpus', lambda: 0)
+    report_gpus(monkeypatch, 0)
     assert runner.main(['--data-root', str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert 'val.rec\' not found' in err and 'train with --mode train (prepare_dataset.py --splits train' in err
