@@ -119,31 +119,57 @@ def nonfinite_parameters(net):
             if not np.isfinite(param._reduce().asnumpy()).all()]
 
 
+def trainer_updaters(trainer):
+    """The Updaters holding a gluon.Trainer's optimizer state, one per device (with update_on_kvstore, one
+    device, --kv-store device or local, the kvstore's), after Gluon has created them."""
+    if not trainer._kv_initialized:
+        trainer._init_kvstore()
+    if trainer._params_to_init:
+        trainer._init_params()
+    return [trainer._kvstore._updater] if trainer._update_on_kvstore else trainer._updaters
+
+
 def trainer_state_bytes(trainer):
     """The optimizer state of a gluon.Trainer (momentum, float32 master weights, ...) as bytes, every array
-    on the CPU. Gluon pickles each NDArray with its device, and unpickling recreates it there: a state saved
-    by rank 0 from gpu(0) would make every worker of a resume open a context on GPU 0 and leave its copy of
-    the optimizer state in GPU 0's memory pool (or fail where that device does not exist)."""
-    with trainer_state_file() as path:
-        trainer.save_states(path)          # Gluon's own format, written after initialising its updaters
-        with open(path, 'rb') as f:
-            states, optimizer = pickle.loads(f.read())
-    return pickle.dumps((on_device(states, mx.cpu()), optimizer))
+    on the CPU, in the format of Gluon's save_states: a pickled (states of the first device, optimizer).
+    The CPU copy is made from the Updater's arrays directly: pickling Gluon's own file and unpickling it
+    recreated every array on the device it came from, a second copy of the optimizer state (200-300 MB for
+    ResNet-50) in rank 0's GPU memory at every save. (Gluon pickles each NDArray with its device, and a state
+    resumed as saved would put every worker's copy on rank 0's GPU.)"""
+    updater = trainer_updaters(trainer)[0]
+    return pickle.dumps((on_device(updater.states, mx.cpu()), updater.optimizer))
 
 
 def restore_trainer_state(trainer, state):
     """The inverse of trainer_state_bytes: each device's optimizer state on that device at once (Gluon would
-    otherwise keep the unpickled arrays and copy them at the first update)."""
+    otherwise keep the unpickled arrays and copy them at the first update), and the optimizer's per-step
+    counts for every device of this worker."""
     with trainer_state_file() as path:
         with open(path, 'wb') as f:
             f.write(state)
         trainer.load_states(path)
-    # With update_on_kvstore (one device, --kv-store device or local) the kvstore's updater holds the state.
-    updaters = [trainer._kvstore._updater] if trainer._update_on_kvstore else trainer._updaters
+    updaters = trainer_updaters(trainer)
     for updater, ctx in zip(updaters, trainer._contexts):
         updater.states = {index: on_device(value, ctx) for index, value in updater.states.items()}
         updater.states_synced = dict.fromkeys(updater.states, True)
+    restore_update_counts(trainer._optimizer, trainer._contexts)
     lars.upgrade_loaded_state(trainer._optimizer, updaters)
+
+
+def restore_update_counts(optimizer, contexts):
+    """MXNet keeps an optimizer's update count of every array per device id (`_all_index_update_counts`,
+    switched by the Updater to the device of the arrays it updates), and the saved state holds those of the
+    devices of the process that saved it (rank 0: gpu(0)). A worker on gpu(k), k > 0, found no count for its
+    device and started again at step 1: LAMB's and Adam's bias corrections restarted on every worker but
+    rank 0, whose replicas then drifted apart. Every device of this worker gets the saved counts (those of
+    the saving process's devices are equal: each applies the same steps)."""
+    saved = optimizer._all_index_update_counts
+    counts = {}
+    for device_counts in saved.values():
+        for index, count in device_counts.items():
+            counts[index] = max(count, counts.get(index, 0))
+    optimizer._all_index_update_counts = {ctx.device_id: dict(counts) for ctx in contexts}
+    optimizer._index_update_count = optimizer._all_index_update_counts[contexts[0].device_id]
 
 
 def on_device(value, ctx):

@@ -94,6 +94,56 @@ def test_a_state_holds_cpu_arrays_and_resumes_onto_the_workers_own_device(tmp_pa
             np.testing.assert_array_equal(saved.asnumpy(), restored.asnumpy())
 
 
+def lamb_steps(net, trainer, ctx, steps):
+    for k in range(steps):
+        with mx.autograd.record():
+            loss = (net(mx.nd.full((2, 3), k + 1.0, ctx=ctx)) ** 2).sum()
+        loss.backward()
+        trainer.step(2)
+
+
+def test_a_resume_on_another_device_continues_the_optimizers_step_counts():
+    """Twin of a Horovod worker on gpu(1) resuming rank 0's state saved from gpu(0): MXNet keeps LAMB's step
+    count per device id, and the state held only device 0's, so the worker restarted its bias correction at
+    step 1 while rank 0 continued (the replicas drifted apart). The resumed step must be the uninterrupted
+    one, on cpu(1) as on cpu(0)."""
+    def lamb_on(ctx):
+        net = tiny_net()
+        net.collect_params().reset_ctx(ctx)
+        net.collect_params().setattr('wd_mult', 1.0)
+        return net, gluon.Trainer(net.collect_params(), 'lamb', {'learning_rate': 0.1, 'wd': 0.01})
+
+    net, trainer = lamb_on(mx.cpu(0))
+    lamb_steps(net, trainer, mx.cpu(0), 3)
+    state = checkpoint.trainer_state_bytes(trainer)
+    weights = {name: p.data().copy() for name, p in net._collect_params_with_prefix().items()}
+    lamb_steps(net, trainer, mx.cpu(0), 1)          # the uninterrupted run's 4th step
+
+    for device in (0, 1):
+        resumed, resumed_trainer = lamb_on(mx.cpu(device))
+        for name, p in resumed._collect_params_with_prefix().items():
+            p.set_data(weights[name].as_in_context(mx.cpu(device)))
+        checkpoint.restore_trainer_state(resumed_trainer, state)
+        lamb_steps(resumed, resumed_trainer, mx.cpu(device), 1)
+        assert resumed_trainer._optimizer._index_update_count == trainer._optimizer._index_update_count
+        for name, p in net._collect_params_with_prefix().items():
+            np.testing.assert_allclose(resumed._collect_params_with_prefix()[name].data().asnumpy(),
+                                       p.data().asnumpy(), rtol=1e-6, atol=1e-7, err_msg=f'cpu({device}) {name}')
+
+
+def test_saving_the_optimizer_state_recreates_no_array_on_the_device(monkeypatch):
+    """The CPU copy of the optimizer state is made from the Updater's arrays: unpickling Gluon's own file put a
+    second copy of every array on rank 0's GPU at each save (NDArray.__setstate__ recreates an array on the
+    device it was pickled from)."""
+    net, trainer = trained_on(mx.cpu(3))
+    recreated = []
+    original = mx.nd.NDArray.__setstate__
+    monkeypatch.setattr(mx.nd.NDArray, '__setstate__', lambda self, state: (recreated.append(1),
+                                                                           original(self, state))[1])
+    checkpoint.trainer_state_bytes(trainer)
+    assert not recreated
+
+
 def test_atomic_write_keeps_old_file_on_failure(tmp_path):
     path = tmp_path / 'report.json'
     logs.write_json(str(path), {'a': 1})
