@@ -196,6 +196,32 @@ def trainer_state_file():
                           'another folder') from e
 
 
+def replica_digest(net, trainer):
+    """SHA-256 (bytes) over what every worker must hold alike after an epoch (its batchnorm statistics
+    averaged): every copy of every parameter and batchnorm statistic, the optimizer's step counts of each
+    device and the optimizer state of each device. Workers that differ train different models and validate
+    a mixture of them while rank 0's is saved."""
+    digest = hashlib.sha256()
+
+    def add(value):
+        if isinstance(value, mx.nd.NDArray):
+            digest.update(np.ascontiguousarray(value.asnumpy()).tobytes())
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                add(item)
+
+    for name, param in sorted(net._collect_params_with_prefix().items()):
+        digest.update(name.encode())
+        add(param.list_data())
+    counts = trainer._optimizer._all_index_update_counts
+    for ctx in trainer._contexts:
+        digest.update(repr(sorted(counts.get(ctx.device_id, {}).items())).encode())
+    for updater in trainer_updaters(trainer):
+        for index in sorted(updater.states):
+            add(updater.states[index])
+    return digest.digest()
+
+
 def bytes_array(data):
     return mx.nd.array(np.frombuffer(data, dtype=np.uint8), dtype='uint8')
 

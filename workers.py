@@ -119,6 +119,14 @@ class World:
             for copy in copies:
                 copy[:] = mx.nd.array(value, ctx=copy.context, dtype=copy.dtype)
 
+    def differing_ranks(self, digest):
+        """The ranks whose `digest` (bytes, the same length on every worker) differs from rank 0's: a
+        collective, every worker gets the same answer."""
+        if self.size == 1:
+            return []
+        rows = self.gather(np.frombuffer(digest, dtype=np.uint16).astype(np.float32))   # exact in float32
+        return [rank for rank, row in enumerate(rows) if not np.array_equal(row, rows[0])]
+
     # Broadcasts are all-reduces here: rank 0 contributes its values, every other rank zeros (x + 0 = x,
     # exactly). Horovod 0.28.1's own broadcast hands the op to its background thread and then logs the op's
     # name, which that thread may already have freed on completion: a use-after-free that crashed about one
@@ -347,7 +355,9 @@ def devices(args, world, num_gpus):
     if num_gpus == 0:
         if args.gpus is None:
             log.info('No GPU found: running on the CPU')
-        return [mx.cpu()]
+        # Each Horovod worker of a node on a device id of its own, as each takes gpu(local rank) on a GPU node:
+        # the CPU runs the per-device code of a multi-GPU run (optimizer counts, states and copies by device).
+        return [mx.cpu(world.local_rank if args.kv_store == 'horovod' else 0)]
     gpus = args.gpus if args.gpus is not None else list(range(num_gpus))
     if args.kv_store != 'horovod':
         return [mx.gpu(g) for g in gpus]

@@ -125,6 +125,8 @@ def test_two_cpu_workers_on_one_node_and_on_two_nodes_train_alike(digits, tmp_pa
             capture_output=True, text=True, env=dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' +
                                                      os.environ['PATH']))
         assert result.returncode == 0, result.stderr[-3000:]
+        # each worker on a device of its own (cpu(local rank), as gpu(local rank)), holding the same model
+        assert 'All 2 workers hold the same weights, batchnorm statistics and optimizer state' in result.stderr
         import logs
         records = logs.read_dllogger(str(tmp_path / name / 'dllogger_log.log'))
         assert records[0]['data']['batch_size'] == 32 and records[0]['data']['kv_store'] == 'horovod'

@@ -238,6 +238,9 @@ def test_two_workers_follow_one_worker_and_resume_exactly(digits, tmp_path):
                              capture_output=True, text=True, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert metrics_without_speed(epoch_records(ws)) == metrics_without_speed(epoch_records(tmp_path / 'whole'))
+    # The workers are on cpu(0) and cpu(1), as on gpu(0) and gpu(1): after the resume both hold the same model,
+    # optimizer step counts included (rank 1's used to restart from none).
+    assert resumed.stderr.count('All 2 workers hold the same weights, batchnorm statistics and optimizer') == 2
 
 
 def test_predict_image_and_folder(digits, trained, tmp_path):
