@@ -59,6 +59,7 @@ class MLPerfLARS(mx.optimizer.Optimizer):
         # The first version kept the momentum with the other sign; its pickled optimizers lack this attribute
         # (see upgrade_loaded_state).
         self.momentum_sign = 'mxnet'
+        self.device_rates = {}   # (device, indices) -> (rate multipliers, on the device, weight decays, on the device)
 
     def create_state(self, index, weight):
         """(momentum, float32 master weight or None); the Updater calls the _multi_precision variant when
@@ -69,6 +70,30 @@ class MLPerfLARS(mx.optimizer.Optimizer):
         return momentum, None
 
     create_state_multi_precision = create_state
+
+    def _device_rates(self, indices, order, layered, ctx):
+        """(learning rates, weight decays) of the arrays `indices` in `order`, float32 vectors on `ctx`, without a
+        blocking host-to-device copy per step: the arrays' rate multipliers (lr_mult) and weight decays are
+        copied to the device once, again only when they change (a resume with another --wd), and each step's
+        rate multiplies the multipliers there (an asynchronous operator taking the rate as a parameter)."""
+        base = self.learning_rate
+        lrs, wds = self._get_lrs(indices), self._get_wds(indices)
+        if base == 0:   # the first step of a warm-up: every rate is 0, nothing to divide by
+            return mx.nd.zeros(len(order), ctx), mx.nd.array([wds[i] if k < layered else 0.0
+                                                               for k, i in enumerate(order)], ctx=ctx)
+        multipliers = tuple(lrs[i] / base for i in order)
+        decays = tuple(wds[i] if k < layered else 0.0 for k, i in enumerate(order))
+        key = (ctx, tuple(indices[i] for i in order))
+        cached = self.device_rates.get(key)
+        if cached is None or cached[0] != multipliers or cached[2] != decays:
+            cached = self.device_rates[key] = (multipliers, mx.nd.array(multipliers, ctx=ctx), decays,
+                                               mx.nd.array(decays, ctx=ctx))
+        return cached[1] * base, cached[3]
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state['device_rates'] = {}    # device arrays, made again after a resume
+        return state
 
     def update(self, index, weight, grad, state):
         self.update_multi_precision(index, weight, grad, state)
@@ -81,10 +106,7 @@ class MLPerfLARS(mx.optimizer.Optimizer):
         # Convolution and dense weights first (trust ratio, weight decay), then the rest (plain, no decay).
         order = sorted(range(len(indices)), key=lambda i: weights[i].ndim <= 1)
         layered = sum(weights[i].ndim > 1 for i in order)
-        ctx = weights[0].context
-        lrs, wds = self._get_lrs(indices), self._get_wds(indices)
-        lrs = mx.nd.array([lrs[i] for i in order], ctx=ctx)
-        wds = mx.nd.array([wds[i] if k < layered else 0.0 for k, i in enumerate(order)], ctx=ctx)
+        lrs, wds = self._device_rates(indices, order, layered, weights[0].context)
         weights, grads = [weights[i] for i in order], [grads[i] for i in order]
         momenta, masters = [states[i][0] for i in order], [states[i][1] for i in order]
         targets = [master if master is not None else weight for weight, master in zip(weights, masters)]
@@ -106,6 +128,8 @@ class MLPerfLARS(mx.optimizer.Optimizer):
 def upgrade_loaded_state(optimizer, updaters):
     """After Trainer.load_states: a LARS state written by the first version of this optimizer (which kept the
     momentum's negation) gets MXNet's sign, so that its resume continues the same run."""
+    if isinstance(optimizer, MLPerfLARS):
+        vars(optimizer).setdefault('device_rates', {})   # a state written before the rates were kept on the device
     if isinstance(optimizer, MLPerfLARS) and 'momentum_sign' not in vars(optimizer):
         for updater in updaters:
             for momentum, _ in updater.states.values():

@@ -141,6 +141,36 @@ def test_every_array_of_a_resnet_follows_the_formula():
                                    err_msg=name)
 
 
+def test_the_rates_stay_on_the_device_between_steps(monkeypatch):
+    """The learning rates and weight decays of a step are made on the device from copies made once: no
+    blocking host-to-device copy per update once the first step has made them (the rate changes every step
+    of a schedule; a new --wd after a resume copies the decays again), and the steps still follow the formula
+    (the tests above)."""
+    mx.random.seed(3)
+    step = step_for(Float16Net(), 'float32', extra=FLAGS)
+    trained(step)
+    rng = np.random.default_rng(2)
+    step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)), 0, 0, LR)
+    mx.nd.waitall()
+    copies = []
+    original = mx.nd.NDArray._sync_copyfrom
+    monkeypatch.setattr(mx.nd.NDArray, '_sync_copyfrom', lambda self, source: (copies.append(self.shape),
+                                                                              original(self, source))[1])
+    optimizer = step.gluon_trainer._optimizer
+    for iteration, lr in ((1, LR / 2), (2, LR / 3)):
+        batch = batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8))
+        copies.clear()
+        step.run(batch, 0, iteration, lr)
+        mx.nd.waitall()
+        updater_copies = [shape for shape in copies if len(shape) == 1 and shape[0] <= lars.ARRAYS_PER_CALL]
+        assert not updater_copies, updater_copies
+    optimizer.wd *= 2     # a changed weight decay is copied again
+    copies.clear()
+    step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)), 0, 3, LR)
+    mx.nd.waitall()
+    assert copies
+
+
 def test_a_state_of_the_first_lars_resumes_with_its_momentum(tmp_path):
     """The first version of lars.py kept the momentum's negation: its state, loaded, continues the same run."""
     mx.random.seed(6)
