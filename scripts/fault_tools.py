@@ -72,11 +72,16 @@ def unchanged(before, folder):
 
 
 def link_copy(source, target):
-    """A copy of a workspace: logs copied, other files hard-linked (the recipe only ever replaces them)."""
+    """A copy of a workspace: logs and folders (--tensorboard's, whose event files grow) copied, other files
+    hard-linked (the recipe only ever replaces them)."""
     shutil.rmtree(target, ignore_errors=True)
     os.makedirs(target)
     for name in os.listdir(source):
-        (shutil.copyfile if name in LOGS else os.link)(os.path.join(source, name), os.path.join(target, name))
+        path = os.path.join(source, name)
+        if os.path.isdir(path):
+            shutil.copytree(path, os.path.join(target, name))
+        else:
+            (shutil.copyfile if name in LOGS else os.link)(path, os.path.join(target, name))
 
 
 def epoch_metrics(ws):

@@ -174,3 +174,25 @@ def test_a_lost_worker_ends_the_job_with_nothing_left_running(tmp_path):
             os.killpg(job.pid, signal.SIGKILL)
     assert code != 0 and time.time() - killed < 120
     assert not [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_the_campaign_copies_a_workspace_with_a_tensorboard_folder(tmp_path):
+    """scripts/fault_tools.link_copy, the campaign's copy of a baseline workspace: files hard-linked (the
+    recipe replaces them), logs and folders copied (--tensorboard's event files grow in place). It hard-linked
+    the tensorboard folder too: PermissionError, the campaign's write_failures row BAD."""
+    sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+    try:
+        import fault_tools
+    finally:
+        sys.path.remove(os.path.join(ROOT, 'scripts'))
+    source = tmp_path / 'baseline'
+    (source / 'tensorboard').mkdir(parents=True)
+    (source / 'tensorboard' / 'events.out').write_bytes(b'event')
+    (source / 'model_last.state').write_bytes(b'state')
+    (source / 'log.log').write_text('log\n')
+    fault_tools.link_copy(str(source), str(tmp_path / 'copy'))
+    copy = tmp_path / 'copy'
+    assert (copy / 'tensorboard' / 'events.out').read_bytes() == b'event'
+    assert os.stat(copy / 'tensorboard' / 'events.out').st_ino != os.stat(source / 'tensorboard' / 'events.out').st_ino
+    assert os.stat(copy / 'model_last.state').st_ino == os.stat(source / 'model_last.state').st_ino
+    assert os.stat(copy / 'log.log').st_ino != os.stat(source / 'log.log').st_ino
