@@ -31,6 +31,7 @@ import flags
 import inference
 import lars
 import logs
+import optimizer_state
 import resolution
 import tensorboard_log
 import training_extras
@@ -360,7 +361,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
         meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0)
         save_epoch_checkpoints(args, net, epoch, metrics, meta, world)
         write_state(args, net, step, meta, world)
-        check_replicas(net, step, world, epoch)
+        optimizer_state.check_replicas(net, step.gluon_trainer, world, epoch)
         logs.write_report(args, world.rank, world.size, meta['history'], duration=meta['wall_seconds'])
         if training_extras.target_reached(args, meta):
             break
@@ -387,7 +388,7 @@ def resume(args, net, step, world, state):
                  os.path.dirname(os.path.abspath(args.load)))
         meta['best_accuracy'] = None
         meta.pop('ema_best_accuracy', None)
-    checkpoint.restore_trainer_state(step.gluon_trainer, state.trainer)
+    optimizer_state.restore_trainer_state(step.gluon_trainer, state.trainer)
     optimizer = step.gluon_trainer._optimizer
     for flag, attribute in (('wd', 'wd'), ('mom', 'momentum')):
         if hasattr(optimizer, attribute) and getattr(optimizer, attribute) != getattr(args, flag):
@@ -419,23 +420,6 @@ def check_parameters(args, net, world, epoch, iteration):
                       f'{bad[0] if bad else "on another worker"}) by epoch {epoch} iteration {iteration}: training '
                       f'diverged and stopped without writing a checkpoint. The last good state is '
                       f'{checkpoint.last_state_path(args)} (if it exists); lower --lr or add --warmup-epochs')
-
-
-def check_replicas(net, step, world, epoch):
-    """RecipeError on every worker when the workers' copies of the model differ after an epoch (weights,
-    batchnorm statistics, optimizer counts or state): a defect of the recipe, never to go on silently. Said in
-    the log when they agree. A collective."""
-    if world.size == 1:
-        return
-    digest = checkpoint.replica_digest(net, step.gluon_trainer)
-    differing = world.differing_ranks(digest)
-    if differing:
-        raise RecipeError(f'after epoch {epoch} the model of worker(s) {", ".join(map(str, differing))} differs '
-                          'from rank 0\'s (weights, batchnorm statistics or optimizer state): the workers no '
-                          'longer train one model. This is a defect of the recipe: please report it with the log. '
-                          f'The state of epoch {epoch} was written from rank 0\'s')
-    log.info('[Epoch %d] All %d workers hold the same weights, batchnorm statistics and optimizer state '
-             '(SHA-256 %s)', epoch, world.size, digest.hex()[:16])
 
 
 def save_epoch_checkpoints(args, net, epoch, metrics, meta, world):

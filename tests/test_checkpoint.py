@@ -12,6 +12,7 @@ import pytest
 from mxnet import gluon
 
 import checkpoint
+import optimizer_state
 import logs
 import models
 from conftest import ROOT
@@ -86,7 +87,7 @@ def test_a_state_holds_cpu_arrays_and_resumes_onto_the_workers_own_device(tmp_pa
     assert devices_in(saved_states) == {mx.cpu(0)} and len(saved_states) == 6
 
     resumed, resumed_trainer = trained_on(mx.cpu(1))
-    checkpoint.restore_trainer_state(resumed_trainer, state.trainer)
+    optimizer_state.restore_trainer_state(resumed_trainer, state.trainer)
     updater = resumed_trainer._updaters[0]
     assert devices_in(updater.states) == {mx.cpu(1)}
     for index in saved_states:   # the values survive the move: (float32 master weight, momentum) per array
@@ -115,7 +116,7 @@ def test_a_resume_on_another_device_continues_the_optimizers_step_counts():
 
     net, trainer = lamb_on(mx.cpu(0))
     lamb_steps(net, trainer, mx.cpu(0), 3)
-    state = checkpoint.trainer_state_bytes(trainer)
+    state = optimizer_state.trainer_state_bytes(trainer)
     weights = {name: p.data().copy() for name, p in net._collect_params_with_prefix().items()}
     lamb_steps(net, trainer, mx.cpu(0), 1)          # the uninterrupted run's 4th step
 
@@ -123,7 +124,7 @@ def test_a_resume_on_another_device_continues_the_optimizers_step_counts():
         resumed, resumed_trainer = lamb_on(mx.cpu(device))
         for name, p in resumed._collect_params_with_prefix().items():
             p.set_data(weights[name].as_in_context(mx.cpu(device)))
-        checkpoint.restore_trainer_state(resumed_trainer, state)
+        optimizer_state.restore_trainer_state(resumed_trainer, state)
         lamb_steps(resumed, resumed_trainer, mx.cpu(device), 1)
         assert resumed_trainer._optimizer._index_update_count == trainer._optimizer._index_update_count
         for name, p in net._collect_params_with_prefix().items():
@@ -140,7 +141,7 @@ def test_saving_the_optimizer_state_recreates_no_array_on_the_device(monkeypatch
     original = mx.nd.NDArray.__setstate__
     monkeypatch.setattr(mx.nd.NDArray, '__setstate__', lambda self, state: (recreated.append(1),
                                                                            original(self, state))[1])
-    checkpoint.trainer_state_bytes(trainer)
+    optimizer_state.trainer_state_bytes(trainer)
     assert not recreated
 
 

@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import checkpoint
+import optimizer_state
 import lamb
 import losses
 from float16_twin import Float16Net, batch_of, step_for
@@ -134,11 +134,11 @@ def test_a_saved_lamb_state_resumes_the_same_steps():
     running.gluon_trainer._optimizer.max_grad_norm = 0.05
     for iteration in range(2):
         running.run(batches[iteration], 0, iteration, LR)
-    state = checkpoint.trainer_state_bytes(running.gluon_trainer)
+    state = optimizer_state.trainer_state_bytes(running.gluon_trainer)
     resumed = lamb_step('float32')
     for name, param in resumed.net._collect_params_with_prefix().items():
         param.set_data(running.net._collect_params_with_prefix()[name].data())
-    checkpoint.restore_trainer_state(resumed.gluon_trainer, state)
+    optimizer_state.restore_trainer_state(resumed.gluon_trainer, state)
     assert isinstance(resumed.gluon_trainer._optimizer, lamb.TimmLAMB)
     for step in (running, resumed):
         step.run(batches[2], 0, 2, LR)

@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import checkpoint
+import optimizer_state
 import lars
 import losses
 import models
@@ -182,7 +182,7 @@ def test_a_state_of_the_first_lars_resumes_with_its_momentum(tmp_path):
     del optimizer.momentum_sign                      # as the first version pickled it
     for momentum, _ in updater.states.values():
         momentum *= -1
-    state = checkpoint.trainer_state_bytes(running.gluon_trainer)
+    state = optimizer_state.trainer_state_bytes(running.gluon_trainer)
     for momentum, _ in updater.states.values():     # the uninterrupted run goes on with its own momentum
         momentum *= -1
     optimizer.momentum_sign = 'mxnet'
@@ -190,7 +190,7 @@ def test_a_state_of_the_first_lars_resumes_with_its_momentum(tmp_path):
     resumed.net(batches[0].data[0])
     for name, param in resumed.net._collect_params_with_prefix().items():
         param.set_data(running.net._collect_params_with_prefix()[name].data())
-    checkpoint.restore_trainer_state(resumed.gluon_trainer, state)
+    optimizer_state.restore_trainer_state(resumed.gluon_trainer, state)
     for step in (running, resumed):
         step.run(batches[1], 0, 1, LR)
     for name, got in snapshot(trained(resumed)).items():
