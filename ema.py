@@ -2,7 +2,8 @@
 --model-ema-warmup), as timm's ModelEmaV3 and torchvision's ExponentialMovingAverage.
 
     average = ema.WeightAverage(net, decay=0.9999, ctx=args.contexts[0], every=32)   # float32 copies
-    average.update(step)              # after optimizer step `step` (1, 2, ...): every 32nd, a = d * a + (1 - d) * w
+    average.update(step, steps_per_epoch)   # after optimizer step `step` (1, 2, ...): every 32nd,
+                                            # a = d * a + (1 - d) * w
     with average.swapped_in():                            # the network computes with the average meanwhile
         metrics, _ = inference.validate(args, net, val_loader, world)
         checkpoint.save_params(net, path)                 # a .params file like any other (`--load` reads it)
@@ -32,6 +33,16 @@ def warmed_up_decay(decay, step):
     return min(decay, 1 - (1 + step) ** (-2 / 3))
 
 
+def copies_weights(step, every, steps_per_epoch, copy_epochs):
+    """torchvision's warm-up of the average (references/classification/train.py: after each update made during
+    the learning-rate warm-up epochs it sets the average's count to 0, and an update at count 0 copies): whether
+    the update after optimizer step `step` copies the weights instead of averaging. It does when it is the first
+    update, or when the one before it (after step `step - every`) came within the first `copy_epochs` epochs of
+    `steps_per_epoch` optimizer steps. A function of the step, so a resume decides alike."""
+    previous = step - every
+    return previous < 1 or previous <= copy_epochs * steps_per_epoch
+
+
 def average_step(decay, count):
     """The multi-tensor SGD arguments that make an update of `count` arrays a = d * a + (1 - d) * w."""
     return dict(num_weights=count, lrs=(1.0,) * count, wds=(1 - decay,) * count, rescale_grad=-(1 - decay))
@@ -41,10 +52,12 @@ class WeightAverage:
     """A float32 exponential moving average of every array of `net` on the device `ctx`, moved towards the
     weights every `every` optimizer steps with the per-step decay raised to that power (the same horizon as
     updating every step, for 1/every of the host work), or with `decay_per_update` as it is (torchvision's
-    adjusted rule, training_extras.ema_decay); with `warmup`, timm's warm-up of the decay."""
+    adjusted rule, training_extras.ema_decay); with `warmup`, timm's warm-up of the decay; with `copy_epochs`,
+    torchvision's copy of the weights during the learning-rate warm-up (copies_weights)."""
 
-    def __init__(self, net, decay, ctx, every=1, warmup=False, decay_per_update=None):
+    def __init__(self, net, decay, ctx, every=1, warmup=False, decay_per_update=None, copy_epochs=None):
         self.decay, self.every, self.warmup, self.decay_per_update = decay, every, warmup, decay_per_update
+        self.copy_epochs = copy_epochs
         self.ctx = ctx
         self.params = net._collect_params_with_prefix()
         self.average = {name: param.data(ctx).astype('float32', copy=True) for name, param in self.params.items()}
@@ -60,11 +73,11 @@ class WeightAverage:
         decay = warmed_up_decay(self.decay, step) if self.warmup else self.decay
         return decay ** self.every
 
-    def update(self, step):
-        """After optimizer step `step` (1, 2, ... over the run): every `every` steps, a = d * a + (1 - d) * w
-        for every array, in MXNet's multi-tensor SGD kernels (an SGD step of `a` with learning rate 1, weight
-        decay 1 - d and the gradient -(1 - d) * w is exactly that): a few operators for all 267 arrays of
-        ResNet-50 instead of three per array."""
+    def update(self, step, steps_per_epoch=None):
+        """After optimizer step `step` (1, 2, ... over the run, of `steps_per_epoch` an epoch): every `every`
+        steps, a = d * a + (1 - d) * w for every array, in MXNet's multi-tensor SGD kernels (an SGD step of `a`
+        with learning rate 1, weight decay 1 - d and the gradient -(1 - d) * w is exactly that): a few operators
+        for all 267 arrays of ResNet-50 instead of three per array; or a = w where copies_weights says so."""
         if step % self.every:
             return
         if self.ctx.device_type == 'cpu':
@@ -72,7 +85,15 @@ class WeightAverage:
             # tracking (apache/mxnet#18610): without waiting, the average read them half-updated (seen as
             # a run and its resumed twin disagreeing). GPUs (cuDNN) are tracked and keep the pipeline.
             mx.nd.waitall()
-        self.blend(self.update_decay(step))
+        if self.copy_epochs is not None and copies_weights(step, self.every, steps_per_epoch, self.copy_epochs):
+            self.copy()
+        else:
+            self.blend(self.update_decay(step))
+
+    def copy(self):
+        """a = w for every array (as float32), exactly."""
+        for name, param in self.params.items():
+            mx.nd.Cast(param.data(self.ctx), dtype='float32', out=self.average[name])
 
     def blend(self, decay):
         """a = decay * a + (1 - decay) * w for every array, queued on MXNet's engine."""

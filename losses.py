@@ -1,9 +1,9 @@
 """What the loss sees: label-smoothed targets, mixup, CutMix, binary targets, and dynamic loss scaling for float16.
 
     targets = losses.smoothed_one_hot(labels, num_classes, 0.1)
-    images, targets = losses.mixup(images, targets, lam)          # lam from losses.mixup_weights(...)
-    box = losses.cutmix_box(seed, epoch, iteration, rank, part, height, width, alpha)
-    images, targets = losses.cutmix(images, targets, box, layout)  # or losses.blend(...): one per batch
+    own, boxes = losses.mix_draws(seed, epoch, iteration, rank, part, batch, height, width,
+                                  mixup=0.2, cutmix=1.0, switch_prob=0.5, mode='batch')   # or 'elem', 'pair'
+    images, targets = losses.mix(images, targets, own, boxes, layout)
     scale = losses.DynamicLossScale()                              # --dtype float16 without AMP
     finite = scale.check(params)                                   # queued on the device
     if not scale.overflowed(finite): trainer.update(batch * scale.scale)   # the host reads it
@@ -34,6 +34,12 @@ def bce_targets(targets, threshold):
     return targets if threshold is None else (targets > threshold).astype(targets.dtype)
 
 
+# --mixup-mode: whose draws the images of a device's batch share. elem: every image its own (the original
+# recipe's mixup, one lambda per image); pair: images i and B-1-i share theirs and each is mixed with the other;
+# batch: one for the whole batch (timm's default, and torchvision's RandomMixup/RandomCutmix).
+MIXUP_MODES = ('elem', 'pair', 'batch')
+
+
 def mixup(images, targets, lam):
     """Per-sample mixup: sample i is blended with sample B-1-i with weight lam[i] (an NDArray of shape (B,))."""
     lam_images = lam.reshape((-1,) + (1,) * (images.ndim - 1)).astype(images.dtype)
@@ -44,45 +50,83 @@ def mixup(images, targets, lam):
 
 
 def mixup_weights(seed, epoch, iteration, rank, part, size, alpha):
-    """The Beta(alpha, alpha) draws of one device's batch, a function of where in training we are, so a
+    """`size` Beta(alpha, alpha) draws for one device's batch, a function of where in training we are, so a
     resumed run draws exactly what an uninterrupted one would."""
     rng = np.random.default_rng([seed, epoch, iteration, rank, part])
     return rng.beta(alpha, alpha, size=size).astype(np.float32)
 
 
-def cutmix_uses(seed, epoch, iteration, rank, part, switch_prob):
-    """With both --mixup and --cutmix, whether this device's batch gets CutMix (probability `switch_prob`,
-    timm's --mixup-switch-prob) rather than mixup; drawn from the position in training like the rest."""
-    return np.random.default_rng([seed, epoch, iteration, rank, part, 1]).random() < switch_prob
+def cutmix_uses(seed, epoch, iteration, rank, part, switch_prob, size=None):
+    """With both --mixup and --cutmix, whether a draw gets CutMix (probability `switch_prob`, timm's
+    --mixup-switch-prob) rather than mixup: one bool, or `size` of them; from the position in training."""
+    return np.random.default_rng([seed, epoch, iteration, rank, part, 1]).random(size) < switch_prob
 
 
-def cutmix_box(seed, epoch, iteration, rank, part, height, width, alpha):
-    """One CutMix box for a device's batch: lam ~ Beta(alpha, alpha), a box of sides sqrt(1 - lam) times the
-    image's centred on a uniform pixel, clipped to the image. Returns (top, bottom, left, right, kept), where
-    `kept` = 1 - the clipped box's area / the image's is the weight of the image's own target."""
+def cutmix_boxes(seed, epoch, iteration, rank, part, count, height, width, alpha):
+    """`count` CutMix boxes: lam ~ Beta(alpha, alpha), a box of sides sqrt(1 - lam) times the image's centred on
+    a uniform pixel, clipped to the image. Returns (boxes, kept): boxes (count, 4) of (top, bottom, left,
+    right), kept (count,) = 1 - the clipped box's area / the image's, the weight of the image's own target."""
     rng = np.random.default_rng([seed, epoch, iteration, rank, part, 2])
-    lam = rng.beta(alpha, alpha)
+    lam = rng.beta(alpha, alpha, size=count)
     cut = np.sqrt(1.0 - lam)
-    box_h, box_w = int(height * cut), int(width * cut)
-    centre_y, centre_x = rng.integers(0, height), rng.integers(0, width)
-    top, bottom = np.clip([centre_y - box_h // 2, centre_y + box_h // 2], 0, height)
-    left, right = np.clip([centre_x - box_w // 2, centre_x + box_w // 2], 0, width)
+    box_h, box_w = (height * cut).astype(int), (width * cut).astype(int)
+    centre_y, centre_x = rng.integers(0, height, size=count), rng.integers(0, width, size=count)
+    top, bottom = np.clip(centre_y - box_h // 2, 0, height), np.clip(centre_y + box_h // 2, 0, height)
+    left, right = np.clip(centre_x - box_w // 2, 0, width), np.clip(centre_x + box_w // 2, 0, width)
     kept = 1.0 - (bottom - top) * (right - left) / (height * width)
-    return int(top), int(bottom), int(left), int(right), float(kept)
+    return np.stack([top, bottom, left, right], axis=1), kept.astype(np.float32)
 
 
-def cutmix(images, targets, box, layout='NCHW'):
-    """Paste the box of sample B-1-i into sample i (the pairing of mixup) and mix the targets by the area
-    actually pasted (`box` from cutmix_box)."""
-    top, bottom, left, right, kept = box
+def mix_draws(seed, epoch, iteration, rank, part, size, height, width, mixup, cutmix, switch_prob, mode='elem'):
+    """What mixup and CutMix do to one device's batch of `size` images of height x width, as timm's Mixup with
+    --mixup-mode `mode` (MIXUP_MODES): each draw picks CutMix with probability `switch_prob` when both alphas
+    are on (else the one that is), then its lambda (Beta(mixup, mixup)) or its box (cutmix_boxes). Returns
+    (own, boxes): own (size,) float32, the weight of image i's own target (mixup: lambda; CutMix: the share of
+    the image not pasted over); boxes (size, 4), image i's CutMix box (top, bottom, left, right), empty for
+    mixup. Every draw is a function of the position in training, so a resume draws the same."""
+    if mode not in MIXUP_MODES:
+        raise ValueError(f'mode must be one of {MIXUP_MODES}, not {mode!r}')
+    position = (seed, epoch, iteration, rank, part)
+    draws = {'elem': size, 'pair': (size + 1) // 2, 'batch': 1}[mode]
+    own, boxes = np.ones(draws, np.float32), np.zeros((draws, 4), np.int64)
+    if mixup > 0:
+        own[:] = mixup_weights(*position, draws, mixup)
+    if cutmix > 0:
+        cut = cutmix_uses(*position, switch_prob, draws) if mixup > 0 else np.ones(draws, bool)
+        cut_boxes, kept = cutmix_boxes(*position, draws, height, width, cutmix)
+        own[cut], boxes[cut] = kept[cut], cut_boxes[cut]
+    image = np.arange(size)
+    index = {'elem': image, 'pair': np.minimum(image, size - 1 - image), 'batch': np.zeros(size, np.int64)}[mode]
+    return own[index], boxes[index]
+
+
+def mix(images, targets, own, boxes, layout='NCHW'):
+    """Image i blended with image B-1-i as mix_draws says: weight own[i] (mixup) or the pixels of boxes[i] pasted
+    from image B-1-i (CutMix, copied exactly); the targets mixed by own[i]."""
+    context, batch = images.context, images.shape[0]
+    weights = mx.nd.array(own, ctx=context)
+    pasted = (boxes[:, 1] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 2])
+    if not pasted.any():      # mixup only: one weight per image
+        return mixup(images, targets, weights)
+    mixed_targets = weights.reshape((-1, 1)) * targets + (1 - weights.reshape((-1, 1))) * targets[::-1]
     height_axis = layout.index('H')
-    mask = np.zeros((images.shape[height_axis], images.shape[height_axis + 1]), dtype=np.float32)
-    mask[top:bottom, left:right] = 1
-    shape = [1] * images.ndim
-    shape[height_axis:height_axis + 2] = mask.shape
-    pasted = mx.nd.array(mask.reshape(shape), ctx=images.context, dtype=images.dtype)
-    mixed_images = mx.nd.broadcast_mul(images, 1 - pasted) + mx.nd.broadcast_mul(images[::-1], pasted)
-    return mixed_images, kept * targets + (1 - kept) * targets[::-1]
+    height, width = images.shape[height_axis:height_axis + 2]
+
+    def column(values):
+        return mx.nd.array(values, ctx=context).reshape((batch, 1, 1))
+    rows = mx.nd.arange(height, ctx=context).reshape((1, height, 1))
+    cols = mx.nd.arange(width, ctx=context).reshape((1, 1, width))
+    inside = mx.nd.broadcast_mul(
+        mx.nd.broadcast_greater_equal(rows, column(boxes[:, 0])) * mx.nd.broadcast_lesser(rows, column(boxes[:, 1])),
+        mx.nd.broadcast_greater_equal(cols, column(boxes[:, 2])) * mx.nd.broadcast_lesser(cols, column(boxes[:, 3])))
+    # A pixel's weight of its own image: 1 - inside for a pasted image, own[i] everywhere for a mixed one.
+    weight = mx.nd.broadcast_add(column(np.where(pasted, 0.0, own)),
+                                 mx.nd.broadcast_mul(column(pasted.astype(np.float32)), 1 - inside))
+    shape = [batch, 1, 1, 1]
+    shape[height_axis:height_axis + 2] = height, width
+    weight = weight.reshape(shape).astype(images.dtype)
+    mixed_images = mx.nd.broadcast_mul(images, weight) + mx.nd.broadcast_mul(images[::-1], 1 - weight)
+    return mixed_images, mixed_targets
 
 
 class DynamicLossScale:

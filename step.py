@@ -88,7 +88,7 @@ class TrainingStep:
 
     def inputs_and_targets(self, images, labels, epoch, iteration, part):
         """(images, targets) as the loss wants them: the labels sparse or as smoothed one-hot vectors, and
-        with mixup or CutMix (one of them per batch with both) the images and the targets blended; with
+        with mixup or CutMix (per image, pair or batch: --mixup-mode) the images and the targets blended; with
         --bce-target-thresh, the dense targets made binary after all that."""
         if self.sparse_labels:
             return images, labels
@@ -96,19 +96,15 @@ class TrainingStep:
         return images, losses.bce_targets(targets, self.args.bce_target_thresh)
 
     def blended(self, images, labels, epoch, iteration, part):
-        """(images, smoothed one-hot targets), mixup or CutMix applied (one of them per batch with both)."""
+        """(images, smoothed one-hot targets), mixup and CutMix applied per --mixup-mode (losses.mix_draws)."""
         targets = losses.smoothed_one_hot(labels, self.args.num_classes, self.args.label_smoothing)
-        position = (self.args.seed, epoch, iteration, self.world.rank, part)
-        if self.args.cutmix > 0 and (self.args.mixup == 0 or
-                                     losses.cutmix_uses(*position, self.args.mixup_switch_prob)):
-            height, width = images.shape[self.args.input_layout.index('H'):][:2]
-            box = losses.cutmix_box(*position, height, width, self.args.cutmix)
-            return losses.cutmix(images, targets, box, self.args.input_layout)
-        if self.args.mixup > 0:
-            lam = losses.mixup_weights(self.args.seed, epoch, iteration, self.world.rank, part, labels.shape[0],
-                                self.args.mixup)
-            images, targets = losses.mixup(images, targets, mx.nd.array(lam, ctx=images.context))
-        return images, targets
+        if self.args.mixup == 0 and self.args.cutmix == 0:
+            return images, targets
+        height, width = images.shape[self.args.input_layout.index('H'):][:2]
+        own, boxes = losses.mix_draws(self.args.seed, epoch, iteration, self.world.rank, part, labels.shape[0],
+                                      height, width, self.args.mixup, self.args.cutmix, self.args.mixup_switch_prob,
+                                      self.args.mixup_mode)
+        return losses.mix(images, targets, own, boxes, self.args.input_layout)
 
     def run(self, batch, epoch, iteration, lr, before_sync=None):
         """One optimisation step; returns the batch's mean loss as an NDArray (not synchronised).
@@ -149,7 +145,8 @@ class TrainingStep:
             self.gluon_trainer.update(local_batch * self.loss_scale.scale)
         self.accumulation.after_step()
         if self.average is not None:
-            self.average.update(self.accumulation.step_number(epoch, iteration))
+            self.average.update(self.accumulation.step_number(epoch, iteration),
+                                self.accumulation.steps_per_epoch())
         scale = self.current_loss_scale()
         if scale is not None and scale < losses.LOSS_SCALE_FLOOR:
             raise RecipeError(f'the loss scale fell below {losses.LOSS_SCALE_FLOOR:g} at epoch {epoch} '

@@ -4,7 +4,7 @@
   average of the weights (ema.py), validated every epoch
   beside the trained weights (`val.ema.*`), saved as `<prefix>_ema_best.params` on its own best top-1 and
   kept in `<prefix>_last.state`.
-* --cutmix, --mixup-switch-prob: losses.py draws and pastes the boxes; TrainingStep picks one per batch.
+* --cutmix, --mixup-switch-prob, --mixup-mode: losses.py draws and pastes the boxes (per image, pair or batch).
 * --bce-loss, --bce-target-thresh: TrainingStep's loss and losses.bce_targets.
 * --grad-accum-steps K: Accumulation (gradients summed over K batches, one optimizer step).
 * --keep-checkpoints N: checkpoint.prune_epoch_params.
@@ -21,6 +21,7 @@ import checkpoint
 import ema
 import flags
 import inference
+import losses
 from errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,12 @@ def add_args(group):
                        help='alpha of CutMix (0: off): a box of another image of the batch pasted in, the targets '
                             'mixed by its area; with --mixup too, one of them per batch')
     group.add_argument('--mixup-switch-prob', type=flags.real(minimum=0, maximum=1), default=0.5,
-                       help='with both --mixup and --cutmix, the probability that a batch gets CutMix')
+                       help='with both --mixup and --cutmix, the probability that a draw (--mixup-mode) is CutMix')
+    group.add_argument('--mixup-mode', default='elem', choices=losses.MIXUP_MODES,
+                       help='what shares one draw of --mixup and --cutmix (mixup or CutMix, its lambda or box), as '
+                            'timm\'s --mixup-mode: elem (default), each image (the original recipe\'s mixup); pair, '
+                            'images i and B-1-i, each mixed with the other; batch, each device\'s batch (timm\'s and '
+                            'torchvision\'s recipes)')
     group.add_argument('--bce-loss', action='store_true',
                        help='binary cross-entropy on each class (timm\'s): sigmoid of each logit against the '
                             'targets of --label-smoothing, mixup and CutMix, averaged over the classes; validation '
@@ -60,7 +66,7 @@ def add_args(group):
     group.add_argument('--model-ema-adjust', action='store_true',
                        help='torchvision\'s rule instead of the power: each update\'s decay is 1 - (1 - decay) x '
                             'global batch x --model-ema-steps / --num-epochs (at most 1), as its recipe\'s 0.99998 '
-                            'means')
+                            'means; and as torchvision, the updates during the --warmup-epochs copy the weights')
     group.add_argument('--keep-checkpoints', type=flags.integer(minimum=0), default=0,
                        help='keep only the newest N <prefix>_NNNN.params (0: all)')
     group.add_argument('--target-accuracy', type=flags.real(minimum=0, maximum=1, exclusive=True), default=None,
@@ -123,10 +129,13 @@ class Accumulation:
             self.params.zero_grad()    # one reset_arrays call per device, not one operator per array
         return batches
 
+    def steps_per_epoch(self):
+        """Optimizer steps in an epoch (the last group may be shorter)."""
+        return -(-self.iterations // self.steps)
+
     def step_number(self, epoch, iteration):
         """The optimizer steps of the run (1, 2, ...) once the step ending `iteration`'s group is taken."""
-        per_epoch = -(-self.iterations // self.steps)
-        return epoch * per_epoch + -(-(iteration + 1) // self.steps)
+        return epoch * self.steps_per_epoch() + -(-(iteration + 1) // self.steps)
 
     def at_step(self, done):
         """Whether `done` batches of the epoch end a group (a run may stop there)."""
@@ -145,10 +154,12 @@ def start_average(args, net, world, state):
         return None
     adjusted = ema_decay_adjusted(args) if args.model_ema_adjust else None
     if adjusted is not None:
-        log.info('--model-ema-adjust: each update of the weight average (every %d steps) decays by %.6g',
-                 args.model_ema_steps, adjusted)
+        log.info('--model-ema-adjust: each update of the weight average (every %d steps) decays by %.6g; the '
+                 'first update, and each after one within the %g warm-up epochs, copies the weights (torchvision\'s)',
+                 args.model_ema_steps, adjusted, args.warmup_epochs)
     average = ema.WeightAverage(net, args.model_ema_decay, args.contexts[0], every=args.model_ema_steps,
-                                warmup=args.model_ema_warmup, decay_per_update=adjusted)
+                                warmup=args.model_ema_warmup, decay_per_update=adjusted,
+                                copy_epochs=args.warmup_epochs if args.model_ema_adjust else None)
     if state is not None and not average.restore(state.extra, world.rank):
         log.warning('The resumed state holds no weight average: --model-ema starts from the current weights')
     return average
