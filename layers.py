@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 # so it is the same for OIHW and OHWI weights and counts in-channels per group for grouped convolutions).
 HE_NORMAL = mx.init.Xavier(rnd_type='gaussian', factor_type='in', magnitude=2)
 
+# --init: the classifier's weights. nvidia: He-normal like the convolutions (the original recipe's Xavier
+# gaussian, fan-in, magnitude 2 everywhere); mlperf: N(0, 0.01), NVIDIA's MLPerf MXNet code (its MLPerfInit,
+# the same Xavier for every other weight). Biases start at 0 in both.
+CLASSIFIER_INIT = {'nvidia': HE_NORMAL, 'mlperf': mx.init.Normal(0.01)}
+
 
 # ----------------------------------------------------------------------------------------------------------
 # What the installed MXNet offers
@@ -194,7 +199,11 @@ class Builder:
     layout so that they can be added."""
 
     def __init__(self, input_layout='NCHW', conv_layout='NCHW', batchnorm_layout='NCHW', pooling_layout='NCHW',
-                 batchnorm_eps=1e-5, batchnorm_mom=0.9, bn_relu_kernel='composed', bn_add_relu_kernel='composed'):
+                 batchnorm_eps=1e-5, batchnorm_mom=0.9, bn_relu_kernel='composed', bn_add_relu_kernel='composed',
+                 init='nvidia', zero_gamma=True):
+        """`init`: the classifier's initialisation (CLASSIFIER_INIT); `zero_gamma`: whether the last batchnorm of
+        every residual unit starts at gamma 0 (else 1, as every other batchnorm)."""
+        self.init, self.zero_gamma = init, zero_gamma
         self.layout = input_layout
         self.conv_layout, self.batchnorm_layout, self.pooling_layout = conv_layout, batchnorm_layout, pooling_layout
         self.batchnorm_eps, self.batchnorm_mom = batchnorm_eps, batchnorm_mom
@@ -225,9 +234,10 @@ class Builder:
                     epsilon=self.batchnorm_eps, in_channels=channels,
                     gamma_initializer='zeros' if zero_gamma else 'ones')
 
-    def batchnorm(self, name, channels, zero_gamma=False):
+    def batchnorm(self, name, channels, last_of_unit=False):
+        """A batchnorm; `last_of_unit`: the last of a residual body, gamma 0 with `zero_gamma`."""
         layers = self._into(self.batchnorm_layout, f'{name}_transpose')
-        block = nn.BatchNorm(**self._batchnorm_options(channels, zero_gamma))
+        block = nn.BatchNorm(**self._batchnorm_options(channels, last_of_unit and self.zero_gamma))
         return layers + [(name, without_weight_decay(block, 'gamma', 'beta'))]
 
     def batchnorm_relu(self, name, channels):
@@ -236,12 +246,13 @@ class Builder:
         return layers + [(name, without_weight_decay(block, 'gamma', 'beta'))]
 
     def batchnorm_add_relu(self, name, channels, drop_rate=0.0):
-        """(transposes for the body, the block): the final batchnorm of a residual body, gamma 0, fused with
-        the shortcut addition and the ReLU, and the body dropped per sample with `drop_rate` in training
-        (composed then: the fused kernel has no per-sample scale). The shortcut must `follow` this builder."""
+        """(transposes for the body, the block): the final batchnorm of a residual body (gamma 0 with
+        `zero_gamma`), fused with the shortcut addition and the ReLU, and the body dropped per sample with
+        `drop_rate` in training (composed then: the fused kernel has no per-sample scale). The shortcut must
+        `follow` this builder."""
         layers = self._into(self.batchnorm_layout, f'{name}_transpose')
         kernel = 'composed' if drop_rate else self.bn_add_relu_kernel
-        block = BatchNormAddReLU(kernel, drop_rate, **self._batchnorm_options(channels, zero_gamma=True))
+        block = BatchNormAddReLU(kernel, drop_rate, **self._batchnorm_options(channels, self.zero_gamma))
         return layers, without_weight_decay(block, 'gamma', 'beta')
 
     def max_pool(self, name):
@@ -257,5 +268,6 @@ class Builder:
 
     def dense(self, units, in_units):
         """The classifier, on (N, in_units) features."""
-        block = nn.Dense(units, in_units=in_units, weight_initializer=HE_NORMAL, bias_initializer='zeros')
+        block = nn.Dense(units, in_units=in_units, weight_initializer=CLASSIFIER_INIT[self.init],
+                         bias_initializer='zeros')
         return without_weight_decay(block, 'bias')

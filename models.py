@@ -17,7 +17,8 @@ What every network shares:
 
 * Initialisation as the original recipe: He-normal (fan-in) convolution and dense weights, zero dense bias,
   batchnorm gamma 1, beta 0, running mean 0, running variance 1, except the last batchnorm of every residual
-  body, whose gamma starts at 0 so that each block starts as the identity.
+  body, whose gamma starts at 0 so that each block starts as the identity. `--zero-gamma 0` starts that one at
+  1 too (torchvision's and MLPerf's); `--init mlperf` draws the classifier from N(0, 0.01) (MLPerf's).
 * No weight decay on batchnorm gamma/beta and on biases: `wd_mult = 0` on those parameters, so any Trainer
   honours it (the original recipe's README promised this, its code did not do it).
 * Layouts: a `Builder` tracks the layout of the activations and inserts a transpose only where the next
@@ -74,6 +75,14 @@ def add_model_args(parser):
     group.add_argument('--drop-path', type=flags.real(minimum=0, maximum=1, exclusive=True), default=0.0,
                        help='stochastic depth (ResNet, ResNeXt): in training, residual unit k of n skips its body '
                             'for a sample with probability R x k / (n - 1), as timm; off in val, pred and export')
+    group.add_argument('--init', default='nvidia', choices=sorted(layers.CLASSIFIER_INIT),
+                       help='the initialisation: nvidia (default), He-normal (Xavier gaussian, fan-in, magnitude 2) for the '
+                            'convolutions and the classifier (the original recipe\'s); mlperf, the same for the '
+                            'convolutions and N(0, 0.01) for the classifier (NVIDIA\'s MLPerf MXNet code)')
+    group.add_argument('--zero-gamma', type=int, default=1, choices=(0, 1),
+                       help='1 (default): the last batchnorm of each residual unit starts at gamma 0, so every unit '
+                            'starts as the identity (the original recipe\'s, timm\'s zero_init_last); 0: at gamma 1 '
+                            'like every other batchnorm (torchvision\'s v2 recipe, MLPerf\'s)')
     group.add_argument('--batchnorm-eps', type=flags.real(minimum=0, exclusive=True), default=1e-5,
                        help='the amount added to the batchnorm variance to prevent output explosion.')
     group.add_argument('--batchnorm-mom', type=flags.real(minimum=0, maximum=1), default=0.9,
@@ -95,7 +104,8 @@ def model_options(args):
                 input_layout=args.input_layout, conv_layout=args.conv_layout,
                 batchnorm_layout=args.batchnorm_layout, pooling_layout=args.pooling_layout,
                 image_shape=tuple(args.image_shape), dtype=args.dtype, device=args.device,
-                drop_path=args.drop_path if args.mode in ('train', 'train_val') else 0.0)
+                drop_path=args.drop_path if args.mode in ('train', 'train_val') else 0.0, init=args.init,
+                zero_gamma=bool(args.zero_gamma))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -347,7 +357,7 @@ def separable_conv(builder, name, in_channels, channels):
 
 def xception_block(builder, in_channels, widths, downsample, leading_relu):
     """[ReLU], then per width a separable convolution and batchnorm-ReLU, except the last, whose batchnorm has
-    gamma 0 and no ReLU; then a 3x3/2 max-pool if the block downsamples."""
+    gamma 0 (--zero-gamma) and no ReLU; then a 3x3/2 max-pool if the block downsamples."""
     entry = builder.fork()
     body = [('relu', nn.Activation('relu'))] if leading_relu else []
     channels = in_channels
@@ -356,7 +366,7 @@ def xception_block(builder, in_channels, widths, downsample, leading_relu):
         if i < len(widths):
             body += builder.batchnorm_relu(f'bn{i}', width)
         else:
-            body += builder.batchnorm(f'bn{i}', width, zero_gamma=True)
+            body += builder.batchnorm(f'bn{i}', width, last_of_unit=True)
         channels = width
     shortcut = []
     if downsample:
@@ -433,20 +443,21 @@ def check_options(arch, num_classes, batchnorm_eps, batchnorm_mom, layouts, imag
 def get_model(arch='resnetv15', num_layers=50, num_classes=1000, num_groups=32, batchnorm_eps=1e-5,
               batchnorm_mom=0.9, fuse_bn_relu=False, fuse_bn_add_relu=False, input_layout='NCHW',
               conv_layout='NCHW', batchnorm_layout='NCHW', pooling_layout='NCHW', image_shape=(3, 224, 224),
-              dtype='float32', device='cpu', drop_path=0.0):
+              dtype='float32', device='cpu', drop_path=0.0, init='nvidia', zero_gamma=True):
     """An uninitialised network (HybridBlock) for the Model flags; the defaults make ResNet-50 v1.5.
 
     It takes (N, C, H, W) or (N, H, W, C) input per `input_layout`, of `dtype`, with C = image_shape[0], and
     returns float32 logits (N, num_classes). `num_layers` is for ResNet/ResNeXt, `num_groups` for ResNeXt.
     `device` ('cpu' or 'gpu') decides which layouts and fused kernels exist; a request the installed MXNet
     cannot honour on it is a RecipeError. float16 casts every parameter but the batchnorm ones. `drop_path`:
-    stochastic depth in training (ResNet and ResNeXt)."""
+    stochastic depth in training (ResNet and ResNeXt). `init`, `zero_gamma`: the initialisation (--init,
+    --zero-gamma)."""
     layouts = {'input-layout': input_layout, 'conv-layout': conv_layout, 'batchnorm-layout': batchnorm_layout,
                'pooling-layout': pooling_layout}
     check_options(arch, num_classes, batchnorm_eps, batchnorm_mom, layouts, image_shape, dtype, device)
     builder = Builder(input_layout, conv_layout, batchnorm_layout, pooling_layout, batchnorm_eps, batchnorm_mom,
                       layers.bn_relu_kernel(fuse_bn_relu, device, batchnorm_layout),
-                      layers.bn_add_relu_kernel(fuse_bn_add_relu, device))
+                      layers.bn_add_relu_kernel(fuse_bn_add_relu, device), init, zero_gamma)
     common = dict(num_classes=num_classes, in_channels=image_shape[0], builder=builder)
     if arch == 'xception':
         if drop_path:
