@@ -74,6 +74,9 @@ def add_fit_args(parser):
     group.add_argument('--warmup-epochs', type=flags.real(minimum=0), default=None,
                        help=f'epochs of linear warmup from 0 to --lr (default {DEFAULT_WARMUP_EPOCHS:g}, or half of '
                             'a shorter run: the log says so); at most --num-epochs')
+    group.add_argument('--warmup-prefix', type=int, default=1, choices=(0, 1), help='1 (default): the decay (cosine, '
+                       'poly) spans the epochs after the warm-up (the original recipe\'s); 0: all epochs, from 0, '
+                       'the warm-up replacing its first part (timm\'s CosineLRScheduler, warmup_prefix False)')
     group.add_argument('--optimizer', default='sgd',
                        help='any MXNet optimizer name; lars is MLPerf\'s (lars.py), lamb timm\'s (lamb.py)')
     group.add_argument('--mom', type=flags.real(minimum=0, maximum=1), default=0.875,
@@ -250,7 +253,7 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     for iteration, batch in enumerate(ahead, start_batch):
         lr = learning_rate(epoch + step.accumulation.group_start(iteration) / iterations, args.lr, args.num_epochs,
                            args.warmup_epochs, args.lr_schedule, args.lr_steps, args.lr_factor, args.lr_poly_power,
-                           args.end_lr)
+                           args.end_lr, bool(args.warmup_prefix))
         loss = step.run(batch, epoch, iteration, lr, before_sync=ahead.fetch_next)
         if previous is not None:
             epoch_loss.add(previous.asscalar(), epoch, iteration - 1, step)

@@ -6,7 +6,7 @@ import math
 
 
 def learning_rate(progress, base_lr, num_epochs, warmup_epochs=0, schedule='cosine', steps=(), factor=0.1,
-                  power=2.0, end_lr=0.0001):
+                  power=2.0, end_lr=0.0001, warmup_prefix=True):
     """The learning rate at `progress` = epoch + iteration / iterations_per_epoch (a pure function).
 
     Linear warmup from 0 over `warmup_epochs`, then either
@@ -15,6 +15,9 @@ def learning_rate(progress, base_lr, num_epochs, warmup_epochs=0, schedule='cosi
     - multistep: base_lr * factor**(number of steps <= progress);
     - poly (MLPerf's): end_lr + (base_lr - end_lr) * (1 - (progress - warmup) / (num_epochs - warmup))**power,
       from base_lr after the warmup to end_lr at num_epochs.
+    With `warmup_prefix` (the original recipe's) the decay spans the epochs after the warm-up, as above; without
+    it (timm's default, warmup_prefix=False) the decay is a function of the epoch from 0 to num_epochs (warmup
+    read as 0 in the formulas) and the warm-up replaces its first part, ending at the peak.
     """
     if progress >= num_epochs:
         return end_lr if schedule == 'poly' else 0.0
@@ -24,10 +27,11 @@ def learning_rate(progress, base_lr, num_epochs, warmup_epochs=0, schedule='cosi
         return base_lr * scale * progress / warmup_epochs
     if schedule == 'multistep':
         return base_lr * factor ** decays
+    start = warmup_epochs if warmup_prefix else 0
     if schedule == 'poly':
-        remaining = 1 - (progress - warmup_epochs) / (num_epochs - warmup_epochs)
+        remaining = 1 - (progress - start) / (num_epochs - start)
         return end_lr + (base_lr - end_lr) * remaining ** power
-    bounds = [warmup_epochs] + [s for s in steps if warmup_epochs < s < num_epochs] + [num_epochs]
+    bounds = [start] + [s for s in steps if start < s < num_epochs] + [num_epochs]
     segment = max(k for k in range(len(bounds) - 1) if bounds[k] <= progress)
     start, end = bounds[segment], bounds[segment + 1]
     return base_lr * factor ** segment * 0.5 * (1 + math.cos(math.pi * (progress - start) / (end - start)))
