@@ -125,8 +125,7 @@ class TrainParser(argparse.ArgumentParser):
         parsed.given_flags = trained_settings.given_flags(self, sys.argv[1:] if args is None else list(args))
         parsed.recipe_flags = recipes.apply(parsed, parsed.given_flags)
         if parsed.recipe and 'lr' not in parsed.given_flags:   # the recipe's rate for this global batch
-            parsed.lr = recipes.RECIPES[parsed.recipe]['lr_per_256'] * parsed.batch_size * \
-                parsed.grad_accum_steps / 256
+            parsed.lr = recipes.learning_rate(parsed.recipe, parsed.batch_size * parsed.grad_accum_steps)
         return parsed, rest
 
 
@@ -251,6 +250,11 @@ def run(args):
     if args.recipe:
         log.info('Recipe %s: %s', args.recipe, ', '.join(f'--{name.replace("_", "-")} {getattr(args, name)}'
                                                          for name in args.recipe_flags) or 'nothing to set')
+        recipe, batch = recipes.RECIPES[args.recipe], args.batch_size * args.grad_accum_steps
+        log.info('Recipe %s scales its learning rate (%g at %d images) %s: %.6g at %d images a step; --lr %.6g%s',
+                 args.recipe, recipe['lr'], recipe['lr_batch'], recipes.scaling_words(recipe['lr_scaling']),
+                 recipes.learning_rate(args.recipe, batch), batch, args.lr,
+                 ' (given)' if 'lr' in args.given_flags else '')
     workers.resolve_hardware(args, world)
     if args.device == 'cpu':
         log.info('CPU: %s; %s', cpu.cpuinfo_field('model name') or 'unknown model', cpu.describe())
