@@ -1,5 +1,6 @@
-# The recipe on top of NVIDIA's MXNet container, which already has MXNet (with NVIDIA's fused kernels), DALI,
-# Horovod with NCCL, and CUDA. Build and run:
+# The recipe on top of NVIDIA's MXNet container, which already has MXNet (with NVIDIA's fused kernels), Horovod
+# with NCCL, and CUDA; its DALI is replaced by the one the recipe is tested with (requirements-container.txt).
+# Build and run:
 #   docker build . -t nvidia_rn50_mx [--build-arg FROM_IMAGE_NAME=nvcr.io/nvidia/mxnet:<tag>]
 #   nvidia-docker run --rm -it --ipc=host -v <dataset>:/data/imagenet/train-val-recordio-passthrough nvidia_rn50_mx
 ARG FROM_IMAGE_NAME=nvcr.io/nvidia/mxnet:22.10-py3
@@ -19,4 +20,7 @@ RUN python -c "import importlib.metadata as m; print(*[f'{d.metadata[\"Name\"]}=
 COPY . .
 # The Horovod API the recipe calls (workers.HOROVOD_API): a container whose Horovod lacks part of it fails here.
 RUN python -c "import horovod, horovod.mxnet as hvd, workers; workers.check_horovod_api(hvd); print('Horovod', horovod.__version__)"
+# The DALI the recipe is tested with (requirements-container.txt replaces the base image's older one): one without
+# automatic augmentation (nvidia.dali.auto_aug, pipelines with conditionals) fails here, as --auto-augment would.
+RUN python -c "import nvidia.dali, nvidia.dali.auto_aug, augment; augment.check_dali(); print('DALI', nvidia.dali.__version__)"
 ENV MXNET_CUDNN_AUTOTUNE_DEFAULT=0

@@ -313,8 +313,11 @@ class DaliLoader:
         from nvidia.dali import pipeline_def
         args = self.args
         threads = args.dali_threads if self.training else args.dali_validation_threads
-        # Conditional execution (DALI's `select` splits a batch by each image's operation) only when needed.
-        build = pipeline_def(loader_graph, enable_conditionals=self.policy is not None)
+        # Conditional execution (DALI's `select` splits a batch by each image's operation) only when needed, and
+        # then only asked for: a DALI before 1.23 has no such keyword (augment.check_dali stops --auto-augment
+        # there), and runs everything else.
+        build = pipeline_def(loader_graph, enable_conditionals=True) if self.policy is not None else \
+            pipeline_def(loader_graph)
         pipe = build(self, device, batch_size=self.batch_size // len(self.contexts), num_threads=threads,
                      seed=records.epoch_seed(args.seed, self.rank, device),
                      device_id=self.contexts[device].device_id if self.on_gpu else None,
@@ -353,17 +356,19 @@ class DaliLoader:
             mirror, crop = 0, {'crop': (height, width)}
         channels_first = args.input_layout == 'NCHW'
         dtype = types.FLOAT16 if data.training_dtype(args) == 'float16' else types.FLOAT
-        with_noise = erase is not None and erase[2] is not None   # DALI's arithmetic has no float16: add in float32
+        # Erasing gets float32 on every device (DALI's GPU erase has no float16, its arithmetic neither), then the
+        # cast: dali-cpu runs the very graph of dali-gpu.
+        normalised = dtype if erase is None else types.FLOAT
         images = fn.crop_mirror_normalize(
             images, mirror=mirror, mean=list(args.rgb_mean), std=list(args.rgb_std), **crop,
-            dtype=types.FLOAT if with_noise else dtype, pad_output=channels == 4,
+            dtype=normalised, pad_output=channels == 4,
             output_layout='CHW' if channels_first and erase is None else 'HWC')
         if erase is not None:     # erased after normalisation, as torchvision and timm do, in HWC
             anchors, shapes, noise = erase
-            if with_noise and self.on_gpu:
+            if noise is not None and self.on_gpu:
                 noise = noise.gpu()     # an external source's output is on the host; the images are not
             images = augment.apply_erase(images, anchors, shapes, noise, size)
-            if with_noise and dtype != types.FLOAT:
+            if dtype != normalised:
                 images = fn.cast(images, dtype=dtype)
             if channels_first:
                 images = fn.transpose(images, perm=[2, 0, 1])

@@ -78,7 +78,9 @@ RECIPES = {
         'batch_per_gpu': 256, 'lr': 8e-3, 'lr_batch': 2048, 'lr_scaling': 'sqrt',       # timm's rule for LAMB
         'flags': {'optimizer': 'lamb', 'wd': 0.02, 'num_epochs': 100, 'lr_schedule': 'cosine', 'warmup_epochs': 5.0,
                   'bce_loss': True, 'bce_target_thresh': 0.2, 'label_smoothing': 0.0, 'mixup': 0.1, 'cutmix': 1.0,
-                  'auto_augment': 'ra', 'ra_magnitude': 6, 'ra_num_ops': 2,
+                  'auto_augment': 'ra', 'ra_magnitude': 6, 'ra_num_ops': 2,     # timm's rand-m6-mstd0.5-inc1
+                  'ra_magnitude_scale': 10, 'ra_magnitude_std': 0.5, 'ra_prob': 0.5, 'ra_ops': 'timm-increasing',
+                  'auto_augment_fill': (124, 116, 104),                     # timm's img_mean
                   'image_shape': (3, 160, 160), 'val_image_shape': (3, 224, 224), 'data_val_resize': 236,
                   'mixup_mode': 'batch', 'zero_gamma': 1, 'warmup_prefix': 0},
     },

@@ -216,7 +216,7 @@ def test_load_image_uses_validation_preprocessing(tmp_path):
     (['--rgb-std', '1,0,1'], 'mxnet', '--rgb-std'),
     (['--auto-augment', 'ta_wide'], 'mxnet', 'only the DALI backends implement this'),
     (['--random-erase', '0.25'], 'synthetic', 'only the DALI backends implement this'),
-    (['--auto-augment', 'ra', '--ra-magnitude', '31'], 'dali-cpu', 'the bins are 0 to 30'),
+    (['--auto-augment', 'ra', '--ra-magnitude', '31'], 'dali-cpu', 'above --ra-magnitude-scale 30'),
     (['--aug-repeats', '3'], 'synthetic', 'synthetic has none'),
     (['--progressive-size', '16'], 'synthetic', 'synthetic has none'),
     (['--progressive-size', '48'], 'dali-cpu', 'larger than --image-shape'),
