@@ -91,7 +91,8 @@ def add_args(parser):
                             "bins; timm: 10)")
     group.add_argument('--ra-magnitude-std', type=flags.real(minimum=0), default=0.0,
                        help='--auto-augment ra: standard deviation of the normal noise added to the magnitude at each '
-                            "application, clipped to [0, scale] (timm's mstd; 0: none, torchvision)")
+                            "application, the sum clipped to [0, --ra-magnitude-scale] (timm's mstd); default 0, none "
+                            "(torchvision)")
     group.add_argument('--ra-prob', type=flags.real(minimum=0, maximum=1), default=1.0,
                        help='--auto-augment ra: probability of applying each drawn operation (torchvision: 1; timm: '
                             '0.5)')
@@ -146,7 +147,8 @@ def check_dali():
         if 'enable_conditionals' not in inspect.signature(dali.pipeline_def).parameters:
             lacks.append("pipeline_def's enable_conditionals")
     if dali is None or lacks:
-        found = f'DALI {version or "(version unknown)"} lacks {" and ".join(lacks)}' if dali else 'DALI is not installed'
+        found = f'DALI {version or "(version unknown)"} lacks {" and ".join(lacks)}' if dali else \
+            'DALI is not installed'
         raise RecipeError(f'--auto-augment needs DALI {DALI_NEEDED} or newer (automatic augmentation, conditional '
                           f'pipelines) and {found}: pip install nvidia-dali-cuda110=={DALI_TESTED}, the version '
                           'the recipe is tested with (requirements.txt; the Dockerfile installs it)')

@@ -16,8 +16,7 @@ warm-up epochs, polynomial decay of power 2 to 0.0001 over 37 epochs, weight dec
 evaluation every 4 epochs from epoch 2) and NVIDIA's DeepLearningExamples MXNet ResNet-50 README; torchvision's
 blog "How to train state-of-the-art models using TorchVision's latest primitives" and its references/classification
 README (the v2 command); Wightman et al. 2021, "ResNet strikes back" (arXiv 2110.00476), Table 1, procedure A3.
-Where this recipe differs from theirs: torchvision warms up from 1% of the rate, here from 0; A3's RandAugment
-draws its magnitude around 6 with a standard deviation of 0.5 (timm's mstd0.5), here always 6; A3's cosine
+Where this recipe differs from theirs: torchvision warms up from 1% of the rate, here from 0; A3's cosine
 ends at 1e-6, here at 0. A3's LAMB is timm's (lamb.py).
 
 What each recipe takes from its source's code (issue 36; each checked in the source, and tested in
@@ -39,7 +38,18 @@ tests/test_recipes.py):
   0.05, as mmpretrain's rsb-a1/a2 configurations set and its a3 does not): no --drop-path.
 - timm's train.py, without --lr, scales --lr-base by the global batch over --lr-base-size, by the square root for
   optimizers named ada* or *lamb*: rsb-a3's 8e-3 at 2,048 images is 1e-3 at 32 images, not 1.25e-4.
-Still different: torchvision's convolutions are He-normal of the fan-out and its classifier PyTorch's default
+- RandAugment: timm's rand-m6-mstd0.5-inc1 (timm/data/auto_augment.py) is magnitude 6 on its scale of 10
+  (_LEVEL_DENOM: 60% of each operation's range), plus per application a normal noise of 0.5 clipped to [0, 10],
+  each of 2 operations applied with probability 0.5 (AugmentOp's prob) and drawn from its 15
+  _RAND_INCREASING_TRANSFORMS: rsb-a3 sets --ra-magnitude 6 --ra-magnitude-scale 10 --ra-magnitude-std 0.5
+  --ra-prob 0.5 --ra-ops timm-increasing (it had bin 6 of 31, 20% of the range, both always applied, and
+  torchvision's operations; tests/test_augment.py).
+- fill: what a rotation, shear or translation uncovers is timm's img_mean, round(255 x (0.485, 0.456, 0.406)) =
+  124,116,104 (rsb-a3: --auto-augment-fill 124,116,104), and 0 in torchvision (fill=None; the default, so
+  torchvision-v2's); it was 128 for both.
+Still different: timm's Equalize is PIL's (DALI's follows OpenCV's formula), its warps interpolate bilinearly or
+bicubically at random (here bilinearly), and its Sharpness also sharpens the 1-pixel border;
+torchvision's convolutions are He-normal of the fan-out and its classifier PyTorch's default
 Linear initialisation; it updates its average at every 32nd batch of each epoch (here every 32nd step of the
 run) and pairs image i with i - 1 (here with B-1-i, as timm); timm's warm-up starts at --warmup-lr and timm
 changes the rate once per epoch (here every iteration).
