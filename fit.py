@@ -362,6 +362,8 @@ def train(args, net, world, get_loaders, dllogger, stop):
         meta['history'].append(dict(metrics, epoch=epoch))
         clock.record(meta)
         meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0)
+        # Host memory that grows epoch after epoch is a leak (MXNet 1.9.1's LAMB kernel on GPUs: README).
+        log.info('[Epoch %d] Peak resident host memory of this worker: %.0f MiB', epoch, logs.peak_memory_mb())
         save_epoch_checkpoints(args, net, epoch, metrics, meta, world)
         write_state(args, net, step, meta, world)
         optimizer_state.check_replicas(net, step.gluon_trainer, world, epoch)

@@ -5,16 +5,19 @@
     python scripts/gpu_check.py --gpus 2 -o gpu_check.json
     python scripts/gpu_check.py --device cpu         # the CPU twins of the same paths (what CI runs)
 
-Each check is a short run of the recipe (ResNet-18 at 32x32 on a small set: seconds, not minutes) and a
-test of its outcome. On GPUs:
+It first prints the versions of MXNet, DALI, Horovod and NCCL. Each check is a short run of the recipe
+(ResNet-18 at 32x32 on a small set: seconds, not minutes) and a test of its outcome; every multi-worker run
+must also say after each epoch that its workers hold the same weights, batchnorm statistics and optimizer
+state. On GPUs:
 
     float16        the default GPU run: float16 with float32 master weights and dynamic loss scaling,
                    NHWC convolution/batchnorm/pooling, NVIDIA's fused batchnorm kernels where MXNet has them
     amp            --amp: float32 weights, AMP float16 with its loss scaler
     dali-gpu       DALI decoding on the GPU (nvJPEG) of a real JPEG RecordIO set (the digits, made here), and the
                    first validation right after the training epoch (its pipeline built before training began)
-    dali-copy      DALI GPU outputs copied into MXNet arrays (dali.copy_output) and read by MXNet at once: equal
-                   to DALI's own copy to the host (a copy still running when MXNet reads would differ)
+    dali-copy      DALI GPU outputs copied into MXNet arrays (dali.copy_output) and read by MXNet at once, in the
+                   runner's environment (asynchronous GPU engine, CUDA graphs): equal to DALI's own copy to the
+                   host (a copy still running when MXNet reads would differ)
     dali-augment   DALI on the GPU with RandAugment, random erasing with noise, progressive resizing, a separate
                    test size and test-time flip (augment.py, resolution.py): two epochs train and validate; then
                    constant erasing of a float16 batch (DALI's GPU erase takes no float16), read alone
@@ -24,21 +27,29 @@ test of its outcome. On GPUs:
                    while the resumed run trains no GPU hosts a process of another worker (nvidia-smi, polled):
                    each worker's optimizer state goes to its own GPU, not all of them to GPU 0
     export         ONNX of the float16 run's checkpoint, checked against MXNet with onnxruntime
+    auto-augment   --auto-augment ta_wide and imagenet on dali-gpu
+    erase          --random-erase in pixel mode at the training size (no progressive resizing)
+    recipes        one short epoch of --recipe torchvision-v2 and of --recipe rsb-a3
+    optimizers     --optimizer lars and lamb on 2 GPUs in float16, stopped and resumed; LAMB's run reports the
+                   peak resident host memory per epoch
+    ema            --model-ema --model-ema-steps 2, stopped and resumed, the average validated every epoch
+    extras         --bce-loss, --teacher, --aug-repeats 2, --tta flip
+    drop-path      images/s with and without --drop-path 0.05 (the units it may drop lose the fused kernel)
 
-With --device cpu each check runs its CPU twin, the same recipe code on this CPU: float16 -> the recipe's
-float16 step on CPU-capable operators with 2 Gloo workers and an inf on one of them (tests/float16_twin.py);
-amp -> bfloat16 AMP (needs AVX-512, else reported as skipped); dali-gpu and dali-augment -> dali-cpu; dali-copy
--> the same with CPU outputs; kvstore-device -> the
-step over two CPU contexts against one (pytest); horovod -> 2 Gloo workers; resume -> the same with 2 Gloo
-workers (the state's arrays); export -> ONNX of a checkpoint written in the GPU layout. Prints a table (check, verdict, seconds, detail) and writes JSON with -o.
-Exit status 0 when every check passes (or is skipped for a stated reason), 1 otherwise, 2 without a GPU and
-without --device cpu.
+(the last seven: scripts/gpu_check_training.py). With --device cpu each check runs its CPU twin, the same
+recipe code on this CPU: float16 -> the recipe's float16 step on CPU-capable operators with 2 Gloo workers and
+an inf on one of them (tests/float16_twin.py); amp -> bfloat16 AMP (needs AVX-512, else reported as skipped);
+dali-gpu, dali-augment and the augmentation checks -> dali-cpu; dali-copy -> the same with CPU outputs;
+kvstore-device -> the step over two CPU contexts against one (pytest); horovod, resume, optimizers and ema ->
+2 Gloo workers on cpu(0) and cpu(1), in float32; export -> ONNX of a checkpoint written in the GPU layout.
+Prints a table (check, verdict, seconds, detail) and writes JSON with -o. Exit status 0 when every check passes
+(or is skipped for a stated reason), 1 otherwise, 2 without a GPU and without --device cpu.
 """
 import argparse
 import json
 import os
+import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,10 +59,12 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 import interpreter  # noqa: E402
 interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
+import gpu_check_training  # noqa: E402
+from gpu_check_training import (SMALL, digits_dataset, epoch_metrics, last_error, replicas_agree, run,  # noqa: E402
+                                runner, trained)
 
-SMALL = ['-b', '16', '-e', '1', '--num-layers', '18', '--image-shape', '3,32,32', '--num-classes', '10',
-         '--data-val-resize', '32', '--num-examples', '128', '--seed', '1', '--disp-batches', '2']
-CHECKS = ('float16', 'amp', 'dali-gpu', 'dali-copy', 'dali-augment', 'kvstore-device', 'horovod', 'resume', 'export')
+CHECKS = ('float16', 'amp', 'dali-gpu', 'dali-copy', 'dali-augment', 'kvstore-device', 'horovod', 'resume', 'export',
+          'auto-augment', 'erase', 'recipes', 'optimizers', 'ema', 'extras', 'drop-path')
 
 
 def parse_args(argv=None):
@@ -64,57 +77,6 @@ def parse_args(argv=None):
                         help='where runs and data go, kept (default: a temporary folder, removed at the end)')
     parser.add_argument('-o', '--output', default=None, help='write the results as JSON here')
     return parser.parse_args(argv)
-
-
-def run(command, timeout=900):
-    """(exit status, stdout + stderr) of a command with the venv's tools on PATH."""
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', ''))
-    try:
-        result = subprocess.run([str(c) for c in command], cwd=ROOT, capture_output=True, text=True, env=env,
-                                timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return 124, f'timed out after {timeout} s'
-    return result.returncode, result.stdout + result.stderr
-
-
-def runner(*argv):
-    return [sys.executable, os.path.join(ROOT, 'runner'), *argv]
-
-
-def last_error(output):
-    lines = [line for line in output.splitlines() if line.strip()]
-    errors = [line for line in lines if 'error' in line.lower()]
-    return (errors or lines or ['no output'])[-1][-300:]
-
-
-def epoch_metrics(workspace):
-    import logs
-    records = logs.read_dllogger(os.path.join(workspace, 'dllogger_log.log'))
-    return [r['data'] for r in records if isinstance(r['step'], list) and len(r['step']) == 1]
-
-
-def trained(workspace, status, output):
-    """(passed, detail) of a training run: exit 0, finite loss, a state written."""
-    if status != 0:
-        return False, last_error(output)
-    metrics = epoch_metrics(workspace)
-    loss = metrics[-1].get('train.loss') if metrics else None
-    if loss is None or loss != loss or not os.path.exists(os.path.join(workspace, 'model_last.state')):
-        return False, f'no finite training loss or no state (loss {loss})'
-    return True, f'train.loss {loss:.4f}, {metrics[-1].get("train.ips", 0):.1f} img/s'
-
-
-def digits_dataset(workdir):
-    """The demo digits as RecordIO (made once per workdir): real JPEGs for the DALI checks."""
-    folder = os.path.join(workdir, 'digits')
-    if not os.path.exists(os.path.join(folder, 'rec', 'val.idx')):
-        for command in ([sys.executable, os.path.join(HERE, 'make_demo_dataset.py'), os.path.join(folder, 'images')],
-                        [sys.executable, os.path.join(HERE, 'prepare_dataset.py'), os.path.join(folder, 'images'),
-                         os.path.join(folder, 'rec'), '--names', os.path.join(folder, 'images', 'names.txt')]):
-            status, output = run(command)
-            if status:
-                raise RuntimeError(f'could not build the digits dataset: {last_error(output)}')
-    return os.path.join(folder, 'rec')
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -193,32 +155,22 @@ def check_dali_augment(options, workdir):
 
 
 def check_dali_copy(options, workdir, rounds=8):
-    """Batches of 16 float32 224x224 images through a DALI pipeline on the device, each output copied by
-    dali.copy_output into a new MXNet array that MXNet reads at once, against DALI's own copy to the host."""
-    import mxnet as mx
-    import numpy as np
-    from nvidia.dali import Pipeline, fn
-    import dali
+    """gpu_check_training.dali_copy_differences in a process of the runner's environment for this machine, with
+    MXNet's asynchronous GPU engine and CUDA graphs on, as every GPU run has them."""
+    status, plan = run(runner('-n', '1', '--dry-run'))
+    if status:
+        return False, last_error(plan)
+    env = dict(os.environ, **dict(line.split('=', 1) for line in plan.splitlines()
+                                  if re.match(r'^[A-Z][A-Z0-9_]*=', line)))
+    env.update(MXNET_ASYNC_GPU_ENGINE='1', MXNET_ENABLE_CUDA_GRAPHS='1')
     on_gpu = options.device == 'gpu'
-    rng = np.random.default_rng(0)
-    batches = [[rng.random((3, 224, 224), dtype=np.float32) for _ in range(16)] for _ in range(rounds)]
-    pipe = Pipeline(batch_size=16, num_threads=2, device_id=0 if on_gpu else None, prefetch_queue_depth=1)
-    with pipe:
-        pipe.set_outputs(fn.external_source(source=iter(batches), batch=True,
-                                            device='gpu' if on_gpu else 'cpu') * 1.0)
-    pipe.build()
-    differences = []
-    for _ in range(rounds):
-        (output,) = pipe.run()
-        tensor = output.as_tensor()
-        array = mx.nd.empty(tuple(tensor.shape()), ctx=mx.gpu(0) if on_gpu else mx.cpu())
-        dali.copy_output(tensor, array, on_gpu)
-        read = array.asnumpy()                       # MXNet reads right after the copy
-        expected = np.array((output.as_cpu() if on_gpu else output).as_tensor())
-        differences.append(float(np.abs(read - expected).max()))
-    passed = max(differences) == 0
-    return passed, f'{rounds} batches of 16x3x224x224 float32 copied {"GPU" if on_gpu else "CPU"} outputs: ' \
-                   f'max |MXNet - DALI| {max(differences)}'
+    status, output = run([sys.executable, '-c', f'import sys; sys.path.insert(0, {HERE!r}); import gpu_check_training; '
+                          f'print(gpu_check_training.dali_copy_differences({on_gpu}, {rounds}))'], env=env)
+    if status:
+        return False, last_error(output)
+    difference = float(output.strip().splitlines()[-1])
+    return difference == 0, f'{rounds} batches of 16x3x224x224 float32 copied {"GPU" if on_gpu else "CPU"} ' \
+                            f'outputs: max |MXNet - DALI| {difference} (MXNET_ASYNC_GPU_ENGINE=1, CUDA graphs on)'
 
 
 def check_kvstore_device(options, workdir):
@@ -237,6 +189,9 @@ def check_horovod(options, workdir):
     workspace = os.path.join(workdir, 'horovod')
     status, output = run(runner('-n', str(workers), *SMALL, '--data-backend', 'synthetic', '--workspace', workspace))
     passed, detail = trained(workspace, status, output)
+    if passed:
+        passed, agreement = replicas_agree(output, workers, [0])
+        detail += f', {agreement}'
     return passed, f'{workers} workers ({"Gloo" if options.device == "cpu" else "NCCL"}): {detail}'
 
 
@@ -260,6 +215,9 @@ def check_resume(options, workdir):
     passed, detail = trained(workspace, status, output)
     if passed and 'Resuming from' not in output:
         return False, 'the second run did not resume'
+    if passed:
+        passed, agreement = replicas_agree(output, workers, [1])
+        detail += f', {agreement}'
     if crowded:
         return False, 'while resuming, GPUs hosted processes of several workers: ' + \
             ', '.join(f'{gpu}: {count}' for gpu, count in sorted(crowded.items()))
@@ -344,7 +302,28 @@ def gpu_layout_checkpoint(path):
 RUNS = {'float16': check_float16, 'amp': check_amp, 'dali-gpu': check_dali, 'dali-copy': check_dali_copy,
         'dali-augment': check_dali_augment,
         'kvstore-device': check_kvstore_device, 'horovod': check_horovod, 'resume': check_resume,
-        'export': check_export}
+        'export': check_export, **gpu_check_training.RUNS}
+
+
+def library_versions():
+    """MXNet, DALI, Horovod and the NCCL Horovod was built with: what a GPU result depends on. DALI is imported
+    before Horovod (the other order crashes DALI's pipelines: workers.py)."""
+    import mxnet as mx
+    versions = {'MXNet': mx.__version__}
+    for name, module in (('DALI', 'nvidia.dali'), ('Horovod', 'horovod')):
+        try:
+            versions[name] = __import__(module, fromlist=['__version__']).__version__
+        except ImportError:
+            versions[name] = 'not installed'
+    try:
+        import horovod.mxnet as hvd
+        code = int(hvd.nccl_built() or 0)
+    except ImportError:
+        code = 0
+    # NCCL_VERSION_CODE: major * 1000 + minor * 100 + patch before NCCL 2.9, major * 10000 + minor * 100 + patch since
+    major, rest = divmod(code, 10000 if code >= 10000 else 1000)
+    versions['NCCL'] = f'{major}.{rest // 100}.{rest % 100}' if code else 'not built (Gloo only)'
+    return versions
 
 
 def verdict(passed):
@@ -365,6 +344,8 @@ def main(argv=None):
               'twins', file=sys.stderr)
         return 2
     options.gpus = options.gpus or gpus
+    versions = library_versions()
+    print('versions: ' + ', '.join(f'{name} {version}' for name, version in versions.items()), flush=True)
     workdir = options.workdir or tempfile.mkdtemp(prefix='gpu_check.')
     os.makedirs(workdir, exist_ok=True)
     try:
@@ -373,7 +354,7 @@ def main(argv=None):
         if not options.workdir:   # its runs and datasets (about 500 MB) are of no use once reported
             shutil.rmtree(workdir, ignore_errors=True)
     report = {'device': options.device, 'gpus': options.gpus if options.device == 'gpu' else 0,
-              'workdir': options.workdir, 'results': results}
+              'workdir': options.workdir, 'versions': versions, 'results': results}
     print(json.dumps(report))
     if options.output:
         with open(options.output, 'w') as f:

@@ -32,7 +32,10 @@ def test_cpu_twins_pass_are_reported_and_leave_nothing_behind(tmp_path):
     assert 'at 40x40 with flip' in report['results'][1]['detail']
     assert 'resumed from a CPU-only state' in report['results'][2]['detail']
     assert 'weights equal' in report['results'][0]['detail']
-    assert result.stdout.splitlines()[0].startswith('float16         PASS')
+    assert result.stdout.splitlines()[0].startswith('versions: MXNet 1.9.1, DALI ')
+    assert result.stdout.splitlines()[1].startswith('float16         PASS')
+    assert report['versions']['NCCL'] == 'not built (Gloo only)'
+    assert '2 workers hold one model after epochs 1' in report['results'][2]['detail']
     assert list(scratch.iterdir()) == []
 
 
@@ -41,5 +44,19 @@ def test_dali_copy_twin_reads_complete_copies(tmp_path):
     result = subprocess.run([sys.executable, SCRIPT, '--device', 'cpu', '--only', 'dali-copy', '--workdir',
                              str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    assert result.stdout.splitlines()[0].startswith('dali-copy       PASS')
-    assert 'max |MXNet - DALI| 0.0' in result.stdout
+    assert result.stdout.splitlines()[1].startswith('dali-copy       PASS')
+    assert 'max |MXNet - DALI| 0.0 (MXNET_ASYNC_GPU_ENGINE=1, CUDA graphs on)' in result.stdout
+
+
+def test_a_multi_worker_check_passes_only_when_the_workers_said_they_hold_one_model():
+    sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+    try:
+        import gpu_check_training
+    finally:
+        sys.path.remove(os.path.join(ROOT, 'scripts'))
+    said = ('[Epoch 0] All 2 workers hold the same weights, batchnorm statistics and optimizer state (SHA-256 ab)\n'
+            '[Epoch 1] All 2 workers hold the same weights, batchnorm statistics and optimizer state (SHA-256 cd)\n')
+    assert gpu_check_training.replicas_agree(said, 2, [0, 1]) == (True, '2 workers hold one model after epochs 0,1')
+    assert not gpu_check_training.replicas_agree(said.splitlines()[0], 2, [0, 1])[0]   # epoch 1 unsaid
+    assert not gpu_check_training.replicas_agree(said, 4, [0, 1])[0]                   # said by 2 of 4
+    assert gpu_check_training.replicas_agree('', 1, [0]) == (True, '')
