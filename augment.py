@@ -111,6 +111,11 @@ def add_args(parser):
     return group
 
 
+# The flags of --auto-augment ra alone (a recipe may set them for another policy's run; a user who gives one
+# without ra is told).
+RA_FLAGS = ('ra_magnitude', 'ra_magnitude_scale', 'ra_magnitude_std', 'ra_prob', 'ra_num_ops', 'ra_ops')
+
+
 def check(args):
     """RecipeError for these flags on a backend that does not have them, out of range, or --auto-augment on a
     DALI without automatic augmentation."""
@@ -121,6 +126,14 @@ def check(args):
                           f'or dali-cpu without a GPU); --data-backend {args.data_backend} has no such augmentation')
     if args.aug_repeats > 1 and args.data_backend == 'synthetic':
         raise RecipeError('--aug-repeats repeats the records of an epoch; --data-backend synthetic has none')
+    given = getattr(args, 'given_flags', set())
+    idle = [name for name in RA_FLAGS if name in given] if args.auto_augment != 'ra' else []
+    idle += ['auto_augment_fill'] if 'auto_augment_fill' in given and not args.auto_augment else []
+    if idle:
+        names = ', '.join('--' + name.replace('_', '-') for name in idle)
+        raise RecipeError(f'{names} would be ignored: {"they shape" if len(idle) > 1 else "it shapes"} '
+                          f'{"--auto-augment ra" if idle[0].startswith("ra_") else "--auto-augment"}, which this '
+                          f'run does not use (--auto-augment {args.auto_augment or "not given"})')
     if args.auto_augment == 'ra' and args.ra_magnitude > args.ra_magnitude_scale:
         raise RecipeError(f'--ra-magnitude {args.ra_magnitude} is above --ra-magnitude-scale '
                           f'{args.ra_magnitude_scale}, the whole range of an operation')

@@ -376,7 +376,8 @@ RUN_SETTINGS = ('data_train', 'num_classes', 'arch', 'num_layers', 'image_shape'
                 'cutmix', 'mixup_switch_prob', 'grad_accum_steps', 'lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps',
                 'eval_period', 'eval_offset', 'drop_path', 'bce_loss', 'bce_target_thresh', 'auto_augment',
                 'ra_magnitude', 'ra_num_ops', 'random_erase', 'random_erase_mode', 'aug_repeats', 'progressive_size',
-                'progressive_epochs', 'progressive_step')
+                'progressive_epochs', 'progressive_step', 'mixup_mode', 'warmup_prefix', 'ra_magnitude_scale',
+                'ra_magnitude_std', 'ra_prob', 'ra_ops', 'auto_augment_fill')
 
 
 def run_settings(args):
@@ -387,6 +388,8 @@ def run_settings(args):
     settings['image_shape'] = list(args.image_shape)
     settings['lr_steps'] = list(args.lr_steps)
     settings['progressive_epochs'] = list(args.progressive_epochs) if args.progressive_epochs else None
+    fill = getattr(args, 'auto_augment_fill', None)
+    settings['auto_augment_fill'] = list(fill) if isinstance(fill, tuple) else fill
     settings['lr'], settings['global_batch'] = args.lr, args.batch_size
     settings['data_val_resize'] = args.data_val_resize     # what val, pred and export take (trained_settings.py)
     settings['val_image_shape'] = list(args.val_image_shape) if args.val_image_shape else None

@@ -291,7 +291,12 @@ def test_a_state_that_does_not_record_a_setting_resumes_and_one_that_does_is_che
            if name not in ('lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps', 'eval_period', 'eval_offset')}
     checkpoint.check_same_run(args, {'settings': old}, 'old.state')
     recorded = checkpoint.run_settings(args)
-    for flag, value in (('lars_eta', 0.002), ('lr_poly_power', 1.0), ('eval_period', 4)):
+    for flag, value in (('lars_eta', 0.002), ('lr_poly_power', 1.0), ('eval_period', 4), ('mixup_mode', 'batch'),
+                        ('warmup_prefix', 0), ('ra_prob', 0.5), ('auto_augment_fill', '1.0,2.0,3.0')):
         changed = resolved(['--lr-schedule', 'poly', '--optimizer', 'lars', f'--{flag.replace("_", "-")}', str(value)])
-        with pytest.raises(RecipeError, match=f'--{flag.replace("_", "-")} .* in the saved run, {value} now'):
+        with pytest.raises(RecipeError, match=f'--{flag.replace("_", "-")} .* in the saved run, '):
             checkpoint.check_same_run(changed, {'settings': recorded}, 'new.state')
+    # a per-channel fill recorded as JSON (a list) is the same setting as the flag's (a tuple)
+    import json
+    fill = resolved(['--auto-augment-fill', '124,116,104'])
+    checkpoint.check_same_run(fill, {'settings': json.loads(json.dumps(checkpoint.run_settings(fill)))}, 'fill.state')
