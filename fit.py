@@ -117,20 +117,25 @@ def evaluated(args, epoch):
 
 
 def default_warmup(args):
-    """The warm-up when --warmup-epochs is not given: DEFAULT_WARMUP_EPOCHS, shortened to half of a run
-    shorter than twice that (with -e 3 the default 5 made every step warm-up: the rate peaked at 60% of --lr
-    and never decayed), and said so."""
-    warmup = min(DEFAULT_WARMUP_EPOCHS, args.num_epochs / 2)
-    if warmup < DEFAULT_WARMUP_EPOCHS and args.mode in ('train', 'train_val') and not args.benchmark_iters:
-        log.info('--warmup-epochs not given: %g epochs of warm-up, half of the %d-epoch run (the default %g would '
-                 'leave no epoch for the decay)', warmup, args.num_epochs, DEFAULT_WARMUP_EPOCHS)
+    """The run's warm-up: --warmup-epochs as given; not given, DEFAULT_WARMUP_EPOCHS or the --recipe's (a value
+    args.recipe_flags names), shortened to half of a run shorter than twice that (with -e 3 a warm-up of 5 made
+    every step warm-up: the rate peaked at 60% of --lr and never decayed, or it was refused), and said so."""
+    from_recipe = 'warmup_epochs' in getattr(args, 'recipe_flags', ())
+    if args.warmup_epochs is not None and not from_recipe:
+        return args.warmup_epochs
+    planned = DEFAULT_WARMUP_EPOCHS if args.warmup_epochs is None else args.warmup_epochs
+    warmup = min(planned, args.num_epochs / 2)
+    if warmup < planned and args.mode in ('train', 'train_val') and not args.benchmark_iters:
+        whose = f"--recipe {args.recipe}'s" if from_recipe else 'the default'
+        log.info('--warmup-epochs not given: %g epochs of warm-up, half of the %d-epoch run (%s %g would leave '
+                 'less than half of it to the decay)', warmup, args.num_epochs, whose, planned)
     return warmup
 
 
 def check_schedule_flags(args):
     """RecipeError for a schedule that cannot be what was meant (train.py and the runner call it before anything
-    starts): --lr-steps out of order, or a --warmup-epochs longer than the run. The default warmup of a run
-    shorter than it stays allowed: short runs (benchmarks, tests) use it knowingly."""
+    starts): --lr-steps out of order, or a given --warmup-epochs longer than the run. The default warmup and a
+    --recipe's are shortened to fit a shorter run instead (default_warmup)."""
     if args.mode not in ('train', 'train_val') or args.test_io:
         return
     steps = args.lr_steps
@@ -138,7 +143,8 @@ def check_schedule_flags(args):
         raise RecipeError(f'--lr-steps {",".join(f"{step:g}" for step in steps)}: the epochs must increase, each '
                           f'once (e.g. {",".join(f"{step:g}" for step in sorted(set(steps)))})')
     epochs = args.num_epochs or DEFAULT_EPOCHS
-    if args.warmup_epochs is not None and args.warmup_epochs > epochs:
+    if args.warmup_epochs is not None and args.warmup_epochs > epochs and \
+            'warmup_epochs' not in getattr(args, 'recipe_flags', ()):
         raise RecipeError(f'--warmup-epochs {args.warmup_epochs:g} is longer than the {epochs}-epoch schedule '
                           '(--num-epochs): the learning rate would never reach --lr; shorten the warmup or '
                           'lengthen the run')

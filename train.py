@@ -267,8 +267,7 @@ def run(args):
     memory.check_batch_fits(args, net, world)
     if args.num_epochs is None:   # the schedule's 90 epochs; one pass for val and the loader test
         args.num_epochs = 1 if args.mode in ('val', 'pred', 'export') or args.test_io else fit.DEFAULT_EPOCHS
-    if args.warmup_epochs is None:
-        args.warmup_epochs = fit.default_warmup(args)
+    args.warmup_epochs = fit.default_warmup(args)     # the default's or a recipe's, shortened to fit the run
     dllogger_path = os.path.join(args.logdir or args.workspace, args.dllogger_log)
     dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0,
                              stream=sys.stderr if args.mode == 'pred' else None)   # stdout: the predictions
