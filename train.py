@@ -250,6 +250,8 @@ def run(args):
     if args.recipe:
         log.info('Recipe %s: %s', args.recipe, ', '.join(f'--{name.replace("_", "-")} {getattr(args, name)}'
                                                          for name in args.recipe_flags) or 'nothing to set')
+        if args.mode in ('train', 'train_val') and recipes.size_words(args):   # val, pred, export: the run's sizes
+            log.info('%s', recipes.size_words(args))
         recipe, batch = recipes.RECIPES[args.recipe], args.batch_size * args.grad_accum_steps
         log.info('Recipe %s scales its learning rate (%g at %d images) %s: %.6g at %d images a step; --lr %.6g%s',
                  args.recipe, recipe['lr'], recipe['lr_batch'], recipes.scaling_words(recipe['lr_scaling']),
