@@ -1,7 +1,8 @@
 """The weights --mode val, pred and export use, and what they take from the run that trained them: its
 network (--arch, --num-layers), image size, test image size (--val-image-shape, which the command may change to
-test at another resolution), validation resize and class count, so that a ResNet-18 trained at 128x128 is
-validated, asked and exported as one, at 128x128, and one trained at 176 and tested at 224 at 224.
+test at another resolution, the resize following it), validation resize and class count, so that a ResNet-18
+trained at 128x128 is validated, asked and exported as one, at 128x128, and one trained at 176 and tested at 224
+at 224; asked to test at 64, that one resizes to 66 (the run's 232 at 224, same ratio) unless told another.
 
     trained_settings.inherit(args)                  # before the network is built; logs what it took, and from where
     path = trained_settings.inference_weights(args)  # checkpoint.find_weights, logged with why that file
@@ -55,10 +56,31 @@ def inference_weights(args):
     return path
 
 
+def another_test_size(args, settings, given):
+    """--val-image-shape asking another test size than the run's (`settings`): the resize the command gives
+    wins; else the run's resize follows by the same ratio (232 at 224 is 66 at 64), so that the crop is the
+    same part of the image, never a patch of a resize meant for another size; logged. True when so."""
+    trained = tuple((settings.get('val_image_shape') or settings.get('image_shape') or (0, 0, 0))[1:])
+    asked = tuple(args.val_image_shape[1:]) if 'val_image_shape' in given else trained
+    if asked == trained or not settings.get('data_val_resize') or not all(trained):
+        return False
+    saved, what = settings['data_val_resize'], f'{asked[0]}x{asked[1]}'
+    if 'data_val_resize' in given:
+        log.info('Testing at %s (--val-image-shape), the run at %dx%d after resizing to %d: --data-val-resize %d '
+                 '(given)', what, *trained, saved, args.data_val_resize)
+        return True
+    args.data_val_resize = round(saved * max(asked) / max(trained))
+    log.info('Testing at %s (--val-image-shape), the run at %dx%d after resizing to %d: --data-val-resize %d, '
+             'the run\'s resize at the same ratio (give --data-val-resize for another)', what, *trained, saved,
+             args.data_val_resize)
+    return True
+
+
 def inherit(args):
     """Take the weights' run's --arch, --num-layers, --image-shape (height and width), --val-image-shape,
     --data-val-resize and class count where the command does not give them; RecipeError where it gives other
-    values (but for --val-image-shape). Nothing for training modes."""
+    values (but for --val-image-shape, and --data-val-resize with another test size: another_test_size).
+    Nothing for training modes."""
     if args.mode not in INFERENCE_MODES:
         return
     try:
@@ -83,9 +105,10 @@ def inherit(args):
             tuple(tested[1:]):
         args.val_image_shape = (args.image_shape[0],) + tuple(tested[1:])
         taken.append(f'--val-image-shape {",".join(map(str, args.val_image_shape))}')
+    resized = another_test_size(args, settings, given)
     for name in ('arch', 'num_layers', 'data_val_resize'):
         saved, flag = settings.get(name), '--' + name.replace('_', '-')
-        if saved is None or getattr(args, name) == saved:
+        if saved is None or getattr(args, name) == saved or (name == 'data_val_resize' and resized):
             continue
         if name in given:
             contradictions.append(f'{flag} {getattr(args, name)} (trained with {saved})')
