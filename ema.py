@@ -22,6 +22,9 @@ import numpy as np
 # Names under which the average goes into a .state file (checkpoint.save_state's `extra` arrays).
 STATE_PREFIX = 'ema:'
 
+# The name of the update count in a .state file: whether the average has moved yet survives a resume.
+UPDATES_NAME = STATE_PREFIX + '#updates'
+
 # Arrays per multi-tensor update call: MXNet's multi_sgd kernels take at most 60 (as its optimizers do).
 ARRAYS_PER_CALL = 60
 
@@ -53,11 +56,18 @@ class WeightAverage:
     weights every `every` optimizer steps with the per-step decay raised to that power (the same horizon as
     updating every step, for 1/every of the host work), or with `decay_per_update` as it is (torchvision's
     adjusted rule, training_extras.ema_decay); with `warmup`, timm's warm-up of the decay; with `copy_epochs`,
-    torchvision's copy of the weights during the learning-rate warm-up (copies_weights)."""
+    torchvision's copy of the weights during the learning-rate warm-up (copies_weights). `updates` counts the
+    updates over the run (kept in the state): an average with none is still the weights it started from.
+    `on_first_step(step, steps_per_epoch)` is called at the first update() call, when the length of an epoch
+    is first known (training_extras checks there that the run is long enough for `every`)."""
 
-    def __init__(self, net, decay, ctx, every=1, warmup=False, decay_per_update=None, copy_epochs=None):
+    def __init__(self, net, decay, ctx, every=1, warmup=False, decay_per_update=None, copy_epochs=None,
+                 on_first_step=None):
         self.decay, self.every, self.warmup, self.decay_per_update = decay, every, warmup, decay_per_update
         self.copy_epochs = copy_epochs
+        self.on_first_step = on_first_step
+        self.updates = 0          # over the run, resumes included
+        self.last_step = 0        # the optimizer step of the latest update() call
         self.ctx = ctx
         self.params = net._collect_params_with_prefix()
         self.average = {name: param.data(ctx).astype('float32', copy=True) for name, param in self.params.items()}
@@ -78,6 +88,10 @@ class WeightAverage:
         steps, a = d * a + (1 - d) * w for every array, in MXNet's multi-tensor SGD kernels (an SGD step of `a`
         with learning rate 1, weight decay 1 - d and the gradient -(1 - d) * w is exactly that): a few operators
         for all 267 arrays of ResNet-50 instead of three per array; or a = w where copies_weights says so."""
+        if self.on_first_step is not None:
+            self.on_first_step(step, steps_per_epoch)
+            self.on_first_step = None
+        self.last_step = step
         if step % self.every:
             return
         if self.ctx.device_type == 'cpu':
@@ -89,6 +103,7 @@ class WeightAverage:
             self.copy()
         else:
             self.blend(self.update_decay(step))
+        self.updates += 1
 
     def copy(self):
         """a = w for every array (as float32), exactly."""
@@ -129,8 +144,9 @@ class WeightAverage:
     def state_arrays(self, worker_statistics=None):
         """The average as {STATE_PREFIX + name: array} for the .state file, with `worker_statistics` ({rank:
         {name: array}} of every worker's averaged batchnorm statistics, several workers) as
-        STATE_PREFIX + 'rank<r>:' + name."""
+        STATE_PREFIX + 'rank<r>:' + name, and the update count as UPDATES_NAME."""
         arrays = {STATE_PREFIX + name: value for name, value in self.average.items()}
+        arrays[UPDATES_NAME] = mx.nd.array([self.updates], dtype='float64')
         for rank, statistics in (worker_statistics or {}).items():
             arrays.update({f'{STATE_PREFIX}rank{rank}:{name}': mx.nd.array(value) for name, value in statistics.items()})
         return arrays
@@ -138,12 +154,17 @@ class WeightAverage:
     def restore(self, arrays, rank=0):
         """Take the average back from a read .state (checkpoint.State.extra), with worker `rank`'s own
         batchnorm statistics when the state has them; False when it holds no average (a run that did not
-        average, or other names), so the average starts from the current weights."""
+        average, or other names), so the average starts from the current weights. A state written before the
+        update count was kept is taken as updated (its count is unknown)."""
         own = f'{STATE_PREFIX}rank{rank}:'
-        saved = {name[len(STATE_PREFIX):]: value for name, value in arrays.items()
-                 if name.startswith(STATE_PREFIX) and not name[len(STATE_PREFIX):].startswith('rank')}
+        saved = {name[len(STATE_PREFIX):]: value for name, value in arrays.items() if name != UPDATES_NAME and
+                 name.startswith(STATE_PREFIX) and not name[len(STATE_PREFIX):].startswith('rank')}
         if set(saved) != set(self.average):
             return False
+        count = arrays.get(UPDATES_NAME)
+        if isinstance(count, mx.nd.NDArray):
+            count = count.asnumpy()
+        self.updates = 1 if count is None else int(np.asarray(count).ravel()[0])
         saved.update({name[len(own):]: value for name, value in arrays.items() if name.startswith(own)})
         for name, value in saved.items():
             value = value if isinstance(value, mx.nd.NDArray) else mx.nd.array(value)

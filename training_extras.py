@@ -3,7 +3,8 @@
 * --model-ema, --model-ema-decay, --model-ema-steps, --model-ema-warmup, --model-ema-adjust: a float32 moving
   average of the weights (ema.py), validated every epoch
   beside the trained weights (`val.ema.*`), saved as `<prefix>_ema_best.params` on its own best top-1 and
-  kept in `<prefix>_last.state`.
+  kept in `<prefix>_last.state`; an average not updated yet is neither validated nor saved (the log says so),
+  and a run too short for --model-ema-steps is warned at its first step.
 * --cutmix, --mixup-switch-prob, --mixup-mode: losses.py draws and pastes the boxes (per image, pair or batch).
 * --bce-loss, --bce-target-thresh: TrainingStep's loss and losses.bce_targets.
 * --grad-accum-steps K: Accumulation (gradients summed over K batches, one optimizer step).
@@ -14,7 +15,9 @@
 Every draw is a function of the seed and the position in training, and every piece of state is in the
 .state file, so a resumed run continues as an uninterrupted one would.
 """
+import functools
 import logging
+import os
 import time
 
 import checkpoint
@@ -159,10 +162,34 @@ def start_average(args, net, world, state):
                  args.model_ema_steps, adjusted, args.warmup_epochs)
     average = ema.WeightAverage(net, args.model_ema_decay, args.contexts[0], every=args.model_ema_steps,
                                 warmup=args.model_ema_warmup, decay_per_update=adjusted,
-                                copy_epochs=args.warmup_epochs if args.model_ema_adjust else None)
+                                copy_epochs=args.warmup_epochs if args.model_ema_adjust else None,
+                                on_first_step=functools.partial(check_average_schedule, args))
     if state is not None and not average.restore(state.extra, world.rank):
         log.warning('The resumed state holds no weight average: --model-ema starts from the current weights')
+    elif state is not None and ema.UPDATES_NAME not in state.extra:
+        log.info('The resumed state does not say how often its weight average was updated (written by an earlier '
+                 'version): it is taken as updated')
     return average
+
+
+def check_average_schedule(args, step, steps_per_epoch):
+    """At the run's first optimizer step, when the length of an epoch is known: a warning when the whole run
+    (--num-epochs epochs of `steps_per_epoch` optimizer steps) is too short for the average's schedule: it ends
+    before the first update (--model-ema-steps), or, with --model-ema-adjust, before the first update that
+    averages instead of copying the weights (torchvision's warm-up). `step`, this process's first optimizer step,
+    does not matter: the check is of the whole run, so a resumed run says it again."""
+    every, total = args.model_ema_steps, steps_per_epoch * args.num_epochs
+    run = f'{total} optimizer steps in all ({args.num_epochs} epochs of {steps_per_epoch})'
+    if total < every:
+        log.warning('--model-ema-steps %d: the weight average is first updated after optimizer step %d, and this run '
+                    'has %s: it would stay the starting weights, so it is never validated nor saved. Give '
+                    '--model-ema-steps %d or less (or train longer)', every, every, run, total)
+    elif args.model_ema_adjust and ema.copies_weights(total - total % every, every, steps_per_epoch,
+                                                      args.warmup_epochs):
+        log.warning('--model-ema-adjust: every update of the weight average (every %d steps) comes within or right '
+                    'after the %g warm-up epochs, and so copies the weights (torchvision\'s rule), over the %s: '
+                    'val.ema.* will be the weights\' own. Lower --model-ema-steps or --warmup-epochs, or train longer',
+                    every, args.warmup_epochs, run)
 
 
 def ema_decay_adjusted(args):
@@ -186,6 +213,11 @@ def average_state(average, net, world):
 def validate_average(args, net, average, val_loader, world, meta, epoch):
     """`val.ema.*` metrics of the weight average, and `<prefix>_ema_best.params` (rank 0) on its best top-1."""
     if average is None or val_loader is None:
+        return {}
+    if not average.updates:   # the same on every worker: all return before the collective below
+        log.info('[Epoch %d] The weight average has not been updated yet (first after optimizer step %d, '
+                 '--model-ema-steps; %d steps so far): not validated, no %s', epoch, average.every, average.last_step,
+                 os.path.basename(checkpoint.ema_best_params_path(args)))
         return {}
     # The average's batchnorm statistics, like the network's, are the same on every worker before it is judged.
     world.average_copies([[average.average[name]] for name, p in average.params.items() if p.grad_req == 'null'])
@@ -244,3 +276,4 @@ def target_summary(history, target):
     reached = target_epoch(history, target) or {}
     return {'target_accuracy': target, 'target_accuracy.epoch': reached.get('epoch'),
             'target_accuracy.wall_seconds': reached.get('wall_seconds')}
+

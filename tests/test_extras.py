@@ -262,7 +262,7 @@ def test_weight_average_is_validated_saved_and_loadable(digits, tmp_path):
     assert [e['val.ema.accuracy'] for e in report['epochs']] == [e['data']['val.ema.accuracy'] for e in epochs]
     assert report['summary']['val.ema.accuracy'] == max(e['data']['val.ema.accuracy'] for e in epochs)
     state = checkpoint.read_state(str(ws / 'model_last.state'))
-    assert set(state.extra) == {'ema:' + name for name in state.params}
+    assert set(state.extra) == {'ema:' + name for name in state.params} | {ema.UPDATES_NAME}
     assert state.meta['ema_best_accuracy'] == report['summary']['val.ema.accuracy']
     best_epoch = max(epochs, key=lambda e: e['data']['val.ema.accuracy'])['data']
     cmd = train_cmd(digits, tmp_path / 'eval', '--mode', 'val', '--data-backend', 'mxnet', '--load',

@@ -1,0 +1,87 @@
+"""Short runs on the digits set (issue 37, item 4): a weight average that has not moved yet is neither
+validated nor saved, and a run too short for its schedule says so at the start."""
+import json
+import logging
+from types import SimpleNamespace
+
+import mxnet as mx
+import pytest
+
+import checkpoint
+import ema
+import training_extras
+from float16_twin import Float16Net, step_for
+from test_train import epoch_records, run
+
+# 64 training images at -b 32: 2 optimizer steps an epoch.
+SHORT = ['--num-examples', '64', '--data-backend', 'mxnet']
+
+
+def log_text(workspace):
+    return (workspace / 'log.log').read_text()
+
+
+# ---- the weight average -----------------------------------------------------------------------------------
+
+def test_a_run_shorter_than_the_average_period_warns_and_never_judges_the_untrained_average(digits, tmp_path):
+    """-e 1 of 2 steps with --model-ema-steps 3: the average would first move after step 3. The start says so
+    with the numbers; the epoch's validation leaves the average out (once, said), and no model_ema_best.params
+    holds the untrained weights."""
+    ws = tmp_path / 'ws'
+    run(digits, ws, *SHORT, '--num-epochs', '1', '--model-ema', '--model-ema-steps', '3')
+    text = log_text(ws)
+    assert ('--model-ema-steps 3: the weight average is first updated after optimizer step 3, and this run has 2 '
+            'optimizer steps in all (1 epochs of 2)') in text and 'Give --model-ema-steps 2 or less' in text
+    assert text.count('The weight average has not been updated yet') == 1
+    assert '[Epoch 0] The weight average has not been updated yet (first after optimizer step 3' in text
+    assert not any(key.startswith('val.ema.') for key in epoch_records(ws)[0]['data'])
+    assert 'val.accuracy' in epoch_records(ws)[0]['data']
+    assert not (ws / 'model_ema_best.params').exists()
+    assert not any(key.startswith('val.ema.') for key in json.loads((ws / 'report.json').read_text())['summary'])
+
+
+def test_the_average_is_judged_from_the_epoch_of_its_first_update(digits, tmp_path):
+    """-e 2 of 2 steps with --model-ema-steps 3: epoch 0 (steps 1-2) has no update, epoch 1 (step 3) one: only
+    epoch 1 has val.ema.* and writes model_ema_best.params; the state counts the update; no start warning."""
+    ws = tmp_path / 'ws'
+    run(digits, ws, *SHORT, '--num-epochs', '2', '--model-ema', '--model-ema-steps', '3')
+    epochs = epoch_records(ws)
+    assert not any(key.startswith('val.ema.') for key in epochs[0]['data'])
+    assert 'val.ema.accuracy' in epochs[1]['data']
+    text = log_text(ws)
+    assert text.count('The weight average has not been updated yet') == 1 and 'is first updated after' not in text
+    assert (ws / 'model_ema_best.params').exists()
+    summary = json.loads((ws / 'report.json').read_text())['summary']
+    assert summary['val.ema.accuracy'] == epochs[1]['data']['val.ema.accuracy'] and summary['val.ema.accuracy.epoch'] == 1
+    state = checkpoint.read_state(str(ws / 'model_last.state'))
+    assert state.extra[ema.UPDATES_NAME].asnumpy().tolist() == [1.0]
+
+
+def test_the_update_count_survives_a_resume():
+    step = step_for(Float16Net())
+    average = ema.WeightAverage(step.net, 0.5, mx.cpu(), every=2)
+    average.update(1)
+    assert average.updates == 0 and average.last_step == 1
+    average.update(2)
+    assert average.updates == 1
+    resumed = ema.WeightAverage(step.net, 0.5, mx.cpu(), every=2)
+    assert resumed.restore(average.state_arrays()) and resumed.updates == 1
+    fresh = ema.WeightAverage(step.net, 0.5, mx.cpu(), every=2)
+    assert fresh.restore({}) is False and fresh.updates == 0
+    older = {name: value for name, value in average.state_arrays().items() if name != ema.UPDATES_NAME}
+    assert resumed.restore(older) and resumed.updates == 1       # a state of an earlier version: taken as updated
+
+
+def test_an_average_that_would_only_copy_the_weights_is_warned(caplog):
+    """--model-ema-adjust copies the weights at every update made within the warm-up (torchvision's rule): with 4
+    steps, an update every 2 and 1 warm-up epoch of 2 steps, the last update (step 4) follows one at step 2,
+    within the warm-up, so every update copies; with half an epoch of warm-up the update at step 4 averages."""
+    args = SimpleNamespace(model_ema_steps=2, num_epochs=2, model_ema_adjust=True, warmup_epochs=1)
+    with caplog.at_level(logging.INFO, logger='training_extras'):
+        training_extras.check_average_schedule(args, 1, 2)
+    assert 'every update of the weight average (every 2 steps) comes within or right after the 1 warm-up' in caplog.text
+    caplog.clear()
+    args.warmup_epochs = 0.5
+    with caplog.at_level(logging.INFO, logger='training_extras'):
+        training_extras.check_average_schedule(args, 1, 2)
+    assert caplog.text == ''
