@@ -380,6 +380,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
             log.info('Stopped after epoch %d%s', epoch, resume_note(args))
             break
     clock.record(meta)   # report.json's total_duration: the training's wall time over all its resumes
+    training_extras.note_inherited_epochs(meta['history'])   # which epochs the summary leaves out
     return meta
 
 
@@ -399,6 +400,8 @@ def resume(args, net, step, world, state):
                  os.path.dirname(os.path.abspath(args.load)))
         meta['best_accuracy'] = None
         meta.pop('ema_best_accuracy', None)
+        for entry in meta['history']:   # the summary leaves them out (training_summary)
+            entry.setdefault('inherited_from', os.path.dirname(os.path.abspath(args.load)))
     optimizer_state.restore_trainer_state(step.gluon_trainer, state.trainer)
     optimizer = step.gluon_trainer._optimizer
     for flag, attribute in (('wd', 'wd'), ('mom', 'momentum')):
@@ -473,10 +476,13 @@ def write_state(args, net, step, meta, world):
 
 
 def training_summary(history, target_accuracy=None):
-    """Summary record: lowest loss, mean throughput, best accuracies over the epochs (each with the epoch it
-    comes from, `<metric>.epoch`: a run continued from another's state inherits its history), and where
-    --target-accuracy was reached."""
+    """Summary record: lowest loss, mean throughput, best accuracies over the epochs trained in this workspace,
+    each with its epoch (`<metric>.epoch`; a run continued from another workspace's state counts the epochs it
+    inherited, marked `inherited_from`, in `inherited_epochs` alone), and where --target-accuracy was reached."""
     summary = training_extras.target_summary(history, target_accuracy)
+    inherited = sum('inherited_from' in m for m in history)   # their best weights are in that workspace
+    summary.update({'inherited_epochs': inherited} if inherited else {})
+    history = [m for m in history if 'inherited_from' not in m]
     evaluated_epochs = [m['epoch'] for m in history if 'val.accuracy' in m]
     if evaluated_epochs and len(evaluated_epochs) < len(history):   # --eval-period: say which epochs count
         summary['val.epochs'] = ','.join(map(str, evaluated_epochs))

@@ -277,3 +277,11 @@ def target_summary(history, target):
     return {'target_accuracy': target, 'target_accuracy.epoch': reached.get('epoch'),
             'target_accuracy.wall_seconds': reached.get('wall_seconds')}
 
+
+def note_inherited_epochs(history):
+    """At the end of a run continued from another workspace's state (fit.resume marks the epochs it inherited
+    `inherited_from`): a log line that its summary (fit.training_summary) is of this workspace's epochs."""
+    inherited = [m for m in history if 'inherited_from' in m]
+    if inherited:
+        log.info('The summary is of the epochs trained in this workspace, as its model_best.params: epochs %d-%d '
+                 'were trained in %s', inherited[0]['epoch'], inherited[-1]['epoch'], inherited[-1]['inherited_from'])

@@ -1,5 +1,6 @@
-"""Short runs on the digits set (issue 37, item 4): a weight average that has not moved yet is neither
-validated nor saved, and a run too short for its schedule says so at the start."""
+"""Short runs on the digits set (issue 37, items 4 and 8): a weight average that has not moved yet is neither
+validated nor saved, and a run too short for its schedule says so at the start; a run continued from another
+workspace's state summarises its own epochs."""
 import json
 import logging
 from types import SimpleNamespace
@@ -9,6 +10,8 @@ import pytest
 
 import checkpoint
 import ema
+import fit
+import logs
 import training_extras
 from float16_twin import Float16Net, step_for
 from test_train import epoch_records, run
@@ -85,3 +88,53 @@ def test_an_average_that_would_only_copy_the_weights_is_warned(caplog):
     with caplog.at_level(logging.INFO, logger='training_extras'):
         training_extras.check_average_schedule(args, 1, 2)
     assert caplog.text == ''
+
+
+# ---- a finished run continued in a new workspace ----------------------------------------------------------
+
+def doctor_best(state_path, accuracy):
+    """The state's history and best accuracy set to `accuracy` (checksum redone): an earlier best the continued
+    run cannot beat, so that a summary of the whole history and one of this workspace's epochs differ."""
+    arrays = mx.nd.load(str(state_path))
+    meta = json.loads(arrays['meta'].asnumpy().tobytes().decode())
+    for entry in meta['history']:
+        entry['val.accuracy'] = accuracy
+    meta['best_accuracy'] = accuracy
+    arrays['meta'] = checkpoint.bytes_array(json.dumps(meta).encode())
+    arrays['checksum'] = checkpoint.bytes_array(checkpoint.checksum(arrays).encode())
+    mx.nd.save(str(state_path), arrays)
+
+
+@pytest.fixture(scope='module')
+def continued(digits, tmp_path_factory):
+    """A 1-epoch run whose state says top-1 0.999, continued to 2 epochs in another workspace."""
+    root = tmp_path_factory.mktemp('continued')
+    old, new = root / 'old', root / 'new'
+    run(digits, old, *SHORT, '--num-epochs', '1')
+    doctor_best(old / 'model_last.state', 0.999)
+    result = run(digits, new, *SHORT, '--num-epochs', '2', '--load', old / 'model_last.state')
+    return old, new, result
+
+
+def test_a_continued_run_summarises_the_epochs_of_its_own_workspace(continued):
+    old, new, result = continued
+    report = json.loads((new / 'report.json').read_text())
+    own = report['epochs'][1]
+    assert report['epochs'][0]['inherited_from'] == str(old) and 'inherited_from' not in own
+    summary = report['summary']
+    assert summary['val.accuracy'] == own['val.accuracy'] < 0.999 and summary['val.accuracy.epoch'] == 1
+    assert summary['train.loss.epoch'] == 1 and summary['inherited_epochs'] == 1
+    assert 'best_accuracy' not in summary
+    assert f'val.accuracy : {logs.format_value(own["val.accuracy"])}' in result.stdout.split('Summary:')[1]
+    assert (f'The summary is of the epochs trained in this workspace, as its model_best.params: epochs 0-0 were '
+            f'trained in {old}') in log_text(new)
+    assert checkpoint.read_state(str(new / 'model_last.state')).meta['best_accuracy'] == own['val.accuracy']
+
+
+def test_the_summary_leaves_inherited_epochs_out():
+    history = [{'epoch': 0, 'train.loss': 1.0, 'val.accuracy': 0.9, 'inherited_from': '/old'},
+               {'epoch': 1, 'train.loss': 2.0, 'val.accuracy': 0.5}]
+    summary = fit.training_summary(history)
+    assert summary == {'inherited_epochs': 1, 'train.loss': 2.0, 'train.loss.epoch': 1, 'val.accuracy': 0.5,
+                       'val.accuracy.epoch': 1}
+    assert 'inherited_epochs' not in fit.training_summary(history[1:])
