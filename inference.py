@@ -219,6 +219,15 @@ def evaluate(args, net, world, get_loaders, dllogger):
     _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True)
     if val_loader is None:
         raise RecipeError('--mode val needs validation data: pass --data-val (and --data-val-idx)')
+    # A small set (the quick start's 32 images at the runner's -b 192) is read in a batch of its size, rounded up
+    # to the workers' devices, instead of a batch that is mostly padding.
+    devices = world.size * len(args.contexts)
+    fitting = -(-val_loader.num_examples // devices) * devices
+    if args.batch_size >= 2 * val_loader.num_examples and fitting < args.batch_size:
+        log.info('--batch-size %d is over twice the %d validation images: validating with a batch of %d instead (no '
+                 'padding to compute)', args.batch_size, val_loader.num_examples, fitting)
+        args.batch_size = fitting
+        _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True)
     memory.check_batch_against_data(val_loader, world)
     all_durations, history = [], []
     for epoch in range(args.num_epochs):
