@@ -4,6 +4,7 @@
     python scripts/prepare_dataset.py SRC OUT [--splits train,val] [--seed 100] [--workers N]
                                               [--quality 95] [--names NAMES.txt]
     python scripts/prepare_dataset.py SRC OUT --val-fraction 0.2 [...]     # SRC/<class>/<image>, no split yet
+    python scripts/prepare_dataset.py SRC OUT --splits train [...]         # SRC/<class>/<image>, all for training
 
 SRC/<split>/<class>/<image> becomes, for each split, OUT/<split>.lst, OUT/<split>.rec and OUT/<split>.idx,
 plus OUT/classes.json:
@@ -16,6 +17,9 @@ lines (e.g. ImageNet's synset mapping); without it a class's name is its folder 
 * With --val-fraction F, SRC holds the class folders directly and has no split: of each class's readable
   images, round(F x count) (at least 1, and at least 1 left for training, when the class has 2 or more) are
   drawn for OUT/val.* with --seed, the rest go to OUT/train.*; the .lst files say which file went where.
+* A training set alone (train with --mode train): --splits train on SRC/<class>/<image> (SRC has no train/
+  folder) writes OUT/train.* from every readable image, and so does --val-fraction 0; OUT/val.* of an earlier
+  conversion is left alone and warned about.
 * Labels are the index of the class folder in sorted order, taken from the first split (normally train);
   the other splits must use the same folders. An empty class folder keeps its index and is reported.
 * Every file is decoded once (Pillow) before anything is written: unreadable and non-image files are
@@ -58,9 +62,10 @@ def parse_args(argv=None):
     parser.add_argument('src', help='folder with one sub-folder per split, each with one folder per class')
     parser.add_argument('out', help='output folder')
     parser.add_argument('--splits', default=None, help='comma-separated split folders to convert (default: train,val)')
-    parser.add_argument('--val-fraction', type=flags.real(minimum=0, maximum=1, exclusive=True), default=None,
+    parser.add_argument('--val-fraction', type=flags.real(minimum=0, maximum=1), default=None,
                         help='SRC has no split folders, only class folders: hold out this fraction of each '
-                             'class\'s images (drawn with --seed) as the validation split')
+                             'class\'s images (drawn with --seed) as the validation split; 0: none, every image '
+                             'for training (as --splits train)')
     parser.add_argument('--seed', type=int, default=100, help='shuffle seed (im2rec.py uses 100)')
     parser.add_argument('--workers', type=int, default=os.cpu_count(), help='parallel processes')
     parser.add_argument('--quality', type=int, default=95, help='JPEG quality for re-encoded images')
@@ -154,13 +159,21 @@ def convert_tree(args, splits, classes, pool):
             convert_split(args, split, split_dir, classes, *check_files(split_dir, items, pool), pool)
         return
     items = list_files(args.class_root, classes)
-    print(f'{args.class_root}: {len(items)} files in {len(classes)} classes, {args.val_fraction:g} of each class '
-          'held out for validation', file=sys.stderr)
+    if args.val_fraction == 0:
+        print(f'{args.class_root}: {len(items)} files in {len(classes)} classes, all for training (no validation '
+              'split: train with --mode train)', file=sys.stderr)
+        stale = os.path.join(args.out, 'val.rec')
+        if os.path.exists(stale):
+            print(f'  warning: {stale} (and val.idx) is from an earlier conversion and stays: --mode train_val would '
+                  'validate on it; delete it if those images are now training images', file=sys.stderr)
+    else:
+        print(f'{args.class_root}: {len(items)} files in {len(classes)} classes, {args.val_fraction:g} of each class '
+              'held out for validation', file=sys.stderr)
     good, skipped = check_files(args.class_root, items, pool)
-    val = held_out(good, args.val_fraction, args.seed)
+    val = held_out(good, args.val_fraction, args.seed) if args.val_fraction else set()
     parts = {'train': [item for i, item in enumerate(good) if i not in val],
              'val': [item for i, item in enumerate(good) if i in val]}
-    for split in ('train', 'val'):
+    for split in ('train', 'val') if args.val_fraction else ('train',):
         convert_split(args, split, args.class_root, classes, parts[split], skipped if split == 'train' else [],
                       pool)
 
@@ -220,7 +233,8 @@ def check_layout(args, splits):
     """What is wrong with SRC's layout for these flags (None: nothing), once the class folders are settled in
     args.class_root and args.classes. With --val-fraction, SRC holding only train/ (or only val/) is the split
     layout with a half missing: its class folders are the classes (they used to become one class named
-    `train`, which scored 100%)."""
+    `train`, which scored 100%). --splits train on class folders (no train/) takes them all for training, as
+    --val-fraction 0 does (args.val_fraction becomes 0)."""
     folders = list_classes(args.src) if os.path.isdir(args.src) else []
     lone_split = folders and set(folders) <= set(SPLIT_NAMES) and len(folders) == 1 and \
         list_classes(os.path.join(args.src, folders[0]))
@@ -229,8 +243,13 @@ def check_layout(args, splits):
             return (f'{args.src} is split already (train/ and val/): leave --val-fraction out')
         args.class_root = os.path.join(args.src, folders[0]) if lone_split else args.src
         if lone_split:
-            print(f'{args.src} holds only {folders[0]}/: its class folders are split, {args.val_fraction:g} of '
-                  'each held out for validation', file=sys.stderr)
+            print(f'{args.src} holds only {folders[0]}/: its class folders are ' + (
+                f'split, {args.val_fraction:g} of each held out for validation' if args.val_fraction else
+                'the classes'), file=sys.stderr)
+    elif splits == ['train'] and folders and not set(folders) & set(SPLIT_NAMES):
+        print(f'--splits train: {args.src} has no train/ folder, so its {len(folders)} folders are the classes and '
+              'every image goes to train.*', file=sys.stderr)
+        args.class_root, args.val_fraction = args.src, 0.0
     else:
         for split in splits:
             if os.path.isdir(os.path.join(args.src, split)):
@@ -240,7 +259,8 @@ def check_layout(args, splits):
                         f'validation with --val-fraction 0.2, or convert {folders[0]}/ alone with --splits '
                         f'{folders[0]} (then train with --mode train)')
             return (f'{os.path.join(args.src, split)} is not a folder (expected SRC/<split>/<class>/<image>; for '
-                    'SRC/<class>/<image>, without a split, add --val-fraction 0.2)')
+                    'SRC/<class>/<image>, without a split, add --val-fraction 0.2 to hold out 20% for validation, '
+                    'or convert every image for training with --splits train)')
         args.class_root = os.path.join(args.src, splits[0])
     args.classes = list_classes(args.class_root) if os.path.isdir(args.class_root) else []
     if not args.classes:
@@ -257,7 +277,8 @@ def check_layout(args, splits):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.val_fraction is not None and args.splits is not None:
+    same = args.val_fraction == 0 and args.splits == 'train'   # both say: every image for training
+    if args.val_fraction is not None and args.splits is not None and not same:
         print('error: --val-fraction splits a folder of class folders itself: leave --splits out', file=sys.stderr)
         return 2
     splits = [s for s in (args.splits or 'train,val').split(',') if s]
