@@ -21,8 +21,11 @@ $(VENV)/.requirements: requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	sed '/^mxnet==/d' requirements.txt > $(VENV)/requirements-resolved.txt
 	echo '$(MXNET)' >> $(VENV)/requirements-resolved.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check -r $(VENV)/requirements-resolved.txt \
-		-r requirements-dev.txt
+	# --no-warn-conflicts here and for Horovod: gluoncv and onnxruntime (below) go without some of their declared
+	# dependencies on purpose, which pip listed as conflicts, looking like a failure, whenever it installed a
+	# package they depend on (Horovod's pyyaml). The filtered pip check after Horovod reports any other conflict.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-warn-conflicts \
+		-r $(VENV)/requirements-resolved.txt -r requirements-dev.txt
 	# onnxruntime checks exported ONNX models. Every release for Python 3.11 declares numpy>=1.24.2, which
 	# mxnet 1.9.1 cannot use; 1.16.3 runs fine on numpy 1.23.5, so it is installed without its declared
 	# dependencies (it needs none of them to run a model).
@@ -39,8 +42,11 @@ $(VENV)/.horovod: $(VENV)/.requirements
 	$(PY) -c 'import horovod.mxnet' 2>/dev/null || \
 	HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-cache-dir horovod==0.28.1
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-warn-conflicts horovod==0.28.1 \
+		--no-build-isolation --no-cache-dir
 	$(PY) -c 'import horovod.mxnet'
+	# pip check, less the dependencies gluoncv and onnxruntime go without on purpose: prints any other conflict
+	$(PY) -m pip check | grep -v -e '^gluoncv ' -e '^onnxruntime ' | sed 's/^/pip check: /' || true
 	touch $@
 
 test: setup

@@ -11,6 +11,7 @@ epoch a function of (seed, epoch) alone, dealt over the global ranks so that eve
 number of steps and a resume can start at any batch.
 """
 import io
+import logging
 import mmap
 import os
 import struct
@@ -20,6 +21,7 @@ import numpy as np
 
 from errors import RecipeError, mxnet_message
 
+log = logging.getLogger(__name__)
 RECORD_MAGIC = 0xced7230a
 
 
@@ -226,6 +228,11 @@ class TrainingShard:
         self.num_batches = training_steps(count, num_workers, batch_size)
         self.real_samples = len(range(rank, count, num_workers))
         self._cached = (None, None)
+        if repeats > num_workers and rank == 0:
+            log.info('--aug-repeats %d with %d worker%s: the %d copies of an image are dealt over the workers, so up '
+                     'to %d of them sit side by side in one worker\'s batch (each augmented differently); timm\'s and '
+                     'torchvision\'s samplers give each copy to another worker, which takes %d workers', repeats,
+                     num_workers, 's' if num_workers > 1 else '', repeats, -(-repeats // num_workers), repeats)
 
     def order(self, epoch):
         if self._cached[0] != epoch:

@@ -13,10 +13,13 @@ tensorboardX's synchronous EventsWriter, not its SummaryWriter, which queues the
 flush() writes only what that thread has already taken from the queue (a run killed right after an epoch's
 validation once lost that epoch's val/ scalars).
 """
+import logging
 import os
 import time
 
 import logs
+
+log = logging.getLogger(__name__)
 
 # What goes to TensorBoard of each kind of record (the speed of validation and latencies stay in DLLogger).
 ITERATION_METRICS = ('train.loss', 'train.lr', 'train.ips')
@@ -29,9 +32,10 @@ def teed(args, world, dllogger, iterations, meta):
     if args.tensorboard is None or world.rank != 0:
         return dllogger
     position = meta['epoch'] * iterations + meta['iteration']
+    folder = os.path.abspath(logs.in_workspace(args, args.tensorboard))
+    log.info('--tensorboard: event files in %s (view them with: tensorboard --logdir %s)', folder, folder)
     # Also at position 0: a run killed before its first state may have left events to supersede.
-    return TeeLogger(dllogger, EventFile(logs.in_workspace(args, args.tensorboard), purge_step=position + 1),
-                     iterations)
+    return TeeLogger(dllogger, EventFile(folder, purge_step=position + 1), iterations)
 
 
 class EventFile:
