@@ -18,7 +18,6 @@ What happens, in order:
    several workers, which must agree), writes the last state and returns; the next run resumes from there.
 """
 import logging
-import math
 import os
 import signal
 import time
@@ -36,6 +35,7 @@ import resolution
 import tensorboard_log
 import training_extras
 from data import batches
+from epoch_loss import EpochLoss
 from errors import RecipeError
 from schedule import learning_rate
 from step import TrainingStep
@@ -192,32 +192,6 @@ def resume_note(args):
 
 # ----------------------------------------------------------------------------------------------------------
 # The epoch
-
-
-class EpochLoss:
-    """The sum and count of the finite iteration losses of an epoch (stored in the checkpoint meta, so a
-    resumed epoch reports the loss over all its iterations), and of the current --disp-batches window."""
-
-    def __init__(self, meta):
-        self.meta = meta
-        self.window_sum, self.window_count = 0.0, 0
-
-    def add(self, value, epoch, iteration, step):
-        if not math.isfinite(value) and not step.skips_bad_steps:
-            raise RecipeError(f'the training loss became {value} at epoch {epoch} iteration {iteration}: '
-                              f'training stopped. The last good state is {checkpoint.last_state_path(step.args)} '
-                              '(if it exists); lower --lr, add --warmup-epochs, or check the data')
-        if math.isfinite(value):
-            self.meta['loss_sum'] += value
-            self.meta['loss_count'] += 1
-            self.window_sum += value
-            self.window_count += 1
-
-    def window_mean(self):
-        """The mean over the window, which then starts again."""
-        mean = self.window_sum / max(self.window_count, 1)
-        self.window_sum, self.window_count = 0.0, 0
-        return mean
 
 
 class LookAhead:
