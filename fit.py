@@ -30,6 +30,7 @@ import flags
 import inference
 import lars
 import logs
+import mlperf_log
 import optimizer_state
 import resolution
 import tensorboard_log
@@ -112,8 +113,10 @@ def add_fit_args(parser):
 def evaluated(args, epoch):
     """Whether train_val validates after `epoch`: every --eval-period epochs from --eval-offset (MLPerf's
     sparse evaluation: --eval-period 4 --eval-offset 2 validates after epochs 2, 6, 10, ...), and after the
-    schedule's last epoch. The best checkpoint and --target-accuracy see only these epochs."""
-    return epoch % args.eval_period == args.eval_offset % args.eval_period or epoch == args.num_epochs - 1
+    schedule's last epoch (not with an MLPerf result log: MLPerf evaluates on its period alone). The best
+    checkpoint and --target-accuracy see only these epochs."""
+    return epoch % args.eval_period == args.eval_offset % args.eval_period or \
+        (epoch == args.num_epochs - 1 and not mlperf_log.enabled(args))
 
 
 def default_warmup(args):
@@ -136,6 +139,7 @@ def check_schedule_flags(args):
     """RecipeError for a schedule that cannot be what was meant (train.py and the runner call it before anything
     starts): --lr-steps out of order, or a given --warmup-epochs longer than the run. The default warmup and a
     --recipe's are shortened to fit a shorter run instead (default_warmup)."""
+    mlperf_log.check_flags(args)   # the MLPerf result log's rules (val modes too: its flags alone are an error)
     if args.mode not in ('train', 'train_val') or args.test_io:
         return
     steps = args.lr_steps
@@ -298,10 +302,12 @@ def train(args, net, world, get_loaders, dllogger, stop):
         meta = state.meta
         resume(args, net, step, world, state)
         dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': meta['iteration']})
+    mlperf = mlperf_log.start(args, world, resumed=state is not None)   # run_start: before the data is touched
     train_loader, val_loader = get_loaders(args, world.rank, world.size, train=True,
                                            val=args.mode == 'train_val')
     if args.mode == 'train_val' and val_loader is None:
         raise RecipeError('--mode train_val needs validation data (--data-val); use --mode train to skip it')
+    mlperf.data(train_loader, val_loader)
     last_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs,
                                                                  meta['epoch'] + args.run_epochs)
     if training_extras.target_reached(args, meta):   # an earlier run stopped at --target-accuracy
@@ -318,6 +324,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
             meta['loss_sum'], meta['loss_count'] = 0.0, 0
         log.info('Starting epoch %d%s', epoch, '' if args.progressive_size is None else
                  ' (training at %dx%d)' % resolution.training_shape(args, epoch)[1:])
+        mlperf.epoch_start(epoch)
         next_batch, durations, stopped = train_epoch(args, step, train_loader, epoch, start_batch, meta,
                                                      dllogger, stop)
         check_parameters(args, net, world, epoch, next_batch)
@@ -328,14 +335,18 @@ def train(args, net, world, get_loaders, dllogger, stop):
             clock.record(meta)
             write_state(args, net, step, meta, world)
             log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, resume_note(args))
+            mlperf.run_stop()
             return meta
         world.average_copies([p.list_data() for p in net.collect_params().values() if p.grad_req == 'null'])
+        mlperf.epoch_stop(epoch)
         steady = logs.steady_durations(durations)
         metrics = {'train.loss': loss_sum / max(loss_count, 1),
                    'train.ips': train_loader.batch_size * world.size / float(np.mean(steady))}
         if val_loader is not None and evaluated(args, epoch):
             log.info('Validating epoch %d', epoch)
+            mlperf.eval_start(epoch)
             val_metrics, _ = inference.validate(args, net, val_loader, world)
+            mlperf.eval_stop(epoch, val_metrics)
             metrics.update(val_metrics)
             metrics.update(training_extras.validate_average(args, net, step.average, val_loader, world, meta, epoch))
         dllogger.log((epoch,), metrics)
@@ -354,6 +365,7 @@ def train(args, net, world, get_loaders, dllogger, stop):
             log.info('Stopped after epoch %d%s', epoch, resume_note(args))
             break
     clock.record(meta)   # report.json's total_duration: the training's wall time over all its resumes
+    mlperf.run_stop()
     training_extras.note_inherited_epochs(meta['history'])   # which epochs the summary leaves out
     return meta
 

@@ -14,7 +14,7 @@ or directly, with global values:
     python train.py --data-backend synthetic --test-io     # the data loader alone, images/s
 
 `python train.py --help` lists every flag, grouped as Run, Model, Training, Data, DALI, MXNet augmentation,
-Augmentation and Inference. This is the only module that knows every other one: workers.py (who runs where, in
+Augmentation, Inference, MLPerf. Only this module knows every other one: workers.py (who runs where, in
 which precision), models.py (the network), data.py / dali.py / synthetic.py (the loaders), fit.py (training), inference.py
 (validation, prediction, INT8, export), checkpoint.py and logs.py (files). The modes:
 
@@ -53,6 +53,7 @@ import flags  # noqa: E402
 import inference  # noqa: E402
 import logs  # noqa: E402
 import memory  # noqa: E402
+import mlperf_log  # noqa: E402
 import models  # noqa: E402
 import recipes  # noqa: E402
 import synthetic  # noqa: E402
@@ -140,6 +141,7 @@ def build_parser():
     data.add_data_aug_args(parser)
     augment.add_args(parser)
     inference.add_inference_args(parser)
+    mlperf_log.add_args(parser)
     return parser
 
 
@@ -204,6 +206,7 @@ def run_mode(args, net, world, dllogger, stop):
         meta = fit.train(args, net, world, get_loaders, dllogger, stop)
         history, duration = meta['history'], meta['wall_seconds']
         summary = fit.training_summary(history, args.target_accuracy)
+        summary.update(mlperf_log.summary(args))   # the MLPerf result log's status and time to train
     logs.write_report(args, world.rank, world.size, history, summary,
                       duration=duration if args.mode in ('train', 'train_val') else None)
     mx.nd.waitall()
