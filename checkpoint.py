@@ -33,6 +33,7 @@ import zipfile
 import mxnet as mx
 import numpy as np
 
+import data
 import logs
 import optimizer_state
 import weights
@@ -393,6 +394,7 @@ def run_settings(args):
     settings['lr'], settings['global_batch'] = args.lr, args.batch_size
     settings['data_val_resize'] = args.data_val_resize     # what val, pred and export take (trained_settings.py)
     settings['val_image_shape'] = list(args.val_image_shape) if args.val_image_shape else None
+    settings['val_interpolation'] = data.val_interpolation(args)      # the validation resize's, the backend's
     return settings
 
 

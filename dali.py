@@ -20,7 +20,9 @@ is the same whether the epoch started at 0 or was resumed at k, and the pipeline
 once per loader and reset between epochs, not rebuilt. With --dali-fuse-decoder 1 only the crop window is
 decoded (decoders.image_slice); then resize to the image shape, mirror, normalisation and
 layout/dtype/4th-channel padding in one crop_mirror_normalize.
-Validation: decode, shorter side to --data-val-resize, center crop. dali-gpu decodes with nvJPEG ("mixed"),
+Validation (validation_input; pred's too, PredictionImages): decode, shorter side to --data-val-resize with
+ImageRecordIter's geometry and the run's interpolation (data.val_interpolation), center crop. dali-gpu decodes
+with nvJPEG ("mixed"),
 one pipeline per device of --gpus (each decodes its slice of the worker's batch, which stays on that device:
 a batch of several devices is a list of slices); dali-cpu runs a CPU-only pipeline (device_id=None) and
 needs no GPU at all. Outputs are copied into MXNet arrays synchronously (copy_output).
@@ -28,6 +30,7 @@ needs no GPU at all. Outputs are copied into MXNet arrays synchronously (copy_ou
 import collections
 import ctypes
 import logging
+import re
 import struct
 from concurrent.futures import ThreadPoolExecutor
 
@@ -207,6 +210,64 @@ def loader_graph(loader, device):
     return loader.graph(device)
 
 
+def validation_input(jpegs, args, decoder):
+    """The validation graph, from encoded images to the network's input (pred's too: PredictionImages):
+    decoded; resized with ImageRecordIter's geometry, in integers from the encoded size (the shorter side to
+    --data-val-resize, the longer to floor(longer * resize / shorter)) and the run's interpolation
+    (data.val_interpolation: linear, antialiased when shrinking or not); the centre crop at floor((resized -
+    crop) / 2); normalised into the layout, dtype and channels of the training batches."""
+    from nvidia.dali import fn, math, types
+    channels, height, width = data.image_shape(args, training=False)
+    encoded = fn.peek_image_shape(jpegs, dtype=types.INT32)   # (height, width, channels), as decoded (no EXIF turn)
+    shorter = math.min(encoded[0], encoded[1])
+    rows, columns = encoded[0] * args.data_val_resize // shorter, encoded[1] * args.data_val_resize // shorter
+    images = fn.resize(fn.decoders.image(jpegs, **decoder), resize_y=fn.cast(rows, dtype=types.FLOAT),
+                       resize_x=fn.cast(columns, dtype=types.FLOAT), interp_type=types.INTERP_LINEAR,
+                       antialias=data.val_interpolation(args) == 'linear-antialias')
+    images = fn.slice(images, start=fn.stack((rows - height) // 2, (columns - width) // 2), shape=[height, width],
+                      axis_names='HW')
+    dtype = types.FLOAT16 if data.training_dtype(args) == 'float16' else types.FLOAT
+    return fn.crop_mirror_normalize(images, mean=list(args.rgb_mean), std=list(args.rgb_std), dtype=dtype,
+                                    pad_output=channels == 4,
+                                    output_layout='CHW' if args.input_layout == 'NCHW' else 'HWC')
+
+
+class PredictionImages:
+    """pred's input for a run that validates with DALI: each file through validation_input on the CPU (one
+    pipeline of batch 1, fed file by file), the very graph of validation."""
+
+    def __init__(self, args):
+        self.args, self.pipe = args, None
+
+    def build(self):
+        from nvidia.dali import fn, pipeline_def, types
+
+        def graph():
+            jpegs = fn.external_source(name='encoded', dtype=types.UINT8, ndim=1)
+            return validation_input(jpegs, self.args, dict(device='cpu', output_type=types.RGB))
+        pipe = pipeline_def(graph, batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1,
+                            exec_pipelined=False, exec_async=False)()
+        pipe.build()
+        return pipe
+
+    def load(self, path):
+        """The image file at `path` as a batch of 1 (an NDArray on the host); RecipeError when it cannot be read
+        (after which the pipeline, which a failure leaves unusable, is built again for the next file)."""
+        try:
+            with open(path, 'rb') as f:
+                encoded = np.frombuffer(f.read(), dtype=np.uint8)
+            self.pipe = self.pipe or self.build()
+            self.pipe.feed_input('encoded', [encoded])
+            (images,) = self.pipe.run()
+        except (OSError, RuntimeError) as e:
+            self.pipe = None
+            reason = [line.strip() for line in str(e).splitlines() if line.strip() and not line.startswith(
+                ('[frame', 'Stacktrace', 'Critical error in pipeline', 'Current pipeline object'))]
+            reason = re.sub(r'\[/[^]]*\] ?', '', ' '.join(reason[:2]))[:300] or type(e).__name__
+            raise RecipeError(f'cannot read image {path}: {reason}') from e
+        return mx.nd.array(np.asarray(images.as_tensor()), dtype=data.training_dtype(self.args))
+
+
 class DaliLoader:
     """One worker's DALI pipelines (one per device for dali-gpu) for training or validation data.
 
@@ -230,6 +291,7 @@ class DaliLoader:
         else:
             self.num_examples = len(self.records)
             self.shard = records.SequentialShard(self.num_examples, rank, num_workers, self.batch_size)
+            log.info('Validation with DALI: %s', data.describe_val_resize(args))
         self.num_batches = self.shard.num_batches
         self.real_samples = self.shard.real_samples
         self.on_gpu = args.data_backend == 'dali-gpu'
@@ -351,9 +413,7 @@ class DaliLoader:
         else:
             jpegs = fn.external_source(source=self.feeds[device], num_outputs=1, batch=True,
                                        dtype=[types.UINT8], ndim=[1])[0]
-            images = fn.decoders.image(jpegs, **decoder)
-            images = fn.resize(images, resize_shorter=args.data_val_resize)
-            mirror, crop = 0, {'crop': (height, width)}
+            return validation_input(jpegs, args, decoder)
         channels_first = args.input_layout == 'NCHW'
         dtype = types.FLOAT16 if data.training_dtype(args) == 'float16' else types.FLOAT
         # Erasing gets float32 on every device (DALI's GPU erase has no float16, its arithmetic neither), then the

@@ -347,6 +347,10 @@ class RecordLoader:
             self.linked = os.path.join(self.workdir, 'val')
             os.symlink(os.path.abspath(self.records.rec_path), self.linked + '.rec')
             os.symlink(os.path.abspath(self.records.idx_path), self.linked + '.idx')
+            if val_interpolation(args) == 'linear-antialias':
+                raise RecipeError('--data-backend mxnet: ImageRecordIter cannot resize as this run validates (linear, '
+                                  'antialiased: DALI\'s): leave --data-backend out, or use dali-cpu')
+            log.info('Validation with ImageRecordIter: %s', describe_val_resize(args))
 
     def _common(self, shape):
         args = self.args
@@ -444,8 +448,8 @@ class RecordLoader:
         are checked batch by batch."""
         iterator = mx.io.ImageRecordIter(
             path_imgrec=self.linked + '.rec', path_imgidx=self.linked + '.idx', resize=self.args.data_val_resize,
-            rand_crop=False, rand_mirror=False, shuffle=False, round_batch=True, num_parts=self.num_workers,
-            part_index=self.rank, **self._common(image_shape(self.args, training=False)))
+            inter_method=1, rand_crop=False, rand_mirror=False, shuffle=False, round_batch=True,
+            num_parts=self.num_workers, part_index=self.rank, **self._common(image_shape(self.args, training=False)))
         first = self.part.start
         for index, batch in enumerate(iterator):
             if index == self.num_batches:
@@ -462,19 +466,34 @@ class RecordLoader:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Prediction input
+# The validation resize (validation, pred, export) and prediction input
+
+
+def val_interpolation(args):
+    """The validation resize's interpolation, a property of the run: the weights' run's in val, pred and export
+    (args.val_interpolation, set by trained_settings), else the backend's: 'linear' (OpenCV's INTER_LINEAR, as
+    ImageRecordIter) for mxnet, 'linear-antialias' (fn.resize's default) for DALI (and synthetic data's runs)."""
+    if getattr(args, 'val_interpolation', None):
+        return args.val_interpolation
+    return 'linear' if args.data_backend == 'mxnet' else 'linear-antialias'
+
+
+def describe_val_resize(args):
+    """The log's words for what validation and pred do to an image (the geometry is ImageRecordIter's)."""
+    return (f'shorter side to {args.data_val_resize} (the longer rounded down), {val_interpolation(args)} '
+            'interpolation, centre %dx%d crop' % image_shape(args, training=False)[1:])
 
 
 def load_image(path, args):
-    """One image file as a network input batch of 1, with validation preprocessing (shorter side to
-    --data-val-resize, center crop to the validation image shape, normalisation, layout, dtype, 4th channel)."""
+    """One image file as a network input batch of 1, preprocessed as ImageRecordIter validates ('linear': OpenCV
+    decodes and resizes), normalised, in the layout, dtype and channels (dali.py predicts 'linear-antialias')."""
     try:
         with open(path, 'rb') as f:
             image = mx.image.imdecode(f.read(), to_rgb=1)
     except (OSError, mx.base.MXNetError) as e:
         raise RecipeError(f'cannot read image {path}: {mxnet_message(e)}') from e
     height, width = image_shape(args, training=False)[1:]
-    image = mx.image.resize_short(image, args.data_val_resize)
+    image = mx.image.resize_short(image, args.data_val_resize, interp=1)   # ImageRecordIter's inter_method 1
     image, _ = mx.image.center_crop(image, (width, height))
     image = (image.astype('float32') - mx.nd.array(args.rgb_mean)) / mx.nd.array(args.rgb_std)
     return finish_images(mx.nd.transpose(image, axes=(2, 0, 1)).expand_dims(0), args)

@@ -28,11 +28,12 @@ import numpy as np
 
 import checkpoint
 import classes
+import dali
 import flags
 import logs
 import memory
 import trained_settings
-from data import batches, device_slices, image_shape, load_image, whole
+from data import batches, describe_val_resize, device_slices, image_shape, load_image, val_interpolation, whole
 from errors import RecipeError, mxnet_message
 
 log = logging.getLogger(__name__)
@@ -282,13 +283,17 @@ def class_names(args):
 def predict(args, net):
     """--mode pred: the top --topk classes of each image, with probabilities, printed and optionally saved
     as JSON. An unreadable image is reported and the others are still classified. `net` comes from
-    inference_network (trained weights, INT8 if asked)."""
+    inference_network (trained weights, INT8 if asked). Images are preprocessed as the run validates
+    (data.val_interpolation): by DALI's validation graph, or as ImageRecordIter (data.load_image)."""
     names = class_names(args)
     results = []
     inputs = prediction_inputs(args.data_pred)
+    # The run's validation preprocessing: DALI's graph for a run that validates with DALI, else ImageRecordIter's
+    dali_images = dali.PredictionImages(args) if val_interpolation(args) == 'linear-antialias' else None
+    log.info('Prediction with %s: %s', 'DALI (on the CPU)' if dali_images else 'OpenCV', describe_val_resize(args))
     for path in inputs:
         try:
-            image = load_image(path, args).as_in_context(args.contexts[0])
+            image = (dali_images.load(path) if dali_images else load_image(path, args)).as_in_context(args.contexts[0])
         except RecipeError as e:
             if len(inputs) > 1:   # one image alone: the error line at the end says it
                 log.error('%s', e)

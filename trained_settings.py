@@ -78,7 +78,9 @@ def another_test_size(args, settings, given):
 
 def inherit(args):
     """Take the weights' run's --arch, --num-layers, --image-shape (height and width), --val-image-shape,
-    --data-val-resize and class count where the command does not give them; RecipeError where it gives other
+    --data-val-resize, class count and validation interpolation (args.val_interpolation: DALI and pred follow
+    it, --data-backend mxnet cannot antialias; a 'linear' run validates with mxnet unless told another backend)
+    where the command does not give them; RecipeError where it gives other
     values (but for --val-image-shape, and --data-val-resize with another test size: another_test_size).
     Nothing for training modes."""
     if args.mode not in INFERENCE_MODES:
@@ -122,6 +124,15 @@ def inherit(args):
         else:
             contradictions.append(f'{args.num_classes} classes from {args.num_classes_source} (the model has '
                                   f'{settings["num_classes"]})')
+    if settings.get('val_interpolation'):       # how the run's validation resized (data.val_interpolation)
+        args.val_interpolation = settings['val_interpolation']
+        taken.append(f'its validation resize\'s {args.val_interpolation} interpolation')
+        if args.val_interpolation == 'linear-antialias' and args.data_backend == 'mxnet':
+            contradictions.append('--data-backend mxnet (the run validates with DALI\'s antialiased resize, which '
+                                  'ImageRecordIter cannot do)')
+        elif args.val_interpolation == 'linear' and args.data_backend is None:   # ImageRecordIter's, exactly
+            args.data_backend = 'mxnet'
+            taken.append('--data-backend mxnet (its validation backend: DALI would resize within a grey level)')
     if contradictions:
         raise RecipeError(f'{weights} was trained with other settings than this command gives: '
                           f'{"; ".join(contradictions)}. Leave those flags out: --mode {args.mode} takes them from '
