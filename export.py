@@ -4,7 +4,9 @@
     ./runner --mode export --dtype float32 ... --workspace runs/demo     # -> runs/demo/export/model.onnx
 
 Export writes `<workspace>/export/<prefix>-symbol.json`, `<prefix>-0000.params` and `<prefix>.onnx` (float32,
-any batch size, input named `data` in --input-layout), all three or none. The ONNX file keeps the weights as
+any batch size, input named `data` in --input-layout) and `<prefix>.preprocessing.json`, what the model expects
+(the run's validation preprocessing: size, resize, interpolation, crop, mean, std, layout, channels; also in
+report_export.json), all four or none. The ONNX file keeps the weights as
 initializers only (mx2onnx also lists them as graph inputs, which stops onnxruntime from folding them). When
 onnxruntime is installed and --data-val is given, export checks that onnxruntime and MXNet agree on a batch of
 validation images and logs the largest difference.
@@ -16,9 +18,10 @@ import mxnet as mx
 import numpy as np
 
 import checkpoint
+import logs
 import models
 import trained_settings
-from data import image_shape, whole
+from data import image_shape, val_interpolation, whole
 from errors import RecipeError, mxnet_message
 from inference import input_shape
 
@@ -42,11 +45,13 @@ def export(args, world, get_loaders):
     prefix = os.path.join(folder, args.model_prefix)
     partial = os.path.join(folder, f'.{args.model_prefix}.partial')
     files = {'-symbol.json': prefix + '-symbol.json', '-0000.params': prefix + '-0000.params',
-             '.onnx': prefix + '.onnx'}
+             '.onnx': prefix + '.onnx', '.preprocessing.json': prefix + '.preprocessing.json'}
+    expects = preprocessing(args)
     try:
         net(mx.nd.zeros((1,) + shape))            # the hybridized graph exists after one call
         net.export(partial, 0)
         write_onnx(partial + '-symbol.json', partial + '-0000.params', shape, partial + '.onnx')
+        logs.write_json(partial + '.preprocessing.json', expects)
         for suffix, path in files.items():
             os.replace(partial + suffix, path)
     except (NotImplementedError, AttributeError, KeyError, mx.base.MXNetError) as e:
@@ -57,11 +62,33 @@ def export(args, world, get_loaders):
             if os.path.exists(partial + suffix):
                 os.remove(partial + suffix)
     log.info('Exported %s to %s', source, ', '.join(files.values()))
+    log.info('The exported model expects: %s (%s)', '; '.join(expects['steps']), files['.preprocessing.json'])
     outputs = {'symbol': files['-symbol.json'], 'params': files['-0000.params'], 'onnx': files['.onnx'],
-               'weights': source}
+               'weights': source, 'preprocessing_file': files['.preprocessing.json'], 'preprocessing': expects}
     if args.data_val or args.data_backend == 'synthetic':
         outputs['onnxruntime_max_difference'] = check_onnx(args, net, files['.onnx'], get_loaders)
     return outputs
+
+
+def preprocessing(args):
+    """What the exported model expects of an image, the run's validation preprocessing (data.py, dali.py): the
+    machine-readable values the README's snippet reads, and the steps in words."""
+    height, width = image_shape(args, training=False)[1:]
+    interpolation = val_interpolation(args)
+    filter_words = ('antialiased when shrinking (Pillow: image.resize(size, Image.BILINEAR))'
+                    if interpolation == 'linear-antialias' else 'no antialiasing (OpenCV: cv2.resize(image, size, '
+                    'interpolation=cv2.INTER_LINEAR); Pillow: image.transform(size, Image.AFFINE, (image.width / '
+                    'size[0], 0, 0, 0, image.height / size[1], 0), Image.BILINEAR))')
+    layout = 'N, 3, H, W' if args.input_layout == 'NCHW' else 'N, H, W, 3'
+    return {'input_name': 'data', 'layout': args.input_layout, 'dtype': 'float32', 'channels': 'RGB',
+            'size': [height, width], 'resize_shorter': args.data_val_resize, 'interpolation': interpolation,
+            'mean': list(args.rgb_mean), 'std': list(args.rgb_std),
+            'steps': ['decode as RGB (no EXIF rotation)',
+                      f'resize the shorter side to {args.data_val_resize} and the longer to floor(longer * '
+                      f'{args.data_val_resize} / shorter), linear interpolation, {filter_words}',
+                      f'crop the centre {height}x{width} (H x W) at offsets floor((resized - crop) / 2)',
+                      'normalise each channel: (pixel value 0-255 - mean) / std',
+                      f'float32 tensor ({layout}) named data; output: logits (N, classes)']}
 
 
 def portable_network(args):

@@ -224,7 +224,8 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
     checkpoint.load_weights(cpu, str(tmp_path / 'model_best.params'), resolved([]))
     x = np.random.default_rng(0).normal(size=(2, 3, 32, 32)).astype(np.float32)
     np.testing.assert_allclose(session.run(None, {'data': x})[0], cpu(mx.nd.array(x)).asnumpy(), atol=1e-4)
-    assert sorted(os.listdir(tmp_path / 'export')) == ['model-0000.params', 'model-symbol.json', 'model.onnx']
+    assert sorted(os.listdir(tmp_path / 'export')) == ['model-0000.params', 'model-symbol.json', 'model.onnx',
+                                                       'model.preprocessing.json']
 
 
 def test_failed_export_writes_nothing(tmp_path, monkeypatch):

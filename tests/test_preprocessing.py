@@ -1,10 +1,14 @@
-"""One preprocessing for validation and pred (issue 37, item 3): every validation backend and `--mode pred`
-resize and crop as the run validated, so that pred over the validation images gives val's top-1. The runs
-are ResNet-18s trained on the digits (32x32 JPEGs) at 24x24 after a 28 resize: the resize shrinks, where
-DALI's antialiasing and OpenCV's plain linear interpolation part."""
+"""One preprocessing for validation, pred and the exported model (issue 37, items 3 and 5): every validation
+backend, `--mode pred` and export's `<model>.preprocessing.json` resize and crop as the run validated, so that
+pred over the validation images gives val's top-1 and the README's onnxruntime snippet gives pred's
+probabilities. The runs are ResNet-18s trained on the digits (32x32 JPEGs) at 24x24 after a 28 resize: the
+resize shrinks, where DALI's antialiasing and OpenCV's plain linear interpolation part."""
+import contextlib
 import hashlib
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -20,6 +24,7 @@ import models
 import train
 from conftest import ROOT, digits_flags, resolved
 from errors import RecipeError
+from test_readme import README, code_blocks
 
 MODEL = ['--num-layers', '18', '--seed', '4', '--image-shape', '3,24,24', '--data-val-resize', '28']
 # pred and validation compute the same input: their probabilities differ by the network's rounding alone
@@ -139,6 +144,56 @@ def test_a_dali_run_is_not_validated_by_imagerecorditer(digits, run, tmp_path):
         errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
         assert result.returncode == 2 and len(errors) == 1 and 'Traceback' not in result.stderr
         assert '--data-backend mxnet' in errors[0] and 'cannot' in errors[0]
+
+
+def snippet_bound():
+    """The largest difference the README states between its snippet's probabilities and pred's."""
+    with open(README, encoding='utf-8') as f:
+        return float(re.search(r"probabilities differ from `--mode pred`'s by at most ([0-9.]+)", f.read()).group(1))
+
+
+def test_export_writes_its_preprocessing_and_the_readme_snippet_gives_pred_s_probabilities(
+        digits, run, predictions, tmp_path, monkeypatch):
+    """Export writes what the model expects beside it and in report_export.json; the README's own snippet,
+    reading it, gives pred's probabilities within the README's bound on every validation image of a 24x24
+    model, and pred's class wherever pred's top class leads clearly."""
+    backend, workspace = run
+    train_py(digits, tmp_path, '--mode', 'export', '--load', workspace / 'model_best.params')
+    folder = tmp_path / 'export'
+    expects = json.loads((folder / 'model.preprocessing.json').read_text())
+    assert json.loads((tmp_path / 'report_export.json').read_text())['summary']['preprocessing'] == expects
+    assert expects['size'] == [24, 24] and expects['resize_shorter'] == 28 and expects['layout'] == 'NCHW'
+    assert expects['interpolation'] == ('linear' if backend == 'mxnet' else 'linear-antialias')
+    assert expects['channels'] == 'RGB' and expects['input_name'] == 'data'
+    assert np.allclose(expects['mean'], (123.68, 116.779, 103.939))
+    assert np.allclose(expects['std'], (58.393, 57.12, 57.375))
+
+    snippet = next(block for block in code_blocks('python') if '.preprocessing.json' in block)
+    snippet = (snippet.replace("'runs/photos/export/model.onnx'", repr(str(folder / 'model.onnx')))
+               .replace("'data/photos/classes.json'", repr(str(digits / 'rec' / 'classes.json')))
+               .replace("'new_photos/cat.jpg'", 'IMAGE'))
+    code = compile(snippet, 'README.md', 'exec')
+    import onnxruntime
+    sessions = {}
+    session = onnxruntime.InferenceSession
+    # The snippet loads the model for each image: the same file, loaded once here.
+    monkeypatch.setattr(onnxruntime, 'InferenceSession', lambda path: sessions.setdefault(path, session(path)))
+    found, _ = predictions
+    names = [c['name'] for c in json.loads((digits / 'rec' / 'classes.json').read_text())['classes']]
+    bound, differences = snippet_bound(), []
+    for path, probabilities in sorted(found.items()):
+        namespace = {'IMAGE': path}
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            exec(code, namespace)
+        logits = namespace['logits'][0].astype(np.float64)
+        snippet_probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+        differences.append(np.abs(snippet_probabilities - probabilities).max())
+        if clear(probabilities, 2 * bound):
+            assert printed.getvalue().strip() == names[int(probabilities.argmax())], path
+    worst = int(np.argmax(differences))
+    print(f'{backend}: README snippet against pred, largest probability difference {differences[worst]:.4f} '
+          f'({sorted(found)[worst]}), mean {np.mean(differences):.2g}')
+    assert len(differences) == 359 and max(differences) <= bound
 
 
 def non_square_images(digits, folder):
