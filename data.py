@@ -114,8 +114,9 @@ def add_data_args(parser):
     group.add_argument('--num-examples', type=flags.integer(minimum=1), default=None,
                        help='training examples per epoch (default: the records in --data-train-idx; '
                             f'{IMAGENET_TRAIN_SIZE} for synthetic data)')
-    group.add_argument('--data-val-resize', type=flags.integer(minimum=1), default=256,
-                       help='base length of shorter edge for validation dataset')
+    group.add_argument('--data-val-resize', type=flags.integer(minimum=1), default=None,
+                       help='base length of shorter edge for validation dataset (default: the test size x 256/224, '
+                            '256 at 224; a --recipe sets its own)')
     resolution.add_args(group)
     return group
 

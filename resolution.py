@@ -1,5 +1,6 @@
 """Progressive resizing (FFCV's ResNet-50 configurations): the training resolution grows linearly over given
-epochs, and the loaders and the network follow it; validation stays at the test resolution.
+epochs, and the loaders and the network follow it; validation stays at the test resolution, after a resize
+that keeps the original recipe's ratio at any test size (default_val_resize).
 
     python train.py --image-shape 3,192,192 --progressive-size 160 --progressive-epochs 65,76 \
         --val-image-shape 3,256,256 --data-val-resize 292 ...          # FFCV's rn50 88 epochs: 160 -> 192
@@ -71,3 +72,14 @@ def training_shape(args, epoch):
         return tuple(args.image_shape)
     size = size_at(epoch, args.progressive_size, args.image_shape[1], *ramp(args), args.progressive_step)
     return (args.image_shape[0], size, size)
+
+
+# The original recipe validates at 224 after resizing the shorter side to 256: that ratio at any test size.
+VAL_RESIZE_RATIO = 256 / 224
+
+
+def default_val_resize(args):
+    """--data-val-resize when neither the command nor a recipe gives it: the test size (--val-image-shape, else
+    --image-shape) times 256/224, so that a run at 64 tests a 64 crop of a 73-pixel image, as one at 224 does of
+    a 256-pixel one, instead of a 64-pixel patch of a 256-pixel image."""
+    return round(max((args.val_image_shape or args.image_shape)[1:]) * VAL_RESIZE_RATIO)

@@ -56,6 +56,7 @@ import memory  # noqa: E402
 import mlperf_log  # noqa: E402
 import models  # noqa: E402
 import recipes  # noqa: E402
+import resolution  # noqa: E402
 import synthetic  # noqa: E402
 import trained_settings  # noqa: E402
 import workers  # noqa: E402
@@ -125,6 +126,8 @@ class TrainParser(argparse.ArgumentParser):
             self.error(str(e))
         parsed.given_flags = trained_settings.given_flags(self, sys.argv[1:] if args is None else list(args))
         parsed.recipe_flags = recipes.apply(parsed, parsed.given_flags)
+        if parsed.data_val_resize is None:
+            parsed.data_val_resize = resolution.default_val_resize(parsed)
         if parsed.recipe and 'lr' not in parsed.given_flags:   # the recipe's rate for this global batch
             parsed.lr = recipes.learning_rate(parsed.recipe, parsed.batch_size * parsed.grad_accum_steps)
         return parsed, rest
@@ -260,6 +263,10 @@ def run(args):
                  args.recipe, recipe['lr'], recipe['lr_batch'], recipes.scaling_words(recipe['lr_scaling']),
                  recipes.learning_rate(args.recipe, batch), batch, args.lr,
                  ' (given)' if 'lr' in args.given_flags else '')
+    if args.mode in ('train', 'train_val') and args.data_val_resize != 256 and \
+            'data_val_resize' not in set(args.given_flags) | set(args.recipe_flags):
+        log.info('--data-val-resize %d: the test size at the original recipe\'s 256/224 (not given)',
+                 args.data_val_resize)
     workers.resolve_hardware(args, world)
     if args.device == 'cpu':
         log.info('CPU: %s; %s', cpu.cpuinfo_field('model name') or 'unknown model', cpu.describe())

@@ -117,8 +117,8 @@ def test_sizes_the_command_gives_win_and_the_rest_follows():
     args = train_args(['--recipe', 'rsb-a3', '--image-shape', '3,64,64', '--val-image-shape', '3,64,64',
                        '--data-val-resize', '73'])
     assert (args.val_image_shape[1:], args.data_val_resize) == ((64, 64), 73) and recipes.size_words(args) is None
-    args = train_args(['--recipe', 'mlperf', '--image-shape', '3,64,64'])
-    assert (args.val_image_shape, args.data_val_resize) == (None, 256) and recipes.size_words(args) is None
+    args = train_args(['--recipe', 'mlperf', '--image-shape', '3,64,64'])   # the plain rule: 64 x 256 / 224
+    assert (args.val_image_shape, args.data_val_resize) == (None, 73) and recipes.size_words(args) is None
 
 
 def test_a_recipe_shrunk_to_the_digits_validates_at_its_ratios(digits, tmp_path):
@@ -178,3 +178,22 @@ def test_a_recipe_trains_one_epoch_on_the_digits_with_its_warm_up_shortened(digi
                      '--workspace', tmp_path / 'given')
     assert given.returncode == 2 and given.stderr.count('error:') == 1
     assert 'error: --warmup-epochs 5 is longer than the 1-epoch schedule' in given.stderr
+
+
+@pytest.mark.parametrize('flags, resize', [([], 256), (['--image-shape', '3,64,64'], 73),
+                                          (['--image-shape', '3,32,32'], 37),
+                                          (['--image-shape', '3,32,32', '--val-image-shape', '3,64,64'], 73),
+                                          (['--image-shape', '3,64,64', '--data-val-resize', '100'], 100),
+                                          (['--recipe', 'nvidia', '--image-shape', '3,128,128'], 146)])
+def test_a_plain_run_at_another_size_tests_after_the_originals_resize_ratio(flags, resize):
+    """The original recipe's 256 is its resize for a test at 224: a run at 64 kept 256 and tested the centre
+    64 pixels of a 256-pixel image (a quarter of its side), without a word. Not given, the resize is the test
+    size x 256/224; given, it is the user's."""
+    assert train_args(flags).data_val_resize == resize
+
+
+def test_the_derived_resize_is_logged(digits, tmp_path):
+    result = train_py(*data_flags(digits), '--mode', 'train_val', '--num-epochs', '1', '--workspace', tmp_path,
+                      '--image-shape', '3,32,32', '--num-classes', '10', '--data-backend', 'dali-cpu')
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--data-val-resize 37: the test size at the original recipe's 256/224 (not given)" in result.stderr
