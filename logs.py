@@ -176,7 +176,20 @@ def write_line(text, stream):
 
 
 class BarSafeHandler(logging.StreamHandler):
-    """The human log on stderr, written with write_line."""
+    """The human log on stderr, written with write_line: to the sys.stderr of the moment, as logging's own
+    last-resort handler does, not the one there was when logging was set up (a caller that replaced and closed
+    it, as a test capturing the output of train.main in process, would make every later line a logging error)."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):    # StreamHandler.__init__ sets it; the property above decides
+        pass
 
     def emit(self, record):
         try:
@@ -193,7 +206,7 @@ def setup_logging(log_path=None, rank=0):
     level = logging.INFO if rank == 0 else logging.WARNING
     formatter = logging.Formatter('%(asctime)s:%(levelname)s: %(message)s' if rank == 0 else
                                   f'%(asctime)s:%(levelname)s: [rank {rank}] %(message)s')
-    handlers = [BarSafeHandler(sys.stderr)]
+    handlers = [BarSafeHandler()]
     if log_path is not None and rank == 0:
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
         handlers.append(logging.FileHandler(log_path, mode='a'))

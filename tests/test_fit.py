@@ -242,7 +242,7 @@ def test_an_overflow_on_one_worker_skips_the_step_on_every_worker(tmp_path):
     assert [r['predivide'] for r in ranks] == pytest.approx([2 ** 0.5] * 2, rel=1e-6)
 
 
-def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself():
+def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself(monkeypatch):
     """The handler runs between two bytecodes of the main thread, possibly inside a write to the log's stream
     (in CPython, a blocked write that a signal interrupts runs the handler inside the buffered writer); the
     old handler logged there, writing to the stream again from inside its own write. Now it only sets flags,
@@ -250,6 +250,7 @@ def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself():
     import logging
     import os
     import signal
+    import sys
 
     import logs
 
@@ -276,7 +277,8 @@ def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself():
 
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     stream = Stream()
-    handler = logs.BarSafeHandler(stream)
+    handler = logs.BarSafeHandler()      # writes to sys.stderr as it is at each line
+    monkeypatch.setattr(sys, 'stderr', stream)
     root = logging.getLogger()
     root.addHandler(handler)
     level = root.level
