@@ -18,6 +18,14 @@ def run_script(*argv, check=True, **kwargs):
                           check=check, **kwargs)
 
 
+def run_train_py(*argv, check=True):
+    """train.py with this interpreter; with `check`, an AssertionError with the end of its stderr when it fails."""
+    result = run_script(os.path.join(ROOT, 'train.py'), *argv, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f'train.py failed ({result.returncode}):\n{result.stderr[-3000:]}')
+    return result
+
+
 def gloo_workers(script, output):
     """Run tests/`script` OUTPUT as 2 Horovod workers over Gloo (1 OpenMP thread each); returns the JSON
     that rank 0 wrote to `output`."""

@@ -2,8 +2,6 @@
 calibration, bfloat16 where the CPU has it, ONNX export checked with onnxruntime, and the clear errors."""
 import json
 import os
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
@@ -19,19 +17,14 @@ import logs
 import models
 import train
 import workers
-from conftest import ROOT, digits_flags, resolved
+from conftest import digits_flags, resolved, run_train_py
 from errors import RecipeError
 
 MODEL = ['--num-layers', '18', '--seed', '4', '--data-backend', 'mxnet', '--data-val-resize', '36']
 
 
 def train_py(digits, workspace, *extra, check=True):
-    cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + digits_flags(digits, batch=32) + MODEL + \
-        ['--workspace', str(workspace)] + [str(e) for e in extra]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise AssertionError(f'train.py failed ({result.returncode}):\n{result.stderr[-3000:]}')
-    return result
+    return run_train_py(*digits_flags(digits, batch=32), *MODEL, '--workspace', workspace, *extra, check=check)
 
 
 def summary(workspace):

@@ -9,8 +9,6 @@ import io
 import json
 import os
 import re
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
@@ -22,7 +20,7 @@ import dali
 import data
 import models
 import train
-from conftest import ROOT, digits_flags, resolved
+from conftest import digits_flags, resolved, run_train_py
 from errors import RecipeError
 from test_readme import README, code_blocks
 
@@ -33,12 +31,7 @@ SAME_INPUT = 1e-4
 
 
 def train_py(digits, workspace, *extra, check=True):
-    cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + digits_flags(digits, batch=64) + MODEL + \
-        ['--workspace', str(workspace)] + [str(e) for e in extra]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise AssertionError(f'train.py failed ({result.returncode}):\n{result.stderr[-3000:]}')
-    return result
+    return run_train_py(*digits_flags(digits, batch=64), *MODEL, '--workspace', workspace, *extra, check=check)
 
 
 @pytest.fixture(scope='module', params=['dali-cpu', 'mxnet'])
