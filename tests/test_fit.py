@@ -280,6 +280,8 @@ def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself(monkeypa
     handler = logs.BarSafeHandler()      # writes to sys.stderr as it is at each line
     monkeypatch.setattr(sys, 'stderr', stream)
     root = logging.getLogger()
+    # this handler alone: one that an earlier train.main in this process set up writes to sys.stderr as well
+    monkeypatch.setattr(root, 'handlers', [])
     root.addHandler(handler)
     level = root.level
     root.setLevel(logging.INFO)
