@@ -25,11 +25,11 @@ import subprocess
 import sys
 import time
 
-import interpreter
+from rn50.launch import interpreter
 interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
 
-import flags  # noqa: E402
-import logs  # noqa: E402
+from rn50.config import flags  # noqa: E402
+from rn50.reports import logs  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METRICS = {'train': ['train.ips'],

@@ -21,7 +21,7 @@ once per loader and reset between epochs, not rebuilt. With --dali-fuse-decoder 
 decoded (decoders.image_slice); then resize to the image shape, mirror, normalisation and
 layout/dtype/4th-channel padding in one crop_mirror_normalize.
 Validation (validation_input; pred's too, PredictionImages): decode, shorter side to --data-val-resize with
-ImageRecordIter's geometry and the run's interpolation (data.val_interpolation), center crop. dali-gpu decodes
+ImageRecordIter's geometry and the run's interpolation (validation_resize.val_interpolation), center crop. dali-gpu decodes
 with nvJPEG ("mixed"),
 one pipeline per device of --gpus (each decodes its slice of the worker's batch, which stays on that device:
 a batch of several devices is a list of slices); dali-cpu runs a CPU-only pipeline (device_id=None) and
@@ -37,12 +37,13 @@ from concurrent.futures import ThreadPoolExecutor
 import mxnet as mx
 import numpy as np
 
-import augment
-import data
-import flags
-import records
-import resolution
-from errors import RecipeError
+from rn50.data import augment
+from rn50.config import flags
+from rn50.data import records
+from rn50.data import resolution
+from rn50.errors import RecipeError
+from rn50.data import contract
+from rn50.data import validation_resize
 
 log = logging.getLogger(__name__)
 
@@ -214,19 +215,19 @@ def validation_input(jpegs, args, decoder):
     """The validation graph, from encoded images to the network's input (pred's too: PredictionImages):
     decoded; resized with ImageRecordIter's geometry, in integers from the encoded size (the shorter side to
     --data-val-resize, the longer to floor(longer * resize / shorter)) and the run's interpolation
-    (data.val_interpolation: linear, antialiased when shrinking or not); the centre crop at floor((resized -
+    (validation_resize.val_interpolation: linear, antialiased when shrinking or not); the centre crop at floor((resized -
     crop) / 2); normalised into the layout, dtype and channels of the training batches."""
     from nvidia.dali import fn, math, types
-    channels, height, width = data.image_shape(args, training=False)
+    channels, height, width = contract.image_shape(args, training=False)
     encoded = fn.peek_image_shape(jpegs, dtype=types.INT32)   # (height, width, channels), as decoded (no EXIF turn)
     shorter = math.min(encoded[0], encoded[1])
     rows, columns = encoded[0] * args.data_val_resize // shorter, encoded[1] * args.data_val_resize // shorter
     images = fn.resize(fn.decoders.image(jpegs, **decoder), resize_y=fn.cast(rows, dtype=types.FLOAT),
                        resize_x=fn.cast(columns, dtype=types.FLOAT), interp_type=types.INTERP_LINEAR,
-                       antialias=data.val_interpolation(args) == 'linear-antialias')
+                       antialias=validation_resize.val_interpolation(args) == 'linear-antialias')
     images = fn.slice(images, start=fn.stack((rows - height) // 2, (columns - width) // 2), shape=[height, width],
                       axis_names='HW')
-    dtype = types.FLOAT16 if data.training_dtype(args) == 'float16' else types.FLOAT
+    dtype = types.FLOAT16 if contract.training_dtype(args) == 'float16' else types.FLOAT
     return fn.crop_mirror_normalize(images, mean=list(args.rgb_mean), std=list(args.rgb_std), dtype=dtype,
                                     pad_output=channels == 4,
                                     output_layout='CHW' if args.input_layout == 'NCHW' else 'HWC')
@@ -265,7 +266,7 @@ class PredictionImages:
                 ('[frame', 'Stacktrace', 'Critical error in pipeline', 'Current pipeline object'))]
             reason = re.sub(r'\[/[^]]*\] ?', '', ' '.join(reason[:2]))[:300] or type(e).__name__
             raise RecipeError(f'cannot read image {path}: {reason}') from e
-        return mx.nd.array(np.asarray(images.as_tensor()), dtype=data.training_dtype(self.args))
+        return mx.nd.array(np.asarray(images.as_tensor()), dtype=contract.training_dtype(self.args))
 
 
 class DaliLoader:
@@ -277,7 +278,7 @@ class DaliLoader:
 
     def __init__(self, args, rank, num_workers, training, contexts=None):
         self.args, self.training = args, training
-        self.batch_size = data.per_worker_batch(args, num_workers)
+        self.batch_size = contract.per_worker_batch(args, num_workers)
         what = 'training' if training else 'validation'
         rec, idx = (args.data_train, args.data_train_idx) if training else (args.data_val, args.data_val_idx)
         self.records = records.RecordFile(rec, idx, args.num_classes, what, use_mmap=not args.dali_dont_use_mmap)
@@ -291,7 +292,7 @@ class DaliLoader:
         else:
             self.num_examples = len(self.records)
             self.shard = records.SequentialShard(self.num_examples, rank, num_workers, self.batch_size)
-            log.info('Validation with DALI: %s', data.describe_val_resize(args))
+            log.info('Validation with DALI: %s', validation_resize.describe_val_resize(args))
         self.num_batches = self.shard.num_batches
         self.real_samples = self.shard.real_samples
         self.on_gpu = args.data_backend == 'dali-gpu'
@@ -321,7 +322,7 @@ class DaliLoader:
             sizes = np.array([image_size(p) or (1000, 1000) for p in payloads], dtype=np.float64)
             rng = np.random.default_rng([args.seed or 0, epoch, self.rank, index, device, AUGMENT_STREAM])
             anchors, shapes = random_crops(sizes, rng, (args.min_random_area, args.max_random_area),
-                                           data.aspect_ratio_range(args))
+                                           contract.aspect_ratio_range(args))
             mirror = rng.integers(0, 2, len(indices), dtype=np.int32) if args.random_mirror else \
                 np.zeros(len(indices), np.int32)
             inputs += [anchors, shapes, mirror] + self.extra_draws(epoch, index, device, len(indices))
@@ -391,7 +392,7 @@ class DaliLoader:
         """The DALI graph of this loader's pipeline for `device`: its output, the batch of images."""
         from nvidia.dali import fn, types
         args = self.args
-        channels, height, width = data.image_shape(args, self.training)
+        channels, height, width = contract.image_shape(args, self.training)
         decoder = dict(device='mixed' if self.on_gpu else 'cpu', output_type=types.RGB)
         if self.on_gpu:
             padding = args.dali_nvjpeg_memory_padding * 1024 * 1024
@@ -415,7 +416,7 @@ class DaliLoader:
                                        dtype=[types.UINT8], ndim=[1])[0]
             return validation_input(jpegs, args, decoder)
         channels_first = args.input_layout == 'NCHW'
-        dtype = types.FLOAT16 if data.training_dtype(args) == 'float16' else types.FLOAT
+        dtype = types.FLOAT16 if contract.training_dtype(args) == 'float16' else types.FLOAT
         # Erasing gets float32 on every device (DALI's GPU erase has no float16, its arithmetic neither), then the
         # cast: dali-cpu runs the very graph of dali-gpu.
         normalised = dtype if erase is None else types.FLOAT
@@ -463,7 +464,7 @@ class DaliLoader:
         for feed in self.feeds:
             feed.start(epoch, range(start, self.num_batches))
         self.running = True
-        dtype = data.training_dtype(self.args)
+        dtype = contract.training_dtype(self.args)
         for index in range(start, self.num_batches):
             parts, labels = [], []
             for feed, pipe, context in zip(self.feeds, self.pipes, self.contexts):

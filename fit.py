@@ -2,7 +2,7 @@
 
 train.py builds everything this needs and calls, for --mode train and train_val:
 
-    meta = fit.train(args, net, world, train.get_loaders, dllogger, fit.StopRequest())   # meta['history']
+    meta = fit.train(args, net, world, train.get_loaders, build_network, dllogger, fit.StopRequest())   # meta["history"]
 
 What happens, in order:
 1. The state to start from (checkpoint.agreed_training_start): --load FILE (a .params file or a .state file),
@@ -24,22 +24,22 @@ import time
 
 import numpy as np
 
-import checkpoint
-import distill
-import flags
-import inference
-import lars
-import logs
-import mlperf_log
-import optimizer_state
-import resolution
-import tensorboard_log
-import training_extras
-from data import batches
-from epoch_loss import EpochLoss
-from errors import RecipeError
-from schedule import learning_rate
-from step import TrainingStep
+from rn50.checkpoints import checkpoint
+from rn50.training import distill
+from rn50.config import flags
+from rn50.inference import inference
+from rn50.optim import lars
+from rn50.reports import logs
+from rn50.reports import mlperf_log
+from rn50.checkpoints import optimizer_state
+from rn50.data import resolution
+from rn50.reports import tensorboard_log
+from rn50.training import training_extras
+from rn50.data.contract import batches
+from rn50.training.epoch_loss import EpochLoss
+from rn50.errors import RecipeError
+from rn50.optim.schedule import learning_rate
+from rn50.training.step import TrainingStep
 
 log = logging.getLogger(__name__)
 
@@ -279,14 +279,14 @@ def stop_agreed(stop, world, done, every):
 # The run
 
 
-def train(args, net, world, get_loaders, dllogger, stop):
+def train(args, net, world, get_loaders, build_network, dllogger, stop):
     """--mode train / train_val: the epoch loop with validation and checkpoints; returns the checkpoint
     meta (its 'history' holds the metrics of every epoch). The loaders come from
     `get_loaders(args, rank, workers, train=..., val=...)` once the state to start from, and so the seed
     that orders the data, is known. `stop` (a StopRequest) says when a signal asked the run to stop."""
     training_extras.check(args)
     state = checkpoint.agreed_training_start(args, net, world)
-    step = TrainingStep(args, net, world)
+    step = TrainingStep(args, net, world, build_network)
     world.broadcast_parameters(step.params)
     step.average = training_extras.start_average(args, net, world, state)
     if state is None:

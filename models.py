@@ -34,19 +34,15 @@ import logging
 import numpy as np
 from mxnet.gluon import HybridBlock, nn
 
-import flags
-import layers
-from errors import RecipeError
-from layers import Builder, Stack
+from rn50.config import flags
+from rn50.nets import layers
+from rn50.errors import RecipeError
+from rn50.nets.catalogue import ARCHITECTURES, RESNET_DEPTHS
+from rn50.nets.layers import Builder, Stack
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURES = ('resnetv1', 'resnetv15', 'resnextv1', 'resnextv15', 'xception')
 LAYOUTS = ('NCHW', 'NHWC')
-
-# depth -> (residual unit, units per stage); ResNeXt uses the bottleneck depths
-RESNET_DEPTHS = {18: ('basic', (2, 2, 2, 2)), 34: ('basic', (3, 4, 6, 3)), 50: ('bottleneck', (3, 4, 6, 3)),
-                 101: ('bottleneck', (3, 4, 23, 3)), 152: ('bottleneck', (3, 8, 36, 3))}
 STAGE_CHANNELS = {'basic': (64, 128, 256, 512), 'bottleneck': (256, 512, 1024, 2048)}
 RESNEXT_WIDTH_PER_GROUP = 4     # the "4d" of ResNeXt-50 32x4d: channels per group in the first stage
 
@@ -106,6 +102,13 @@ def model_options(args):
                 image_shape=tuple(args.image_shape), dtype=args.dtype, device=args.device,
                 drop_path=args.drop_path if args.mode in ('train', 'train_val') else 0.0, init=args.init,
                 zero_gamma=bool(args.zero_gamma))
+
+
+def build(args, **overrides):
+    """The network of the parsed flags, with `overrides` of get_model's keyword arguments (export's portable
+    form, distillation's teacher): the composer hands `functools.partial(models.build, args)` to the code in
+    rn50/ that builds a network of its own."""
+    return get_model(**dict(model_options(args), **overrides))
 
 
 # ----------------------------------------------------------------------------------------------------------

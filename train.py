@@ -28,39 +28,41 @@ A problem the user can fix (bad flags, missing files, no GPU for a GPU-only requ
 `error: ...` without a traceback, exit status 2.
 """
 import argparse
+import functools
 import logging
 import os
 import sys
 import time
 
-import cpu
+from rn50.world import cpu
 if __name__ == '__main__':   # the program, not an import by the runner or a test
-    import interpreter
+    from rn50.launch import interpreter
     interpreter.use_project_python()   # a fresh shell: the project's .venv
     cpu.prepare_process()           # oneDNN's ISA and OpenMP threads, before MXNet loads
 
 import mxnet as mx  # noqa: E402  (after cpu.prepare_process: oneDNN and OpenMP read the environment once)
 import numpy as np  # noqa: E402
 
-import augment  # noqa: E402
-import checkpoint  # noqa: E402
-import classes  # noqa: E402
+from rn50.data import augment  # noqa: E402
+from rn50.checkpoints import checkpoint  # noqa: E402
+from rn50.data import classes  # noqa: E402
 import dali  # noqa: E402
 import data  # noqa: E402
-import export  # noqa: E402
+from rn50.inference import export  # noqa: E402
 import fit  # noqa: E402
-import flags  # noqa: E402
-import inference  # noqa: E402
-import logs  # noqa: E402
-import memory  # noqa: E402
-import mlperf_log  # noqa: E402
+from rn50.config import flags  # noqa: E402
+from rn50.inference import inference  # noqa: E402
+from rn50.reports import logs  # noqa: E402
+from rn50.world import memory  # noqa: E402
+from rn50.reports import mlperf_log  # noqa: E402
 import models  # noqa: E402
-import recipes  # noqa: E402
-import resolution  # noqa: E402
-import synthetic  # noqa: E402
-import trained_settings  # noqa: E402
-import workers  # noqa: E402
-from errors import RecipeError  # noqa: E402
+from rn50.config import recipes  # noqa: E402
+from rn50.data import resolution  # noqa: E402
+from rn50.data import synthetic  # noqa: E402
+from rn50.config import trained_settings  # noqa: E402
+from rn50.world import workers  # noqa: E402
+from rn50.errors import RecipeError  # noqa: E402
+from rn50.data import contract
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +175,7 @@ def measure_loader(args, world, dllogger):
     for epoch in range(args.num_epochs):
         durations = []
         tick = time.time()
-        for i, batch in enumerate(data.batches(loader, epoch, 0, iterations), 1):
+        for i, batch in enumerate(contract.batches(loader, epoch, 0, iterations), 1):
             images = batch.data[0]
             for part in images if isinstance(images, list) else [images]:     # one slice per device, or one array
                 part.wait_to_read()
@@ -195,18 +197,18 @@ def run_mode(args, net, world, dllogger, stop):
         measure_loader(args, world, dllogger)
         return
     if args.mode == 'export':
-        summary = export.export(args, world, get_loaders)
+        summary = export.export(args, world, get_loaders, functools.partial(models.build, args))
         logs.write_report(args, world.rank, world.size, [], summary)
         return
     if args.mode in ('val', 'pred'):
         net = inference.inference_network(args, net, world, get_loaders)
     if args.mode == 'pred':
-        inference.predict(args, net)
+        inference.predict(args, net, dali.PredictionImages)
         return
     if args.mode == 'val':
         summary, history = inference.evaluate(args, net, world, get_loaders, dllogger)
     else:
-        meta = fit.train(args, net, world, get_loaders, dllogger, stop)
+        meta = fit.train(args, net, world, get_loaders, functools.partial(models.build, args), dllogger, stop)
         history, duration = meta['history'], meta['wall_seconds']
         summary = fit.training_summary(history, args.target_accuracy)
         summary.update(mlperf_log.summary(args))   # the MLPerf result log's status and time to train

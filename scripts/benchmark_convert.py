@@ -22,18 +22,18 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
-import interpreter  # noqa: E402
+from rn50.launch import interpreter  # noqa: E402
 interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
-import cpu  # noqa: E402
+from rn50.world import cpu  # noqa: E402
 cpu.prepare_process()   # before MXNet loads: oneDNN's ISA (AMX where there is one), OpenMP threads
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-import checkpoint  # noqa: E402
+from rn50.checkpoints import checkpoint  # noqa: E402
 import checkpoint_formats as formats  # noqa: E402
 import models  # noqa: E402
-import weights  # noqa: E402
+from rn50.checkpoints import weights  # noqa: E402
 
 
 def save_params(arrays, path):

@@ -16,6 +16,7 @@ round is reported. INT8 uses inference.py's cached calibration
 measured with `train.py --mode val --amp` on CPUs that have it (AVX-512). Prints one JSON object.
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -23,21 +24,22 @@ import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
-import interpreter  # noqa: E402
+from rn50.launch import interpreter  # noqa: E402
 interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
-import cpu  # noqa: E402
+from rn50.world import cpu  # noqa: E402
 cpu.prepare_process()   # before MXNet loads: oneDNN's ISA (AMX where there is one), OpenMP threads
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-import checkpoint  # noqa: E402
+from rn50.checkpoints import checkpoint  # noqa: E402
 import data  # noqa: E402
-import export  # noqa: E402
-import inference  # noqa: E402
+from rn50.inference import export  # noqa: E402
+from rn50.inference import inference  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
-import workers  # noqa: E402
+from rn50.world import workers  # noqa: E402
+from rn50.data import contract  # noqa: E402
 
 
 def parse_args():
@@ -52,8 +54,8 @@ def parse_args():
 def validation_batches(args, world):
     """The whole validation set as (images, labels, real sample count) batches in memory."""
     _, loader = train.get_loaders(args, 0, 1, train=False, val=True)
-    return [(data.whole(batch.data[0]).copyto(mx.cpu()), data.whole(batch.label[0]).asnumpy(),
-             len(data.whole(batch.label[0])) - batch.pad) for batch in loader.epoch(0)]
+    return [(contract.whole(batch.data[0]).copyto(mx.cpu()), contract.whole(batch.label[0]).asnumpy(),
+             len(contract.whole(batch.label[0])) - batch.pad) for batch in loader.epoch(0)]
 
 
 def top1(run, batches):
@@ -93,7 +95,7 @@ def main():
                'cores': os.cpu_count(), 'cpu': cpu.cpuinfo_field('model name'), 'onednn': cpu.describe()}
 
     # In this order: INT8 calibration needs the unfused network, which float32 inference then fuses.
-    exported = export.export(args, world, train.get_loaders)
+    exported = export.export(args, world, train.get_loaders, functools.partial(models.build, args))
     checkpoint.load_weights(net, checkpoint.find_weights(args), args)
     engines = {}
     try:

@@ -74,6 +74,7 @@ from PIL import Image  # noqa: E402
 
 import data  # noqa: E402
 import train  # noqa: E402
+from rn50.data import contract
 
 MEAN = np.array([123.68, 116.779, 103.939], np.float32)
 STD = np.array([58.393, 57.12, 57.375], np.float32)
@@ -208,7 +209,7 @@ def pil_sample(job):
 
 
 def pil_batches(args, rec, idx, pool):
-    import records   # this tree's only: --baseline trees before records.py never run the PIL loader
+    from rn50.data import records   # this tree's only: --baseline trees before records.py never run the PIL loader
     dataset = records.RecordFile(rec, idx, 1000, 'benchmark')
     order = np.random.default_rng(1).permutation(len(dataset))
     with open(rec, 'rb') as f:
@@ -263,7 +264,7 @@ def measure_order(args):
 
 
 def measure_startup(args):
-    rec, idx = make_small_dataset(args.workdir, 'imagenet-size', data.IMAGENET_TRAIN_SIZE, 1000, side=8)
+    rec, idx = make_small_dataset(args.workdir, 'imagenet-size', contract.IMAGENET_TRAIN_SIZE, 1000, side=8)
     flags = ['--data-train', rec, '--data-train-idx', idx, '--num-classes', '1000', '--batch-size', '256',
              '--image-shape', '3,24,24', '--data-backend', args.backend, '--seed', '1',
              '--dali-threads', str(args.workers), '--data-mxnet-threads', str(args.workers)]

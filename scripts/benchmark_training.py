@@ -25,15 +25,15 @@ import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
-import interpreter  # noqa: E402
+from rn50.launch import interpreter  # noqa: E402
 interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
-import cpu  # noqa: E402
+from rn50.world import cpu  # noqa: E402
 cpu.prepare_process()   # before MXNet loads: oneDNN's ISA (AMX where there is one), OpenMP threads
 
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 
-import logs  # noqa: E402
+from rn50.reports import logs  # noqa: E402
 import models  # noqa: E402
 
 

@@ -139,7 +139,7 @@ def training_soak(camp, epochs):
             '--num-examples', str(TRAINING_EXAMPLES), '--num-epochs', str(epochs), '--warmup-epochs', '1',
             '--lr', '0.1', '--seed', '3', '--data-mxnet-threads', '2', '--workspace', ws]
     code, out, err = run(argv, env=dict(ENV, TMPDIR=tmp), timeout=None)
-    import logs
+    from rn50.reports import logs
     records = [r for r in logs.read_dllogger(os.path.join(ws, 'dllogger_log.log'))
                if isinstance(r['step'], list) and len(r['step']) == 1] if os.path.exists(ws) else []
     left = files_below(tmp) + temporaries(ws)

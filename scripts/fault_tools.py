@@ -49,7 +49,7 @@ def train_argv(ws, *extra):
 
 
 def sha256(path):
-    import logs   # imported when first needed, like the recipe's other modules here
+    from rn50.reports import logs   # imported when first needed, like the recipe's other modules here
     return logs.file_sha256(path)
 
 
@@ -86,7 +86,7 @@ def link_copy(source, target):
 
 def epoch_metrics(ws):
     """Per-epoch metrics without the speed fields (tests/test_train.py metrics_without_speed)."""
-    import logs
+    from rn50.reports import logs
     path = os.path.join(ws, 'dllogger_log.log')
     if not os.path.exists(path):
         return []
@@ -96,8 +96,8 @@ def epoch_metrics(ws):
 
 def state_note(ws, name='model_last.state'):
     """(readable, text) of a workspace's state file."""
-    import checkpoint
-    from errors import RecipeError
+    from rn50.checkpoints import checkpoint
+    from rn50.errors import RecipeError
     path = os.path.join(ws, name)
     if not os.path.exists(path):
         return True, 'no state'

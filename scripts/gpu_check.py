@@ -57,7 +57,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-import interpreter  # noqa: E402
+from rn50.launch import interpreter  # noqa: E402
 interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
 import gpu_check_training  # noqa: E402
 from gpu_check_training import (SMALL, digits_dataset, epoch_metrics, last_error, replicas_agree, run,  # noqa: E402
@@ -228,7 +228,7 @@ def state_devices(path):
     """The devices of every array of a .state file, the optimizer state's included (as text, e.g. 'cpu(0)')."""
     import pickle
     import mxnet as mx
-    import checkpoint
+    from rn50.checkpoints import checkpoint
     state = checkpoint.read_state(path)
     found = {str(array.context) for array in mx.nd.load(path).values()}
     pending = [pickle.loads(state.trainer)[0]]

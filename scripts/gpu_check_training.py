@@ -48,7 +48,7 @@ def last_error(output):
 
 def epoch_metrics(workspace):
     sys.path.insert(0, ROOT)
-    import logs
+    from rn50.reports import logs
     records = logs.read_dllogger(os.path.join(workspace, 'dllogger_log.log'))
     return [r['data'] for r in records if isinstance(r['step'], list) and len(r['step']) == 1]
 

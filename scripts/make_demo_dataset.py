@@ -19,7 +19,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import interpreter  # noqa: E402
+from rn50.launch import interpreter  # noqa: E402
 interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
 
 import numpy as np  # noqa: E402

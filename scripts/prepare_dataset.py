@@ -45,15 +45,15 @@ import sys
 
 # Run from anywhere: the repository root holds logs.py (atomic writes).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import interpreter  # noqa: E402
+from rn50.launch import interpreter  # noqa: E402
 interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
 
 import mxnet as mx  # noqa: E402
 import tqdm  # noqa: E402
 from PIL import Image  # noqa: E402
 
-import flags  # noqa: E402
-import logs  # noqa: E402
+from rn50.config import flags  # noqa: E402
+from rn50.reports import logs  # noqa: E402
 
 
 def parse_args(argv=None):

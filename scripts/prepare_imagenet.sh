@@ -14,6 +14,6 @@ here="$(cd "$(dirname "$0")" && pwd)"
 names="$(mktemp)"
 trap 'rm -f "$names"' EXIT
 # imagenet_classes.txt lines are "<synset> <names>"; prepare_dataset.py wants "<folder><TAB><name>".
-sed 's/ /\t/' "$here/../imagenet_classes.txt" > "$names"
+sed 's/ /\t/' "$here/../rn50/data/imagenet_classes.txt" > "$names"
 "${PYTHON:-python}" "$here/prepare_dataset.py" "$1" "$2" --splits train,val --names "$names"
 echo "Dataset was prepared successfully in $2"

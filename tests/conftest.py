@@ -54,7 +54,7 @@ def report_gpus(monkeypatch, gpus, fused=True):
     """MXNet made to report `gpus` GPUs (and, with `fused`, NVIDIA's fused batchnorm kernels, as its build in
     the container does): the runner's own code plans for them, from machine_gpus() to layers.py's probe."""
     import mxnet as mx
-    import layers
+    from rn50.nets import layers
     monkeypatch.setattr(mx.context, 'num_gpus', lambda: gpus)
     if fused:
         monkeypatch.setattr(layers, 'fused_ops_available', lambda: {'nvidia_bn_relu': True,

@@ -19,10 +19,10 @@ from mxnet import gluon
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import losses  # noqa: E402
-import workers  # noqa: E402
+from rn50.training import losses  # noqa: E402
+from rn50.world import workers  # noqa: E402
 from conftest import resolved  # noqa: E402
-from step import TrainingStep  # noqa: E402
+from rn50.training.step import TrainingStep  # noqa: E402
 
 
 class Float16Net(gluon.HybridBlock):

@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import losses  # noqa: E402
+from rn50.training import losses  # noqa: E402
 from float16_twin import Float16Net, batch_of, step_for  # noqa: E402
 
 ETA, EPS, WD, LR, MOMENTUM = 0.02, 1e-6, 0.01, 0.5, 0.9

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-import augment
+from rn50.data import augment
 from conftest import ROOT, resolved
 from test_data import unique_label_args
 from train import get_loaders
@@ -94,7 +94,7 @@ def test_timms_posterize_keeps_4_down_to_0_bits(fraction):
 
 
 def test_ra_flags_out_of_range_are_errors():
-    from errors import RecipeError
+    from rn50.errors import RecipeError
     args = resolved(['--auto-augment', 'ra', '--ra-magnitude', '11', '--ra-magnitude-scale', '10'])
     with pytest.raises(RecipeError, match='above --ra-magnitude-scale 10'):
         augment.check(args)
@@ -216,7 +216,7 @@ def test_erased_boxes_hold_zeros_or_the_drawn_noise_and_nothing_else_changes(tmp
 def test_an_augmentation_failure_is_not_blamed_on_the_data(tmp_path, monkeypatch):
     """A DALI error outside the decoder (here an erasing that cannot broadcast) says what DALI said, at which
     batch, and does not send the user to rebuild a dataset that is fine."""
-    from errors import RecipeError
+    from rn50.errors import RecipeError
     monkeypatch.setattr(augment, 'apply_erase', lambda images, anchors, shapes, noise, size: images + anchors)
     args = unique_label_args(tmp_path, 'dali-cpu', count=8, batch=4, extra=['--random-erase', '0.5'])
     loader = get_loaders(args, 0, 1, val=False)[0]
@@ -279,7 +279,7 @@ class OldDali(types.ModuleType):
     ('1.18.0', False, "nvidia.dali.auto_aug and pipeline_def's enable_conditionals"),
     ('1.23.0', True, 'nvidia.dali.auto_aug')])
 def test_auto_augment_on_a_dali_without_it_is_an_error_naming_the_version(monkeypatch, version, conditionals, lacks):
-    from errors import RecipeError
+    from rn50.errors import RecipeError
     args = resolved(['--auto-augment', 'ta_wide', '--data-backend', 'dali-cpu'])
     monkeypatch.setitem(sys.modules, 'nvidia.dali', OldDali(version, conditionals))
     monkeypatch.setitem(sys.modules, 'nvidia.dali.auto_aug', None)      # import nvidia.dali.auto_aug fails

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from mxnet import gluon
 
-import checkpoint
-import optimizer_state
-import logs
+from rn50.checkpoints import checkpoint
+from rn50.checkpoints import optimizer_state
+from rn50.reports import logs
 import models
 from conftest import ROOT
-from errors import RecipeError
+from rn50.errors import RecipeError
 
 
 def tiny_net():
@@ -218,8 +218,8 @@ def test_write_failures_are_clear_errors_and_keep_the_old_file(tmp_path):
 import resource, signal, sys
 sys.path.insert(0, {ROOT!r})
 import mxnet as mx
-import logs
-from errors import RecipeError
+from rn50.reports import logs
+from rn50.errors import RecipeError
 path = {str(tmp_path / 'model_last.state')!r}
 mx.nd.save(path, {{'a': mx.nd.ones((10,))}})
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-import inference
+from rn50.inference import inference
 import train
 from conftest import ROOT
-from errors import RecipeError
+from rn50.errors import RecipeError
 
 NAMES = ['zero', 'one', 'two']
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import cpu
+from rn50.world import cpu
 from conftest import ROOT, digits_flags
 
 AVX512 = {'avx', 'avx2', 'sse4_1', 'avx512f', 'avx512bw', 'avx512vl', 'avx512dq'}
@@ -102,7 +102,7 @@ def test_the_amx_permission_request_matches_this_cpu():
 
 @pytest.mark.skipif(not HAS_AMX, reason='this CPU has no AMX (amx_tile, amx_bf16, amx_int8 not in /proc/cpuinfo)')
 def test_bfloat16_runs_amx_kernels_after_prepare_process():
-    code = ('import cpu; cpu.prepare_process()\n'
+    code = ('from rn50.world import cpu; cpu.prepare_process()\n'
             'import mxnet as mx\n'
             'x = mx.nd.ones((1, 16, 8, 8), dtype="bfloat16"); w = mx.nd.ones((16, 16, 3, 3), dtype="bfloat16")\n'
             'mx.nd.Convolution(x, w, no_bias=True, kernel=(3, 3), num_filter=16).wait_to_read()\n')

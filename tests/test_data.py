@@ -8,10 +8,12 @@ import pytest
 from PIL import Image
 
 import data
-import synthetic
+from rn50.data import synthetic
 from train import get_loaders
 from conftest import digits_flags, resolved
-from errors import RecipeError
+from rn50.errors import RecipeError
+from rn50.data import contract
+from rn50.data import validation_resize
 
 REAL = ['mxnet', 'dali-cpu']
 
@@ -194,14 +196,14 @@ def test_load_image_uses_validation_preprocessing(tmp_path):
     path = str(tmp_path / 'wide.png')
     Image.fromarray(np.full((40, 80, 3), 255, np.uint8)).save(path)
     args = resolved(['--image-shape', '4,32,32', '--data-val-resize', '36', '--input-layout', 'NHWC'])
-    image = data.load_image(path, args).asnumpy()
+    image = validation_resize.load_image(path, args).asnumpy()
     assert image.shape == (1, 32, 32, 4)
     np.testing.assert_allclose(image[0, 0, 0, :3], (255 - np.array(args.rgb_mean)) / np.array(args.rgb_std),
                                rtol=1e-5)
     assert (image[..., 3] == 0).all()
     (tmp_path / 'bad.jpg').write_bytes(b'no')
     with pytest.raises(RecipeError, match='cannot read image') as error:
-        data.load_image(str(tmp_path / 'bad.jpg'), args)
+        validation_resize.load_image(str(tmp_path / 'bad.jpg'), args)
     assert 'Traceback' not in str(error.value) and len(str(error.value).splitlines()) == 1
 
 
@@ -239,7 +241,7 @@ def test_native_augmentations_and_aspect_range_none(digits):
                                             '--brightness', '0.2', '--min-random-aspect-ratio', 'None',
                                             '--max-random-aspect-ratio', '0.25'])
     data.check_data_flags(args)
-    assert data.aspect_ratio_range(args) == (0.75, 1.25)
+    assert contract.aspect_ratio_range(args) == (0.75, 1.25)
     train, _ = get_loaders(args, 0, 1, val=False)
     first, again = (next(train.epoch(0)).data[0].asnumpy() for _ in range(2))
     np.testing.assert_array_equal(first, again)           # augmentation seeded per epoch, too
@@ -262,8 +264,8 @@ def test_synthetic_batches_live_on_the_workers_devices():
     two.contexts = [mx.cpu(1), mx.cpu(2)]
     batch = next(synthetic.SyntheticLoader(two, 0, 1, True).epoch(0))
     assert [p.context for p in batch.data[0]] == [mx.cpu(1), mx.cpu(2)] == [p.context for p in batch.label[0]]
-    np.testing.assert_array_equal(data.whole(batch.data[0]).asnumpy(), reference.data[0].asnumpy())
-    np.testing.assert_array_equal(data.whole(batch.label[0]).asnumpy(), reference.label[0].asnumpy())
+    np.testing.assert_array_equal(contract.whole(batch.data[0]).asnumpy(), reference.data[0].asnumpy())
+    np.testing.assert_array_equal(contract.whole(batch.label[0]).asnumpy(), reference.label[0].asnumpy())
 
 
 def test_native_float16_batches_are_cast_on_their_device(digits, monkeypatch):
@@ -327,6 +329,6 @@ def test_training_and_validation_images_have_their_own_shapes(digits, backend):
     assert next(train.epoch(0)).data[0].shape[1:] == (3, 32, 32)
     assert next(val.epoch(0)).data[0].shape[1:] == (3, 40, 40)
     image = next((digits / 'images' / 'val' / 'digit_1').iterdir())
-    assert data.load_image(str(image), args).shape == (1, 3, 40, 40)
+    assert validation_resize.load_image(str(image), args).shape == (1, 3, 40, 40)
     args.val_image_shape = (4, 40, 40)     # the channels are --image-shape's (the runner's 4 for float16 on GPUs)
-    assert data.image_shape(args, training=False) == (3, 40, 40)
+    assert contract.image_shape(args, training=False) == (3, 40, 40)

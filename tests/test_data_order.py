@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import dali
-import records
+from rn50.data import records
 from train import get_loaders
-from errors import RecipeError
+from rn50.errors import RecipeError
 from test_data import real_labels, training_loader, unique_label_args, write_rec
 
 REAL = ['mxnet', 'dali-cpu']
@@ -260,7 +260,7 @@ def test_repeated_augmentation_through_the_loaders_of_two_workers(tmp_path, back
 
 
 def test_progressive_sizes_follow_ffcvs_rule():
-    from resolution import size_at
+    from rn50.data.resolution import size_at
     sizes = [size_at(epoch, 160, 192, 65, 76, 32) for epoch in range(60, 80)]
     assert sizes[:6] == [160] * 6 and sizes[-4:] == [192] * 4
     assert sizes == sorted(sizes) and set(sizes) == {160, 192}

@@ -27,6 +27,7 @@ def normalise(name):
 def runtime_files():
     """The recipe's modules: the top-level *.py, the runner and scripts/*.py."""
     return sorted(glob.glob(os.path.join(ROOT, '*.py')) + [os.path.join(ROOT, 'runner')]
+                  + glob.glob(os.path.join(ROOT, 'rn50', '**', '*.py'), recursive=True)
                   + glob.glob(os.path.join(ROOT, 'scripts', '*.py')))
 
 
@@ -36,7 +37,7 @@ def suite_files():
 
 def own_modules():
     """Module names of the project itself (scripts and tests import their neighbours by name)."""
-    return {os.path.basename(path)[:-3] for path in runtime_files() + suite_files() if path.endswith('.py')}
+    return {os.path.basename(path)[:-3] for path in runtime_files() + suite_files() if path.endswith('.py')} | {'rn50'}
 
 
 def imports(path):
@@ -139,7 +140,7 @@ def test_the_checker_finds_what_the_old_dockerfile_missed():
     old = {normalise(name) for name in 'Pillow scikit-learn matplotlib psutil onnx onnxruntime'.split()}
     gaps = missing(third_party(runtime_files()), old, BASE_IMAGE_MODULES)
     assert {module.split('.')[0] for module in gaps} == {'tqdm', 'safetensors', 'tensorboardX'}  # and --tensorboard's
-    assert 'logs.py' in gaps['tqdm'] and 'checkpoint.py' in gaps['safetensors.numpy']
+    assert 'rn50/reports/logs.py' in gaps['tqdm'] and 'rn50/checkpoints/checkpoint.py' in gaps['safetensors.numpy']
 
 
 def test_the_container_pins_are_exact_and_the_dockerfile_installs_them():

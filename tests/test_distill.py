@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from mxnet import autograd
 
-import distill
-import losses
+from rn50.training import distill
+from rn50.training import losses
 import models
 from conftest import ROOT
 from float16_twin import Float16Net, batch_of, step_for

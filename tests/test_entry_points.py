@@ -31,9 +31,12 @@ def test_entry_point_finds_the_project_environment(entry_point):
 
 
 def test_without_any_environment_it_says_how_to_set_up(tmp_path):
-    """A copy of interpreter.py in a folder with no .venv: one error line, no traceback."""
-    (tmp_path / 'interpreter.py').write_text(open(os.path.join(ROOT, 'interpreter.py')).read())
-    (tmp_path / 'main.py').write_text('import interpreter\ninterpreter.use_project_python()\nprint("ran")\n')
+    """A copy of rn50/launch/interpreter.py in a checkout with no .venv: one error line, no traceback."""
+    (tmp_path / 'rn50' / 'launch').mkdir(parents=True)
+    (tmp_path / 'rn50' / 'launch' / 'interpreter.py').write_text(
+        open(os.path.join(ROOT, 'rn50', 'launch', 'interpreter.py')).read())
+    (tmp_path / 'main.py').write_text('from rn50.launch import interpreter\ninterpreter.use_project_python()\n'
+                                      'print("ran")\n')
     result = subprocess.run([getattr(sys, '_base_executable', sys.executable), '-S', 'main.py'], cwd=tmp_path,
                             capture_output=True, text=True)
     assert result.returncode == 1 and 'Traceback' not in result.stderr

@@ -11,12 +11,12 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import checkpoint
-import ema
-import losses
-import tensorboard_log
+from rn50.checkpoints import checkpoint
+from rn50.training import ema
+from rn50.training import losses
+from rn50.reports import tensorboard_log
 import train
-import training_extras
+from rn50.training import training_extras
 from conftest import ROOT
 from float16_twin import Float16Net, batch_of, step_for
 from test_train import epoch_records, kill_once_logged, metrics_without_speed, run, train_cmd

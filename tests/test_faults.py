@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-import logs
+from rn50.reports import logs
 import train
 from conftest import ROOT
 
@@ -79,8 +79,8 @@ def test_optimizer_state_temporary_failure_is_a_clear_error(tmp_path, monkeypatc
     import tempfile
     import mxnet as mx
     from mxnet import gluon
-    import optimizer_state
-    from errors import RecipeError
+    from rn50.checkpoints import optimizer_state
+    from rn50.errors import RecipeError
     net = gluon.nn.Dense(2, in_units=3)
     net.initialize()
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9})
@@ -96,7 +96,7 @@ def test_optimizer_state_temporary_failure_is_a_clear_error(tmp_path, monkeypatc
 def test_resuming_from_the_previous_state_keeps_it_as_the_fallback(tmp_path, capsys):
     """After `error: model_last.state is damaged ... --load model_prev.state`, the damaged file must not
     replace the good previous state when the resumed run writes its next state."""
-    import checkpoint
+    from rn50.checkpoints import checkpoint
     ws = tmp_path / 'ws'
     two = TINY + ['--workspace', str(ws), '--num-epochs', '2']
     for _ in range(2):
@@ -127,8 +127,8 @@ def test_disk_full_and_read_only_workspace_are_one_clear_error(tmp_path):
     script = f"""
 import sys
 sys.path.insert(0, {ROOT!r})
-import logs
-from errors import RecipeError
+from rn50.reports import logs
+from rn50.errors import RecipeError
 with open({str(mount / 'model_last.state')!r}, 'wb') as f:
     f.write(b'old')
 try:

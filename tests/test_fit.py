@@ -9,14 +9,14 @@ import pytest
 from mxnet import autograd, gluon
 
 import dali
-import data
 import fit
-import losses
-import workers
+from rn50.training import losses
+from rn50.world import workers
 from conftest import digits_flags, gloo_workers, resolved
 from float16_twin import Float16Net, batch_of, step_for
-from errors import RecipeError
-from step import TrainingStep
+from rn50.errors import RecipeError
+from rn50.training.step import TrainingStep
+from rn50.data import contract
 
 
 # ---- learning rate schedule -------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
     slices = [batch for _, batch in zip(range(3), loader.epoch(0))]
     for batch in slices:
         assert [p.context for p in batch.data[0]] == contexts == [p.context for p in batch.label[0]]
-    joined = [mx.io.DataBatch(data=[data.whole(b.data[0])], label=[data.whole(b.label[0])]) for b in slices]
+    joined = [mx.io.DataBatch(data=[contract.whole(b.data[0])], label=[contract.whole(b.label[0])]) for b in slices]
     weights, inputs = [], []
     for batches in (slices, joined):
         mx.random.seed(5)
@@ -252,7 +252,7 @@ def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself(monkeypa
     import signal
     import sys
 
-    import logs
+    from rn50.reports import logs
 
     class Stream:
         """Records a write that starts while another is under way (io.BufferedWriter raises there)."""
@@ -302,7 +302,7 @@ def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself(monkeypa
 def test_the_default_warm_up_is_shortened_to_fit_a_short_run(caplog):
     """-e 3 with the default 5-epoch warm-up was all warm-up: the rate peaked at 60% of --lr, never decayed."""
     import train
-    from schedule import learning_rate
+    from rn50.optim.schedule import learning_rate
     args = train.build_parser().parse_args(['--num-epochs', '3', '--lr', '1'])
     with caplog.at_level('INFO', logger='fit'):
         warmup = fit.default_warmup(args)
@@ -341,6 +341,6 @@ def test_bce_loss_is_the_mean_binary_cross_entropy_of_each_class(dtype, threshol
 
 
 def test_bce_target_threshold_without_bce_loss_is_refused():
-    import training_extras
+    from rn50.training import training_extras
     with pytest.raises(RecipeError, match='add --bce-loss'):
         training_extras.check(resolved(['--bce-target-thresh', '0.2']))

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 import fit
-import flags
+from rn50.config import flags
 import train
 from conftest import ROOT
-from errors import RecipeError
+from rn50.errors import RecipeError
 
 
 @pytest.mark.parametrize('argv, message', [

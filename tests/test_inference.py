@@ -1,5 +1,6 @@
 """inference.py through train.py on a ResNet-18 trained on the digits: INT8 accuracy and its cached
 calibration, bfloat16 where the CPU has it, ONNX export checked with onnxruntime, and the clear errors."""
+import functools
 import json
 import os
 
@@ -7,18 +8,18 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import checkpoint
-import cpu
+from rn50.checkpoints import checkpoint
+from rn50.world import cpu
 import checkpoint_formats as formats
-import data
-import export
-import inference
-import logs
+from rn50.inference import export
+from rn50.inference import inference
+from rn50.reports import logs
 import models
 import train
-import workers
+from rn50.world import workers
 from conftest import digits_flags, resolved, run_train_py
-from errors import RecipeError
+from rn50.errors import RecipeError
+from rn50.data import validation_resize
 
 MODEL = ['--num-layers', '18', '--seed', '4', '--data-backend', 'mxnet', '--data-val-resize', '36']
 
@@ -79,7 +80,7 @@ def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_pat
     """--mode val/pred in float32 on the CPU run oneDNN's fused graph: same logits as the trained network."""
     args = resolved(digits_flags(digits) + MODEL + ['--mode', 'val', '--load', str(model / 'model_best.params')])
     files = sorted((digits / 'images' / 'val' / 'digit_4').iterdir())[:8]
-    images = mx.nd.concat(*[data.load_image(str(f), args) for f in files], dim=0)
+    images = mx.nd.concat(*[validation_resize.load_image(str(f), args) for f in files], dim=0)
     plain = models.get_model(**models.model_options(args))
     plain.load_parameters(str(model / 'model_best.params'))
     plain.hybridize(static_alloc=True, static_shape=True)
@@ -137,7 +138,7 @@ def test_export_to_symbol_and_onnx_matches_on_real_images(digits, model, tmp_pat
 
     args = resolved(digits_flags(digits) + MODEL)
     files = sorted((digits / 'images' / 'val' / 'digit_2').iterdir())[:5]
-    images = mx.nd.concat(*[data.load_image(str(f), args) for f in files], dim=0)
+    images = mx.nd.concat(*[validation_resize.load_image(str(f), args) for f in files], dim=0)
     session = onnxruntime.InferenceSession(str(folder / 'model.onnx'), providers=['CPUExecutionProvider'])
     onnx_logits = session.run(None, {'data': images.asnumpy()})[0]
     block = mx.gluon.SymbolBlock.imports(str(folder / 'model-symbol.json'), ['data'],
@@ -208,7 +209,7 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
     gpu_checkpoint(tmp_path / 'model_best.params')
     args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
     args.device = 'gpu'
-    outputs = export.export(args, workers.World('device'), train.get_loaders)
+    outputs = export.export(args, workers.World('device'), train.get_loaders, functools.partial(models.build, args))
     assert outputs['onnxruntime_max_difference'] < 1e-4
     session = onnxruntime.InferenceSession(outputs['onnx'], providers=['CPUExecutionProvider'])
     assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
@@ -228,8 +229,8 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
         raise NotImplementedError('no ONNX conversion for this operator')
     monkeypatch.setattr(export, 'write_onnx', unsupported)
     with pytest.raises(RecipeError, match='exporting .*NotImplementedError: no ONNX conversion.*nothing was written'):
-        export.export(resolved(GPU_RUN + ['--workspace', str(tmp_path)]), workers.World('device'),
-                      train.get_loaders)
+        args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
+        export.export(args, workers.World('device'), train.get_loaders, functools.partial(models.build, args))
     assert os.listdir(tmp_path / 'export') == []
 
 
@@ -299,7 +300,7 @@ def test_flip_tta_prediction_gives_the_probabilities_of_the_mean_logits(digits, 
         (tmp_path / 'in' / f.name).write_bytes(f.read_bytes())
     plain = models.get_model(**models.model_options(args))
     plain.load_parameters(str(model / 'model_best.params'))
-    images = mx.nd.concat(*[data.load_image(str(f), args) for f in files], dim=0)
+    images = mx.nd.concat(*[validation_resize.load_image(str(f), args) for f in files], dim=0)
     outputs = (plain(images) + plain(mx.nd.flip(images, axis=3))).asnumpy() / 2
     expected = np.exp(outputs) / np.exp(outputs).sum(1, keepdims=True)
     for tta in ([], ['--tta', 'flip']):

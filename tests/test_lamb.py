@@ -8,9 +8,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import optimizer_state
-import lamb
-import losses
+from rn50.checkpoints import optimizer_state
+from rn50.optim import lamb
+from rn50.training import losses
 from float16_twin import Float16Net, batch_of, step_for
 
 LR, WD, BETA1, BETA2, EPS = 0.05, 0.02, 0.9, 0.999, 1e-6

@@ -8,9 +8,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import optimizer_state
-import lars
-import losses
+from rn50.checkpoints import optimizer_state
+from rn50.optim import lars
+from rn50.training import losses
 import models
 from conftest import gloo_workers
 from float16_twin import Float16Net, batch_of, step_for

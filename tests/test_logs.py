@@ -2,7 +2,7 @@
 import json
 import os
 
-import logs
+from rn50.reports import logs
 
 
 def test_dllogger_records(tmp_path, capsys):

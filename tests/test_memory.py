@@ -11,10 +11,10 @@ import types
 import mxnet as mx
 import pytest
 
-import memory
+from rn50.world import memory
 import models
 from conftest import ROOT, resolved
-from errors import RecipeError
+from rn50.errors import RecipeError
 
 GB = 1024 ** 3
 
@@ -108,7 +108,7 @@ def test_a_batch_far_larger_than_the_set_is_said(caplog):
     import types
     loader = types.SimpleNamespace(batch_size=192, num_examples=32)
     world = types.SimpleNamespace(size=1)
-    with caplog.at_level('WARNING', logger='memory'):
+    with caplog.at_level('WARNING', logger='rn50.world.memory'):
         memory.check_batch_against_data(loader, world)
     assert 'The global batch (192) is far larger than the 32 validation images: 83% of it is padding' in caplog.text
     caplog.clear()

@@ -25,8 +25,8 @@ import pytest
 from conftest import ROOT, train_args
 
 import fit
-import mlperf_log
-from errors import RecipeError
+from rn50.reports import mlperf_log
+from rn50.errors import RecipeError
 
 HOROVOD = pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
 RUN_ENV = dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' + os.environ['PATH'])

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from mxnet import gluon
 
-import layers
+from rn50.nets import layers
 import models
 from conftest import in_fresh_process, randomise_batchnorm, train_args
-from errors import RecipeError
+from rn50.errors import RecipeError
 
 # --------------------------------------------------------------------------------------------------------
 # Helpers

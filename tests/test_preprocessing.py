@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import checkpoint
+from rn50.checkpoints import checkpoint
 import dali
-import data
 import models
 import train
 from conftest import digits_flags, resolved, run_train_py
-from errors import RecipeError
+from rn50.errors import RecipeError
 from test_readme import README, code_blocks
+from rn50.data import contract
+from rn50.data import validation_resize
 
 MODEL = ['--num-layers', '18', '--seed', '4', '--image-shape', '3,24,24', '--data-val-resize', '28']
 # pred and validation compute the same input: their probabilities differ by the network's rounding alone
@@ -71,7 +72,7 @@ def validation_probabilities(digits, workspace, backend):
     net.load_parameters(str(workspace / 'model_best.params'))
     _, loader = train.get_loaders(args, train=False)
     outputs = []
-    for batch in data.batches(loader, 0, 0, loader.num_batches):
+    for batch in contract.batches(loader, 0, 0, loader.num_batches):
         outputs.append(mx.nd.softmax(net(batch.data[0])).asnumpy()[:batch.data[0].shape[0] - batch.pad])
     files = {hashlib.sha256(path.read_bytes()).hexdigest(): str(path)
              for path in (digits / 'images' / 'val').rglob('*.jpg')}
@@ -228,10 +229,10 @@ def test_every_backend_and_pred_compute_the_same_input(digits, tmp_path, interpo
     if interpolation == 'linear-antialias':
         pred = np.concatenate([dali.PredictionImages(args).load(p).asnumpy() for p in paths])
         np.testing.assert_array_equal(pred, batches['dali-cpu'])
-        plain = np.concatenate([data.load_image(p, args).asnumpy() for p in paths])
+        plain = np.concatenate([validation_resize.load_image(p, args).asnumpy() for p in paths])
         assert np.abs(plain - pred).max() * 57 > 5                 # without antialiasing: another input
     else:
-        pred = np.concatenate([data.load_image(p, args).asnumpy() for p in paths])
+        pred = np.concatenate([validation_resize.load_image(p, args).asnumpy() for p in paths])
         np.testing.assert_allclose(pred, batches['mxnet'], atol=1e-5)
         assert np.abs(batches['dali-cpu'] - pred).max() <= 1.01 / 57.12    # one grey level over the smallest std
 

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 import fit
-import recipes
+from rn50.config import recipes
 from conftest import ROOT, runner_module, train_args
-from errors import RecipeError
+from rn50.errors import RecipeError
 
 TINY = ['--seed', '3', '--batch-size', '32', '--data-mxnet-threads', '2', '--dali-threads', '1',
         '--dali-validation-threads', '1', '--num-layers', '18', '--num-examples', '64']

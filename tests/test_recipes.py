@@ -12,12 +12,12 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import ema
-import layers
-import losses
+from rn50.training import ema
+from rn50.nets import layers
+from rn50.training import losses
 import models
-import recipes
-import schedule
+from rn50.config import recipes
+from rn50.optim import schedule
 from conftest import ROOT, digits_flags, report_gpus, runner_module, train_args
 from float16_twin import Float16Net, batch_of, step_for
 

@@ -127,7 +127,7 @@ def test_two_cpu_workers_on_one_node_and_on_two_nodes_train_alike(digits, tmp_pa
         assert result.returncode == 0, result.stderr[-3000:]
         # each worker on a device of its own (cpu(local rank), as gpu(local rank)), holding the same model
         assert 'All 2 workers hold the same weights, batchnorm statistics and optimizer state' in result.stderr
-        import logs
+        from rn50.reports import logs
         records = logs.read_dllogger(str(tmp_path / name / 'dllogger_log.log'))
         assert records[0]['data']['batch_size'] == 32 and records[0]['data']['kv_store'] == 'horovod'
         epoch = [r for r in records if r['step'] == [0]][0]['data']
@@ -369,7 +369,7 @@ def interrupted_run(argv, signum, timeout=90):
 @pytest.mark.parametrize('signum', [signal.SIGTERM])   # SIGUSR1 and SIGINT take the same handler (supervisor.py)
 def test_signal_to_the_runner_stops_every_worker_with_the_state_written(digits, tmp_path, signum):
     import psutil
-    import checkpoint
+    from rn50.checkpoints import checkpoint
     argv = demo_argv(digits, tmp_path, examples=1024, extra=['--disp-batches', '1'])
     code, output, seconds, descendants, workers = interrupted_run(argv, signum)
     # Stopped within epoch 0 (at a --disp-batches boundary), not by horovodrun's kill or the stop timeout; the
@@ -500,7 +500,7 @@ def test_the_mlperf_recipe_on_two_cpu_workers_evaluates_on_its_period_and_stops_
     """--recipe mlperf (LARS, poly decay, evaluation every 4 epochs from epoch 2) shortened to 7 epochs on the
     digits: epochs 0 and 1 are not validated, epoch 2 is and reaches the target, the run stops there (no epoch
     3 to 6) and reports the time to it."""
-    import logs
+    from rn50.reports import logs
     result = run_runner(demo_argv(digits, tmp_path, examples=64, extra=['--recipe', 'mlperf', '-b', '16', '-e', '7',
                                                                          '--target-accuracy', '0.01',
                                                                          '--mlperf-log', 'none']))

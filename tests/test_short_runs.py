@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import mxnet as mx
 import pytest
 
-import checkpoint
-import ema
+from rn50.checkpoints import checkpoint
+from rn50.training import ema
 import fit
-import logs
-import training_extras
+from rn50.reports import logs
+from rn50.training import training_extras
 from float16_twin import Float16Net, step_for
 from test_train import epoch_records, run
 
@@ -83,12 +83,12 @@ def test_an_average_that_would_only_copy_the_weights_is_warned(caplog):
     steps, an update every 2 and 1 warm-up epoch of 2 steps, the last update (step 4) follows one at step 2,
     within the warm-up, so every update copies; with half an epoch of warm-up the update at step 4 averages."""
     args = SimpleNamespace(model_ema_steps=2, num_epochs=2, model_ema_adjust=True, warmup_epochs=1)
-    with caplog.at_level(logging.INFO, logger='training_extras'):
+    with caplog.at_level(logging.INFO, logger='rn50.training.training_extras'):
         training_extras.check_average_schedule(args, 1, 2)
     assert 'every update of the weight average (every 2 steps) comes within or right after the 1 warm-up' in caplog.text
     caplog.clear()
     args.warmup_epochs = 0.5
-    with caplog.at_level(logging.INFO, logger='training_extras'):
+    with caplog.at_level(logging.INFO, logger='rn50.training.training_extras'):
         training_extras.check_average_schedule(args, 1, 2)
     assert caplog.text == ''
 

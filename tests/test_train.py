@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-import checkpoint
-import cpu
-import logs
+from rn50.checkpoints import checkpoint
+from rn50.world import cpu
+from rn50.reports import logs
 from conftest import ROOT, digits_flags
 
 SMALL = ['--num-layers', '18', '--num-examples', '256', '--lr', '0.1', '--warmup-epochs', '1', '--seed', '3',

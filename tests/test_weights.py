@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 import checkpoint_formats as formats
-import checkpoint
+from rn50.checkpoints import checkpoint
 import data
-import errors
+from rn50 import errors
 import models
-import weights
+from rn50.checkpoints import weights
 from conftest import randomise_batchnorm
-from errors import RecipeError
+from rn50.errors import RecipeError
 
 # --------------------------------------------------------------------------------------------------------
 # Helpers

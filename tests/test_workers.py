@@ -8,7 +8,7 @@ import pytest
 import numpy as np
 from mxnet import gluon
 
-import workers
+from rn50.world import workers
 
 
 class TwoWorkerHorovod:
@@ -83,7 +83,7 @@ def test_broadcasts_give_rank_0s_values_without_horovods_broadcast(horovod):
 def test_the_horovod_api_the_recipe_calls_is_checked_with_one_error():
     import types
     import horovod.mxnet as hvd
-    from errors import RecipeError
+    from rn50.errors import RecipeError
     workers.check_horovod_api(hvd)         # the installed Horovod has all of it
     lacking = types.SimpleNamespace(**{name: getattr(hvd, name) for name in workers.HOROVOD_API
                                        if name != 'DistributedTrainer'})

@@ -13,10 +13,10 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import checkpoint
-import workers
+from rn50.checkpoints import checkpoint
+from rn50.world import workers
 from conftest import ROOT, digits_flags, train_args
-from errors import RecipeError
+from rn50.errors import RecipeError
 from test_workers import TwoWorkerHorovod
 
 HOROVOD = pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
@@ -116,7 +116,7 @@ def test_a_worker_bound_to_one_gpu_takes_device_0(monkeypatch, binding):
 def test_one_process_takes_every_gpu_and_says_so(monkeypatch, caplog):
     monkeypatch.setattr(mx.context, 'num_gpus', lambda: 8)
     args = train_args(['--batch-size', '32'])
-    with caplog.at_level('INFO', logger='workers'):
+    with caplog.at_level('INFO', logger='rn50.world.workers'):
         workers.resolve_hardware(args, world(horovod=False))
     assert [ctx.device_id for ctx in args.contexts] == list(range(8))
     assert ('This process trains on GPUs 0,1,2,3,4,5,6,7: 4 images per GPU of the global batch 32 (batchnorm '

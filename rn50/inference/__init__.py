@@ -1,0 +1,3 @@
+"""Forward only: validation, --mode val and pred, the network made ready for them with oneDNN fusion and
+INT8 (inference), and --mode export to MXNet and ONNX (export).
+"""

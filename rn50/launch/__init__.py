@@ -1,0 +1,3 @@
+"""Launching and stopping: the project's Python for every entry point (interpreter), horovodrun under the
+runner's supervision (supervisor).
+"""

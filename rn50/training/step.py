@@ -1,0 +1,192 @@
+"""The training step of one worker: forward and backward on each of its devices, the targets (label
+smoothing, mixup, CutMix), loss scaling for float16 and AMP, gradient accumulation, and the update through
+a gluon.Trainer (Horovod's DistributedTrainer with several workers). fit.py's epoch loop calls
+
+    step = TrainingStep(args, net, world, build_network)   # build_network: models.build for a --teacher
+    loss = step.run(batch, epoch, iteration, lr, before_sync=fetch_next_batch)   # an NDArray, not synchronised
+"""
+import inspect
+import logging
+import math
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from rn50.training import distill
+from rn50.optim import lamb
+from rn50.optim import lars  # noqa: F401  (registers --optimizer lars's optimizer with MXNet)
+from rn50.training import losses
+from rn50.training import training_extras
+from rn50.data.contract import device_slices
+from rn50.errors import RecipeError
+
+log = logging.getLogger(__name__)
+
+# Optimizers whose MXNet implementation takes a momentum argument.
+MOMENTUM_OPTIMIZERS = ('sgd', 'nag', 'signum', 'dcasgd', 'lbsgd')
+
+
+def predivision(world, float16):
+    """DistributedTrainer's keywords for summing float16 gradients without losing range: each worker's
+    gradient is divided by sqrt(workers) before the sum and the sum by sqrt(workers) after it (the split
+    NVIDIA's MLPerf code uses), instead of summing first (at 256 workers the loss scale would settle 8 bits
+    lower, with more skipped steps) or dividing first (as many bits lost to underflow). Float32 sums as is."""
+    if not float16 or world.size == 1:
+        return {}
+    if 'gradient_predivide_factor' not in inspect.signature(world.horovod.DistributedTrainer).parameters:
+        log.warning('This Horovod has no gradient_predivide_factor: float16 gradients are summed over %d workers '
+                    'before they are divided (Horovod 0.21 or newer splits the division)', world.size)
+        return {}
+    return {'gradient_predivide_factor': math.sqrt(world.size)}
+
+
+class TrainingStep:
+    """The training step of one worker: forward and backward on each of its devices, loss scaling, and the
+    update through `gluon_trainer` (a gluon.Trainer, or Horovod's DistributedTrainer)."""
+
+    def __init__(self, args, net, world, build_network=None):
+        self.args, self.net, self.world = args, net, world
+        self.contexts = args.contexts
+        self.sparse_labels = args.label_smoothing == 0 and args.mixup == 0 and args.cutmix == 0 and not args.bce_loss
+        self.loss = gluon.loss.SigmoidBinaryCrossEntropyLoss() if args.bce_loss else \
+            gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=self.sparse_labels)
+        self.loss.hybridize(static_alloc=True, static_shape=True)
+        optimizer_params = {'learning_rate': 0.0, 'wd': args.wd,
+                            'multi_precision': args.dtype == 'float16'}
+        optimizer = args.optimizer
+        if optimizer in MOMENTUM_OPTIMIZERS:
+            optimizer_params['momentum'] = args.mom
+        if optimizer == 'lars':   # MLPerf's LARS (lars.py), not MXNet's, which skips by names Gluon never gives
+            optimizer = 'mlperflars'
+            optimizer_params.update(momentum=args.mom, eta=args.lars_eta, eps=args.lars_eps)
+        if optimizer == 'lamb':   # timm's Lamb (lamb.py): MXNet's adapts every array and clips no gradient norm
+            optimizer = 'timmlamb'
+        self.params = net.collect_params()
+        if args.backbone_lr_mult != 1:
+            for name, param in net._collect_params_with_prefix().items():
+                if not name.startswith('output.'):
+                    param.lr_mult = args.backbone_lr_mult
+        try:
+            if world.horovod is not None:
+                self.gluon_trainer = world.horovod.DistributedTrainer(
+                    self.params, optimizer, optimizer_params,
+                    **predivision(world, args.dtype == 'float16' or args.amp_dtype == 'float16'))
+            else:
+                self.gluon_trainer = gluon.Trainer(self.params, optimizer, optimizer_params,
+                                                   kvstore=args.kv_store if len(self.contexts) > 1 else None,
+                                                   update_on_kvstore=False if len(self.contexts) > 1 else None)
+        except (ValueError, KeyError, mx.base.MXNetError) as e:
+            raise RecipeError(f'--optimizer {args.optimizer}: {e}') from e
+        self.amp_scaling = args.amp_dtype == 'float16'
+        if self.amp_scaling:
+            from mxnet.contrib import amp
+            amp.init_trainer(self.gluon_trainer)
+        self.loss_scale = losses.DynamicLossScale() if args.dtype == 'float16' and not args.amp else None
+        self.accumulation = training_extras.Accumulation(args.grad_accum_steps, self.params)
+        self.average = None   # --model-ema's ema.WeightAverage, set by train() once the weights are final
+        self.teacher = distill.Teacher(args, build_network) if args.teacher else None
+
+    def inputs_and_targets(self, images, labels, epoch, iteration, part):
+        """(images, targets) as the loss wants them: the labels sparse or as smoothed one-hot vectors, and
+        with mixup or CutMix (per image, pair or batch: --mixup-mode) the images and the targets blended; with
+        --bce-target-thresh, the dense targets made binary after all that."""
+        if self.sparse_labels:
+            return images, labels
+        images, targets = self.blended(images, labels, epoch, iteration, part)
+        return images, losses.bce_targets(targets, self.args.bce_target_thresh)
+
+    def blended(self, images, labels, epoch, iteration, part):
+        """(images, smoothed one-hot targets), mixup and CutMix applied per --mixup-mode (losses.mix_draws)."""
+        targets = losses.smoothed_one_hot(labels, self.args.num_classes, self.args.label_smoothing)
+        if self.args.mixup == 0 and self.args.cutmix == 0:
+            return images, targets
+        height, width = images.shape[self.args.input_layout.index('H'):][:2]
+        own, boxes = losses.mix_draws(self.args.seed, epoch, iteration, self.world.rank, part, labels.shape[0],
+                                      height, width, self.args.mixup, self.args.cutmix, self.args.mixup_switch_prob,
+                                      self.args.mixup_mode)
+        return losses.mix(images, targets, own, boxes, self.args.input_layout)
+
+    def run(self, batch, epoch, iteration, lr, before_sync=None):
+        """One optimisation step; returns the batch's mean loss as an NDArray (not synchronised).
+        `before_sync()` runs once all up to the update is queued, before the host waits for the overflow
+        flag (float16, AMP): the loop fetches the next batch there, so the loader's host work (DALI's feed and
+        copy) overlaps the device's instead of leaving it idle. `batch` is not read after that call."""
+        self.gluon_trainer.set_learning_rate(lr)
+        images = device_slices(batch.data[0], self.contexts)
+        labels = device_slices(batch.label[0], self.contexts)
+        with autograd.record():
+            device_losses = []
+            for part, (x, y) in enumerate(zip(images, labels)):
+                x, target = self.inputs_and_targets(x, y, epoch, iteration, part)
+                logits = self.net(x)
+                loss = self.loss(logits, target)
+                device_losses.append(loss if self.teacher is None else self.teacher.loss(x, logits, loss))
+            if self.amp_scaling:
+                from mxnet.contrib import amp
+                with amp.scale_loss(device_losses, self.gluon_trainer) as scaled:
+                    autograd.backward(scaled)
+            elif self.loss_scale is not None:
+                autograd.backward([loss * self.loss_scale.scale for loss in device_losses])
+            else:
+                autograd.backward(device_losses)
+        if self.accumulation.collecting(iteration):   # --grad-accum-steps: the step comes after the group
+            return self.mean_loss(device_losses)
+        local_batch = sum(x.shape[0] for x in images) * self.accumulation.pending
+        # Trainer.step split around the host's wait; all-reduce first, so every worker skips alike.
+        self.gluon_trainer.allreduce_grads()
+        if isinstance(self.gluon_trainer._optimizer, lamb.TimmLAMB):
+            self.gluon_trainer._optimizer.measure_gradients(self.params, self.contexts[0])
+        finite = self.loss_scale.check(self.params.values()) if self.loss_scale is not None else None
+        if before_sync is not None:
+            before_sync()
+        if self.loss_scale is None:
+            self.gluon_trainer.update(local_batch)      # AMP's update reads its own overflow flag
+        elif not self.loss_scale.overflowed(finite):
+            self.gluon_trainer.update(local_batch * self.loss_scale.scale)
+        self.accumulation.after_step()
+        if self.average is not None:
+            self.average.update(self.accumulation.step_number(epoch, iteration),
+                                self.accumulation.steps_per_epoch())
+        scale = self.current_loss_scale()
+        if scale is not None and scale < losses.LOSS_SCALE_FLOOR:
+            raise RecipeError(f'the loss scale fell below {losses.LOSS_SCALE_FLOOR:g} at epoch {epoch} '
+                              f'iteration {iteration}: every step overflows, so the training has diverged (a NaN '
+                              'loss does that). Lower --lr or add --warmup-epochs, and resume from the last state')
+        return self.mean_loss(device_losses)
+
+    def mean_loss(self, device_losses):
+        means = [loss.mean().as_in_context(self.contexts[0]) for loss in device_losses]
+        return mx.nd.add_n(*means) / len(means)
+
+    def current_loss_scale(self):
+        """The loss scale in use (host value, no synchronisation), or None without loss scaling."""
+        if self.loss_scale is not None:
+            return self.loss_scale.scale
+        if self.amp_scaling:
+            return self.gluon_trainer._amp_loss_scaler.loss_scale
+        return None
+
+    def scaler_state(self):
+        """What a resume needs of the loss scaler (ours, or AMP's), or None."""
+        if self.loss_scale is not None:
+            return self.loss_scale.state()
+        if self.amp_scaling:
+            scaler = self.gluon_trainer._amp_loss_scaler
+            return {'scale': scaler.loss_scale, 'next_scale': scaler._next_loss_scale,
+                    'unskipped': scaler._unskipped}
+        return None
+
+    def restore_scaler(self, state):
+        if state is None:
+            return
+        if self.loss_scale is not None:
+            self.loss_scale.restore(state)
+        elif self.amp_scaling:
+            scaler = self.gluon_trainer._amp_loss_scaler
+            scaler._loss_scale, scaler._next_loss_scale, scaler._unskipped = \
+                state['scale'], state['next_scale'], state['unskipped']
+
+    @property
+    def skips_bad_steps(self):
+        """With loss scaling a non-finite loss is an overflow to skip, not a divergence to stop on."""
+        return self.amp_scaling or self.loss_scale is not None

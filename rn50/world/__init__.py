@@ -1,0 +1,3 @@
+"""The worker world and its hardware: ranks, devices, precision and seeds (workers), this CPU as oneDNN and
+OpenMP see it (cpu), and whether a batch fits the devices' memory (memory).
+"""
