@@ -1,0 +1,119 @@
+"""The loader contract every --data-backend follows (data.py's RecordLoader, dali.py's DaliLoader,
+synthetic.py's SyntheticLoader), and the shapes, dtype and device placement of the batches they hand out.
+
+A loader has `batch_size` (per worker: --batch-size is the global batch), `num_batches` (per epoch, equal on
+every worker for training, since Horovod needs equal step counts), `num_examples`, and `epoch(e, start)`,
+a generator of `mx.io.DataBatch(data=[images], label=[labels], pad=p)` for epoch e from batch `start`.
+Images are normalised ((x - mean) / std on the 0-255 scale), in --input-layout and the training dtype, with a
+zero 4th channel when --image-shape has 4 channels. `pad` counts the filler samples at the end of a batch.
+`images` and `labels` are each one array, or a list with one array per device of the worker (args.contexts,
+in that order, each on its device) when the loader placed the batch there itself: DALI on several GPUs, the
+native and synthetic loaders on several devices. The step uses such slices as they are (`device_slices`);
+one array is split over the devices.
+
+Semantics shared by every backend:
+* Training: random-resized-crop (area --min-random-area..--max-random-area, default 8-100%, aspect
+  --min/max-random-aspect-ratio), horizontal flip, normalisation.
+* Training order (dali-gpu, dali-cpu, mxnet): every epoch a fresh permutation of the whole .idx, a function
+  of (--seed, epoch) alone (epoch_order), dealt round-robin over the global ranks (TrainingShard): sample j
+  of batch i of rank r is order[(i * batch + j) * workers + r], so a global batch is a contiguous slice of
+  the order. An epoch covers each of the --num-examples records once (default: every record of the .idx),
+  plus filler (records from the start of the order, counted in `pad`) to give every worker the same number
+  of full batches.
+* Validation: shorter side resized to --data-val-resize, center crop, file order, each record seen once
+  over all workers, the last batch padded and its pad reported.
+* Determinism and seeking: the batches of (seed, epoch, rank, workers) are fixed, records and augmentation,
+  and `epoch(e, k)` starts at batch k without reading or decoding batches 0..k-1 (DALI draws its
+  augmentation per batch; the native loader feeds ImageRecordIter chunks of CHUNK_IMAGES images, so it
+  decodes at most the chunk's earlier batches in vain).
+* Bad data fails with a RecipeError naming the file and record: a missing file, an .idx that does not match
+  its .rec, or a label outside [0, --num-classes). Start-up parses the .idx and checks STARTUP_CHECKS
+  records (all of them up to 256); every other record is checked when its batch is read, before the batch
+  leaves the loader (start-up: well under a second on a 1.28 M-record index).
+* Synthetic data has the real path's shapes and dtypes, a validation set of ImageNet's share of the epoch,
+  and random validation labels (accuracy stays at chance: it measures speed, not learning).
+"""
+import mxnet as mx
+import numpy as np
+
+from rn50.errors import RecipeError
+
+IMAGENET_TRAIN_SIZE = 1281167
+IMAGENET_VAL_SIZE = 50000
+
+
+def image_shape(args, training):
+    """(C, H, W) of the images of training, or of validation, pred and export (--val-image-shape's size, else
+    --image-shape's; the channels always --image-shape's, which the runner makes 4 for float16 on GPUs)."""
+    if training or args.val_image_shape is None:
+        return tuple(args.image_shape)
+    return (args.image_shape[0],) + tuple(args.val_image_shape[1:])
+
+
+def aspect_ratio_range(args):
+    """[min, max] width/height ratio of the random crop: [1 - max, 1 + max] when the min flag is None."""
+    if args.min_random_aspect_ratio is None:
+        return 1 - args.max_random_aspect_ratio, 1 + args.max_random_aspect_ratio
+    return args.min_random_aspect_ratio, args.max_random_aspect_ratio
+
+
+def training_dtype(args):
+    """The dtype the network consumes: float16 only for --dtype float16 without AMP."""
+    return 'float16' if args.dtype == 'float16' and not args.amp else 'float32'
+
+
+def per_worker_batch(args, num_workers):
+    if args.batch_size % num_workers:
+        raise RecipeError(f'--batch-size {args.batch_size} is not divisible by the {num_workers} workers')
+    return args.batch_size // num_workers
+
+
+def batches(loader, epoch, start, count):
+    """`count` batches of `epoch` from index `start`, wrapping around the data when count exceeds the epoch
+    (only --benchmark-iters asks for that)."""
+    produced = 0
+    while produced < count:
+        for batch in loader.epoch(epoch, start):
+            yield batch
+            produced += 1
+            if produced == count:
+                return
+        start = 0
+
+
+def device_slices(array, contexts):
+    """A batch's images or labels as one slice per device of `contexts`, each on its device: the loader's
+    own per-device list as it is (no copy, no join), else the one array split evenly."""
+    if isinstance(array, list):
+        return array
+    return mx.gluon.utils.split_and_load(array, contexts, even_split=True)
+
+
+def whole(array):
+    """A batch's images or labels as one array (per-device slices joined on the first one's device)."""
+    if not isinstance(array, list):
+        return array
+    return mx.nd.concat(*[part.as_in_context(array[0].context) for part in array], dim=0)
+
+
+def on_devices(images, labels, args):
+    """(images, labels) of a host batch (NCHW float32 normalised images) on the worker's devices, as a
+    loader hands them out: each device's slice is copied there first, then given the network's channels,
+    layout and dtype there (finish_images). On a GPU that work leaves the host's threads: the float16 cast of
+    192 images took 87 ms on the CPU with the runner's OMP_NUM_THREADS=1, longer than a 64 ms step. One array
+    each for one device, else a list of one array per device."""
+    image_parts = [finish_images(part, args) for part in device_slices(images, args.contexts)]
+    label_parts = device_slices(labels, args.contexts)
+    if len(args.contexts) == 1:
+        return image_parts[0], label_parts[0]
+    return image_parts, label_parts
+
+
+def finish_images(images, args):
+    """NCHW float32 normalised images -> the layout, channel count and dtype the network takes."""
+    if args.image_shape[0] == 4:
+        images = mx.nd.concat(images, mx.nd.zeros_like(images[:, :1]), dim=1)
+    if args.input_layout == 'NHWC':
+        images = mx.nd.transpose(images, axes=(0, 2, 3, 1))
+    dtype = training_dtype(args)
+    return images if images.dtype == np.dtype(dtype) else images.astype(dtype)
