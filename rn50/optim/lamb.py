@@ -33,9 +33,8 @@ MAX_GRAD_NORM = 1.0
 ARRAYS_PER_CALL = 45
 
 
-@mx.optimizer.register
 class TimmLAMB(mx.optimizer.LAMB):
-    """The optimizer of --optimizer lamb (registered as `timmlamb`; step.py creates it by that name)."""
+    """The optimizer of --optimizer lamb (factory.py maps the name to this class; not in MXNet's registry)."""
 
     def __init__(self, max_grad_norm=MAX_GRAD_NORM, **kwargs):
         super().__init__(**kwargs)

@@ -41,9 +41,8 @@ def sums_of_squares(arrays):
     return parts[0] if len(parts) == 1 else mx.nd.concat(*parts, dim=0)
 
 
-@mx.optimizer.register
 class MLPerfLARS(mx.optimizer.Optimizer):
-    """The optimizer of --optimizer lars (registered as `mlperflars`; step.py creates it by that name).
+    """The optimizer of --optimizer lars (factory.py maps the name to this class; not in MXNet's registry).
 
     Gluon's Updater hands it up to ARRAYS_PER_CALL arrays of one dtype at a time (`aggregate_num`), and each
     call is a few of MXNet's multi-tensor kernels, as MXNet's own LARS and NVIDIA's MLPerf code do: the sums

@@ -13,17 +13,14 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from rn50.training import distill
+from rn50.optim import factory
 from rn50.optim import lamb
-from rn50.optim import lars  # noqa: F401  (registers --optimizer lars's optimizer with MXNet)
 from rn50.training import losses
 from rn50.training import training_extras
 from rn50.data.contract import device_slices
 from rn50.errors import RecipeError
 
 log = logging.getLogger(__name__)
-
-# Optimizers whose MXNet implementation takes a momentum argument.
-MOMENTUM_OPTIMIZERS = ('sgd', 'nag', 'signum', 'dcasgd', 'lbsgd')
 
 
 def predivision(world, float16):
@@ -51,28 +48,19 @@ class TrainingStep:
         self.loss = gluon.loss.SigmoidBinaryCrossEntropyLoss() if args.bce_loss else \
             gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=self.sparse_labels)
         self.loss.hybridize(static_alloc=True, static_shape=True)
-        optimizer_params = {'learning_rate': 0.0, 'wd': args.wd,
-                            'multi_precision': args.dtype == 'float16'}
-        optimizer = args.optimizer
-        if optimizer in MOMENTUM_OPTIMIZERS:
-            optimizer_params['momentum'] = args.mom
-        if optimizer == 'lars':   # MLPerf's LARS (lars.py), not MXNet's, which skips by names Gluon never gives
-            optimizer = 'mlperflars'
-            optimizer_params.update(momentum=args.mom, eta=args.lars_eta, eps=args.lars_eps)
-        if optimizer == 'lamb':   # timm's Lamb (lamb.py): MXNet's adapts every array and clips no gradient norm
-            optimizer = 'timmlamb'
         self.params = net.collect_params()
         if args.backbone_lr_mult != 1:
             for name, param in net._collect_params_with_prefix().items():
                 if not name.startswith('output.'):
                     param.lr_mult = args.backbone_lr_mult
         try:
+            optimizer = factory.create(**factory.optimizer_kwargs(args))   # --optimizer: factory.py
             if world.horovod is not None:
                 self.gluon_trainer = world.horovod.DistributedTrainer(
-                    self.params, optimizer, optimizer_params,
+                    self.params, optimizer,
                     **predivision(world, args.dtype == 'float16' or args.amp_dtype == 'float16'))
             else:
-                self.gluon_trainer = gluon.Trainer(self.params, optimizer, optimizer_params,
+                self.gluon_trainer = gluon.Trainer(self.params, optimizer,
                                                    kvstore=args.kv_store if len(self.contexts) > 1 else None,
                                                    update_on_kvstore=False if len(self.contexts) > 1 else None)
         except (ValueError, KeyError, mx.base.MXNetError) as e:
