@@ -19,8 +19,8 @@ RUN python -c "import importlib.metadata as m; print(*[f'{d.metadata[\"Name\"]}=
     python -c "import tqdm, safetensors.numpy, PIL, psutil, sklearn, matplotlib, onnx, onnxruntime, tensorboardX"
 COPY . .
 # The Horovod API the recipe calls (workers.HOROVOD_API): a container whose Horovod lacks part of it fails here.
-RUN python -c "import horovod, horovod.mxnet as hvd, workers; workers.check_horovod_api(hvd); print('Horovod', horovod.__version__)"
+RUN python -c "import horovod, horovod.mxnet as hvd; from rn50.world import workers; workers.check_horovod_api(hvd); print('Horovod', horovod.__version__)"
 # The DALI the recipe is tested with (requirements-container.txt replaces the base image's older one): one without
 # automatic augmentation (nvidia.dali.auto_aug, pipelines with conditionals) fails here, as --auto-augment would.
-RUN python -c "import nvidia.dali, nvidia.dali.auto_aug, augment; augment.check_dali(); print('DALI', nvidia.dali.__version__)"
+RUN python -c "import nvidia.dali, nvidia.dali.auto_aug; from rn50.data import augment; augment.check_dali(); print('DALI', nvidia.dali.__version__)"
 ENV MXNET_CUDNN_AUTOTUNE_DEFAULT=0
