@@ -2,7 +2,7 @@
 
 train.py builds everything this needs and calls, for --mode train and train_val:
 
-    meta = fit.train(args, net, world, train.get_loaders, build_network, dllogger, fit.StopRequest())   # meta["history"]
+    meta = fit.train(args, net, world, train.get_loaders, build_network, dllogger, StopRequest())   # meta["history"]
 
 What happens, in order:
 1. The state to start from (checkpoint.agreed_training_start): --load FILE (a .params file or a .state file),
@@ -14,12 +14,12 @@ What happens, in order:
    (`<prefix>_ema_best.params` of --model-ema's average, training_extras.py), and always `<prefix>_last.state`,
    which holds everything an exact resume needs (parameters, optimizer state, loss scale, epoch and
    iteration, best accuracy, metric history and the seed that fixes the data order and mixup draws).
-3. SIGTERM or SIGUSR1 stops the run at the next iteration boundary (the next --disp-batches boundary with
-   several workers, which must agree), writes the last state and returns; the next run resumes from there.
+3. SIGTERM or SIGUSR1 (rn50/launch/stop.py's StopRequest) stops the run at the next iteration boundary (the
+   next --disp-batches boundary with several workers, which must agree), writes the last state and returns;
+   the next run resumes from there.
 """
 import logging
 import os
-import signal
 import time
 
 import numpy as np
@@ -158,35 +158,6 @@ def check_schedule_flags(args):
 # The step
 
 
-class StopRequest:
-    """SIGTERM, SIGUSR1 and a first Ctrl-C (SIGINT) set a flag; training stops at the next iteration boundary
-    all workers agree on and writes its state. A second Ctrl-C interrupts at once (KeyboardInterrupt)."""
-
-    def __init__(self):
-        self.requested = False
-        self.received = None      # the signal's name, logged by announce()
-        self.announced = False
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        # Flags only. The handler runs between two bytecodes of the main thread, possibly inside the logging
-        # module's write to stderr: logging here wrote to that stream again and raised "RuntimeError:
-        # reentrant call inside <_io.BufferedWriter name='<stderr>'>" in the training loop (a 2-worker run
-        # ended with exit status 1 and no state, about one SIGTERM in 22). announce() logs it.
-        if signum == signal.SIGINT and self.requested:
-            signal.default_int_handler(signum, frame)
-        self.received = signal.Signals(signum).name
-        self.requested = True
-
-    def announce(self):
-        """Log the signal once, outside the handler (the loop calls this at every iteration boundary)."""
-        if self.requested and not self.announced:
-            self.announced = True
-            log.warning('%s received: stopping at the next iteration boundary%s', self.received,
-                        ' (Ctrl-C again to stop at once, without saving)' if self.received == 'SIGINT' else '')
-
-
 def resume_note(args):
     """What a stopped run leaves for the next one: a --benchmark-iters run writes no state."""
     if args.benchmark_iters:
@@ -283,7 +254,8 @@ def train(args, net, world, get_loaders, build_network, dllogger, stop):
     """--mode train / train_val: the epoch loop with validation and checkpoints; returns the checkpoint
     meta (its 'history' holds the metrics of every epoch). The loaders come from
     `get_loaders(args, rank, workers, train=..., val=...)` once the state to start from, and so the seed
-    that orders the data, is known. `stop` (a StopRequest) says when a signal asked the run to stop."""
+    that orders the data, is known. `stop` (rn50.launch.stop's StopRequest) says when a signal asked the run to
+    stop."""
     training_extras.check(args)
     state = checkpoint.agreed_training_start(args, net, world)
     step = TrainingStep(args, net, world, build_network)

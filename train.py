@@ -57,6 +57,7 @@ from rn50.world import memory  # noqa: E402
 from rn50.reports import mlperf_log  # noqa: E402
 import models  # noqa: E402
 from rn50.config import recipes  # noqa: E402
+from rn50.launch.stop import StopRequest  # noqa: E402
 from rn50.data import resolution  # noqa: E402
 from rn50.data import synthetic  # noqa: E402
 from rn50.config import trained_settings  # noqa: E402
@@ -245,7 +246,7 @@ def run(args):
     args.start_time = time.time()
     fit.check_schedule_flags(args)
     # Training catches SIGTERM/SIGUSR1 from the start, so a signal during start-up stops it cleanly too.
-    stop = fit.StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
+    stop = StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
     world = workers.World(args.kv_store)
     check_weights_folder(args)
     logs.check_workspace(args.workspace)

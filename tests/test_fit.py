@@ -252,6 +252,7 @@ def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself(monkeypa
     import signal
     import sys
 
+    from rn50.launch.stop import StopRequest
     from rn50.reports import logs
 
     class Stream:
@@ -286,7 +287,7 @@ def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself(monkeypa
     level = root.level
     root.setLevel(logging.INFO)
     try:
-        stop = fit.StopRequest()
+        stop = StopRequest()
         logging.getLogger('fit').info('a line of the training loop')
         assert stop.requested and not stream.reentered
         stop.announce()
