@@ -19,13 +19,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, 'tests'))
-from rn50.launch import interpreter  # noqa: E402
-interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
-from rn50.world import cpu  # noqa: E402
-cpu.prepare_process()   # before MXNet loads: oneDNN's ISA (AMX where there is one), OpenMP threads
+import bootstrap
+bootstrap.start(prepare_cpu=True, tests=True)   # the repository and tests/ importable, .venv, this CPU for MXNet
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402

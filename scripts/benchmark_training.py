@@ -23,18 +23,17 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, HERE)
-from rn50.launch import interpreter  # noqa: E402
-interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
-from rn50.world import cpu  # noqa: E402
-cpu.prepare_process()   # before MXNet loads: oneDNN's ISA (AMX where there is one), OpenMP threads
+import bootstrap
+bootstrap.start(prepare_cpu=True)   # the repository importable, .venv, this CPU prepared for MXNet
 
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 
 from rn50.reports import logs  # noqa: E402
+from rn50.world import cpu  # noqa: E402
 import models  # noqa: E402
+
+ROOT = bootstrap.ROOT
 
 
 def parse_args():
@@ -50,7 +49,7 @@ def parse_args():
 
 def recipe_ips(args, extra=()):
     with tempfile.TemporaryDirectory() as workspace:
-        command = [sys.executable, os.path.join(HERE, 'train.py'), '--data-backend', 'synthetic', '--mode', 'train',
+        command = [sys.executable, os.path.join(ROOT, 'train.py'), '--data-backend', 'synthetic', '--mode', 'train',
                    '--batch-size', str(args.batch_size), '--benchmark-iters', str(args.iters), '--num-epochs', '1',
                    '--image-shape', f'3,{args.image_size},{args.image_size}', '--workspace', workspace,
                    '--dtype', 'float32', '--seed', '1', '--label-smoothing', '0'] + (['--amp'] if args.amp else []) + \

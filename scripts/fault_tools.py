@@ -17,8 +17,10 @@ import time
 
 import psutil
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import bootstrap
+
+ROOT = bootstrap.ROOT
+bootstrap.on_path()   # the repository importable (run_forked imports train.py)
 PY, RUNNER, TRAIN = sys.executable, os.path.join(ROOT, 'runner'), os.path.join(ROOT, 'train.py')
 ENV = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', ''))
 LOGS = ('log.log', 'dllogger_log.log')

@@ -54,14 +54,13 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-from rn50.launch import interpreter  # noqa: E402
-interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
+import bootstrap
+bootstrap.start()   # the repository importable, .venv: before any third-party import
 import gpu_check_training  # noqa: E402
 from gpu_check_training import (SMALL, digits_dataset, epoch_metrics, last_error, replicas_agree, run,  # noqa: E402
                                 runner, trained)
+
+HERE, ROOT = os.path.dirname(os.path.abspath(__file__)), bootstrap.ROOT
 
 CHECKS = ('float16', 'amp', 'dali-gpu', 'dali-copy', 'dali-augment', 'kvstore-device', 'horovod', 'resume', 'export',
           'auto-augment', 'erase', 'recipes', 'optimizers', 'ema', 'extras', 'drop-path')

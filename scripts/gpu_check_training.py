@@ -14,8 +14,9 @@ import re
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+import bootstrap
+
+HERE, ROOT = os.path.dirname(os.path.abspath(__file__)), bootstrap.ROOT
 
 SMALL = ['-b', '16', '-e', '1', '--num-layers', '18', '--image-shape', '3,32,32', '--num-classes', '10',
          '--data-val-resize', '32', '--num-examples', '128', '--seed', '1', '--disp-batches', '2']
@@ -47,7 +48,7 @@ def last_error(output):
 
 
 def epoch_metrics(workspace):
-    sys.path.insert(0, ROOT)
+    bootstrap.on_path()
     from rn50.reports import logs
     records = logs.read_dllogger(os.path.join(workspace, 'dllogger_log.log'))
     return [r['data'] for r in records if isinstance(r['step'], list) and len(r['step']) == 1]
@@ -241,7 +242,7 @@ def dali_copy_differences(on_gpu, rounds):
     """max |MXNet - DALI| over `rounds` batches of 16 float32 224x224 images through a DALI pipeline on the
     device, each output copied by dali.copy_output into a new MXNet array that MXNet reads at once, against
     DALI's own copy to the host. Run by gpu_check.py's dali-copy check in a process of the runner's environment."""
-    sys.path.insert(0, ROOT)
+    bootstrap.on_path()
     import mxnet as mx
     import numpy as np
     from nvidia.dali import Pipeline, fn

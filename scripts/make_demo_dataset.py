@@ -18,9 +18,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rn50.launch import interpreter  # noqa: E402
-interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
+import bootstrap
+bootstrap.start()   # the repository importable, .venv: before any third-party import
 
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402

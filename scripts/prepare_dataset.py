@@ -43,10 +43,9 @@ import os
 import random
 import sys
 
-# Run from anywhere: the repository root holds logs.py (atomic writes).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rn50.launch import interpreter  # noqa: E402
-interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
+# Run from anywhere: the repository holds rn50/reports/logs.py (atomic writes).
+import bootstrap
+bootstrap.start()   # the repository importable, .venv: before any third-party import
 
 import mxnet as mx  # noqa: E402
 import tqdm  # noqa: E402
