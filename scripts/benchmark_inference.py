@@ -35,7 +35,6 @@ import models  # noqa: E402
 import train  # noqa: E402
 from rn50.world import cpu  # noqa: E402
 from rn50.world import workers  # noqa: E402
-from rn50.config import resolve  # noqa: E402
 from rn50.data import contract  # noqa: E402
 
 
@@ -45,7 +44,7 @@ def parse_args():
     parser.add_argument('train_flags', nargs=argparse.REMAINDER, help='train.py flags, after --')
     options = parser.parse_args()
     flags = options.train_flags[1:] if options.train_flags[:1] == ['--'] else options.train_flags
-    return options, train.parse_flags(flags + ['--mode', 'val'])
+    return options, train.build_parser().parse_args(flags + ['--mode', 'val'])
 
 
 def validation_batches(args, world):
@@ -79,21 +78,20 @@ def compare(engines, batches, rounds):
 
 
 def main():
-    options, (args, origin) = parse_args()
+    options, args = parse_args()
     world = workers.World(args.kv_store)
-    args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
-    world.devices = workers.resolve_devices(args, world)
-    data.check_backend(args, origin.given)
+    workers.resolve_hardware(args, world)
+    data.resolve_backend(args)
     workers.resolve_seed(args, world)
-    net = models.get_model(**models.model_options(args, world.devices.kind))
-    net.initialize(ctx=list(world.devices.contexts))
+    net = models.get_model(**models.model_options(args))
+    net.initialize(ctx=args.contexts)
     net.hybridize(static_alloc=True, static_shape=True)
     batches = validation_batches(args, world)
     results = {'batch_size': args.batch_size, 'images': sum(real for _, _, real in batches),
                'cores': os.cpu_count(), 'cpu': cpu.cpuinfo_field('model name'), 'onednn': cpu.describe()}
 
     # In this order: INT8 calibration needs the unfused network, which float32 inference then fuses.
-    exported = export.export(args, world, train.get_loaders, functools.partial(models.build, args, 'cpu'))
+    exported = export.export(args, world, train.get_loaders, functools.partial(models.build, args))
     checkpoint.load_weights(net, checkpoint.find_weights(args), args)
     engines = {}
     try:
