@@ -8,7 +8,7 @@ A non-finite loss stops training with one error (unless the step skips such step
 """
 import math
 
-from rn50.checkpoints import checkpoint
+from rn50.checkpoints.workspace import Workspace
 from rn50.errors import RecipeError
 
 
@@ -23,7 +23,7 @@ class EpochLoss:
     def add(self, value, epoch, iteration, step):
         if not math.isfinite(value) and not step.skips_bad_steps:
             raise RecipeError(f'the training loss became {value} at epoch {epoch} iteration {iteration}: '
-                              f'training stopped. The last good state is {checkpoint.last_state_path(step.args)} '
+                              f'training stopped. The last good state is {Workspace.of(step.args).last_state} '
                               '(if it exists); lower --lr, add --warmup-epochs, or check the data')
         if math.isfinite(value):
             self.meta['loss_sum'] += value
