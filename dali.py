@@ -7,7 +7,7 @@ Order: the pipeline is fed by fn.external_source, batch by batch, from records.T
 permutation of the whole file every epoch, a function of (--seed, epoch), dealt round-robin over the global
 ranks) or records.SequentialShard (validation: file order). DALI's own RecordIO reader is not used: it sticks
 to one shard and shuffles within a buffer of at most a few thousand records, so consecutive epochs came out
-in nearly the same order (README, "Data order"), and it cannot start at batch k without decoding batches
+in nearly the same order (docs/data.md, "Training order"), and it cannot start at batch k without decoding batches
 0..k-1. A background thread per pipeline reads the encoded images of the next batches (records.RecordFile:
 views into an mmap of the .rec, or positioned reads with --dali-dont-use-mmap), checking each record's
 header and label, and draws the batch's augmentation.
@@ -272,12 +272,13 @@ class PredictionImages:
 class DaliLoader:
     """One worker's DALI pipelines (one per device for dali-gpu) for training or validation data.
 
-    `contexts`: where the outputs go, one pipeline each (default: the worker's devices for dali-gpu, the
-    host for dali-cpu); with several, a batch holds one slice per device (data.py's contract), each decoded
-    and kept on its device. Tests pass CPU contexts to run that path with dali-cpu."""
+    `contexts`: the worker's devices, where the outputs go, one pipeline each (dali-cpu on a GPU worker keeps
+    its batches on the host); with several, a batch holds one slice per device (rn50/data/contract.py), each
+    decoded and kept on its device; tests pass several CPU contexts to run that path with dali-cpu. `seed`:
+    the run's, from which the order and the augmentation are drawn."""
 
-    def __init__(self, args, rank, num_workers, training, contexts=None):
-        self.args, self.training = args, training
+    def __init__(self, args, rank, num_workers, training, contexts=(mx.cpu(),), seed=0):
+        self.args, self.training, self.seed = args, training, seed
         self.batch_size = contract.per_worker_batch(args, num_workers)
         what = 'training' if training else 'validation'
         rec, idx = (args.data_train, args.data_train_idx) if training else (args.data_val, args.data_val_idx)
@@ -288,7 +289,7 @@ class DaliLoader:
         if training:
             self.num_examples = args.num_examples or len(self.records)
             self.shard = records.TrainingShard(len(self.records), self.num_examples, rank, num_workers,
-                                               self.batch_size, args.seed, args.aug_repeats)
+                                               self.batch_size, seed, args.aug_repeats)
         else:
             self.num_examples = len(self.records)
             self.shard = records.SequentialShard(self.num_examples, rank, num_workers, self.batch_size)
@@ -296,7 +297,8 @@ class DaliLoader:
         self.num_batches = self.shard.num_batches
         self.real_samples = self.shard.real_samples
         self.on_gpu = args.data_backend == 'dali-gpu'
-        self.contexts = list(contexts or (args.contexts if self.on_gpu else [mx.cpu()]))
+        on_cpus = all(context.device_type == 'cpu' for context in contexts)
+        self.contexts = list(contexts) if self.on_gpu or on_cpus else [mx.cpu()]   # dali-cpu: batches on the host
         if self.batch_size % len(self.contexts):
             raise RecipeError(f'the per-worker batch {self.batch_size} is not divisible by the '
                               f'{len(self.contexts)} devices')
@@ -320,7 +322,7 @@ class DaliLoader:
         if self.training:
             args = self.args
             sizes = np.array([image_size(p) or (1000, 1000) for p in payloads], dtype=np.float64)
-            rng = np.random.default_rng([args.seed or 0, epoch, self.rank, index, device, AUGMENT_STREAM])
+            rng = np.random.default_rng([self.seed, epoch, self.rank, index, device, AUGMENT_STREAM])
             anchors, shapes = random_crops(sizes, rng, (args.min_random_area, args.max_random_area),
                                            contract.aspect_ratio_range(args))
             mirror = rng.integers(0, 2, len(indices), dtype=np.int32) if args.random_mirror else \
@@ -333,7 +335,7 @@ class DaliLoader:
         images: the epoch's (height, width) (resolution.py); operations, bins and signs (augment.py); the
         erased boxes' anchors and shapes, and their noise in pixel mode."""
         args, inputs = self.args, []
-        keys = [args.seed or 0, epoch, self.rank, index, device]
+        keys = [self.seed, epoch, self.rank, index, device]
         channels, height, width = resolution.training_shape(args, epoch)
         if args.progressive_size is not None:
             inputs.append(np.tile(np.array([height, width], np.float32), (count, 1)))
@@ -382,7 +384,7 @@ class DaliLoader:
         build = pipeline_def(loader_graph, enable_conditionals=True) if self.policy is not None else \
             pipeline_def(loader_graph)
         pipe = build(self, device, batch_size=self.batch_size // len(self.contexts), num_threads=threads,
-                     seed=records.epoch_seed(args.seed, self.rank, device),
+                     seed=records.epoch_seed(self.seed, self.rank, device),
                      device_id=self.contexts[device].device_id if self.on_gpu else None,
                      prefetch_queue_depth=args.dali_prefetch_queue)
         pipe.build()

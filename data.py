@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,9 +20,10 @@ from rn50.data import augment
 from rn50.config import flags
 from rn50.data import records
 from rn50.data import resolution
-from rn50.data.contract import IMAGENET_TRAIN_SIZE, aspect_ratio_range, image_shape, on_devices, per_worker_batch
+from rn50.data.contract import IMAGENET_TRAIN_SIZE, aspect_ratio_range, batches, image_shape, on_devices, per_worker_batch
 from rn50.data.validation_resize import describe_val_resize, val_interpolation
 from rn50.errors import RecipeError
+from rn50.reports import logs
 
 log = logging.getLogger(__name__)
 
@@ -115,25 +117,22 @@ def add_data_aug_args(parser):
     return group
 
 
-def resolve_backend(args):
-    """Default backend: dali-gpu, or dali-cpu without a GPU (said once). An explicit dali-gpu without a GPU,
-    or data flags that cannot work together, are errors."""
-    has_gpu = mx.context.num_gpus() > 0
-    if args.data_backend is None:
-        args.data_backend = 'dali-gpu' if has_gpu else 'dali-cpu'
-        if not has_gpu:
-            log.info('No GPU: --data-backend defaults to dali-cpu')
-    elif args.data_backend == 'dali-gpu' and not has_gpu:
+def check_backend(args, given):
+    """RecipeError for an explicit dali-gpu without a GPU, data flags that cannot work together (`given`: the
+    destinations of the flags the command named, for flags that would be ignored), and training without
+    training data. The backend's default is rn50/config/resolve.py's."""
+    if args.data_backend == 'dali-gpu' and mx.context.num_gpus() == 0:
         raise RecipeError('--data-backend dali-gpu needs a GPU and this machine has none: use --data-backend '
                           'dali-cpu (or mxnet)')
-    check_data_flags(args)
+    check_data_flags(args, given)
     if args.mode in ('train', 'train_val') and not args.test_io and args.data_backend != 'synthetic' \
             and not args.data_train:
         raise RecipeError(f'--mode {args.mode} needs --data-train (or --data-backend synthetic)')
 
 
-def check_data_flags(args):
-    """RecipeError for data flags that are out of range, or that the chosen backend would ignore."""
+def check_data_flags(args, given):
+    """RecipeError for data flags that are out of range, or that the chosen backend would ignore (`given`: the
+    destinations of the flags the command named)."""
     shape = image_shape(args, training=False)
     if len(args.rgb_mean) != 3 or len(args.rgb_std) != 3 or min(args.rgb_std) <= 0:
         raise RecipeError('--rgb-mean and --rgb-std take 3 values each (R,G,B), the std values positive')
@@ -147,7 +146,7 @@ def check_data_flags(args):
     if not 0 < low <= high:
         raise RecipeError(f'aspect ratio range [{low}, {high}] from --min/max-random-aspect-ratio: expected '
                           '0 < min <= max')
-    augment.check(args)
+    augment.check(args, given)
     resolution.check(args)
     changed = [flag for flag, _, default, _ in NATIVE_AUGMENTATIONS if flag_value(args, flag) != default]
     if args.data_backend == 'mxnet':
@@ -168,7 +167,7 @@ def flag_value(args, flag):
 
 # The native training loader hands ImageRecordIter chunks of about this many images, written in the epoch's
 # order to a temporary .rec and .idx (ImageRecordIter cannot follow an order of ours: without shuffle it reads
-# the file in file order whatever the index says, and with shuffle it draws its own order; see README). An
+# the file in file order whatever the index says, and with shuffle it draws its own order; see docs/data.md). An
 # iterator costs about 25 ms to create, hidden by building the next chunk while this one is read; a resume
 # decodes at most the chunk's batches before the one asked for (none from a batch of 256 up).
 CHUNK_IMAGES = 256
@@ -207,8 +206,9 @@ class RecordLoader:
     the chunk's earlier batches decoded in vain). Augmentation is ImageRecordIter's, with all its flags.
     Validation reads the file in order with ImageRecordIter's own split."""
 
-    def __init__(self, args, rank, num_workers, training):
+    def __init__(self, args, rank, num_workers, training, contexts=(mx.cpu(),), seed=0):
         self.args, self.rank, self.num_workers, self.training = args, rank, num_workers, training
+        self.contexts, self.seed = contexts, seed
         self.batch_size = per_worker_batch(args, num_workers)
         what = 'training' if training else 'validation'
         rec, idx = (args.data_train, args.data_train_idx) if training else (args.data_val, args.data_val_idx)
@@ -216,7 +216,7 @@ class RecordLoader:
         if training:
             self.num_examples = args.num_examples or len(self.records)
             self.shard = records.TrainingShard(len(self.records), self.num_examples, rank, num_workers, self.batch_size,
-                                               args.seed, args.aug_repeats)
+                                               seed, args.aug_repeats)
             self.num_batches = self.shard.num_batches
             self.chunk_batches = max(1, -(-CHUNK_IMAGES // self.batch_size))
         else:
@@ -290,7 +290,7 @@ class RecordLoader:
         with open(path + '.idx', 'w') as f:
             f.write(''.join(f'{i}\t{offset}\n' for i, offset in enumerate(offsets)))
         try:
-            iterator = self._training_iterator(path, records.epoch_seed(self.args.seed, epoch, self.rank, chunk),
+            iterator = self._training_iterator(path, records.epoch_seed(self.seed, epoch, self.rank, chunk),
                                                resolution.training_shape(self.args, epoch))
         except mx.base.MXNetError as e:
             shutil.rmtree(folder, ignore_errors=True)
@@ -313,7 +313,7 @@ class RecordLoader:
                 try:
                     for index, batch in enumerate(current.iterator, first):
                         if index >= start:
-                            images, labels = on_devices(batch.data[0], batch.label[0], self.args)
+                            images, labels = on_devices(batch.data[0], batch.label[0], self.args, self.contexts)
                             yield mx.io.DataBatch(data=[images], label=[labels], pad=self.shard.batch(epoch, index)[1])
                 except mx.base.MXNetError as e:
                     raise RecipeError(records.undecodable_message(self.records, current.indices, e)) from e
@@ -346,5 +346,31 @@ class RecordLoader:
                                   f'{self.records.rec_path} has label {labels[bad[0]]:g}, outside '
                                   f'[0, {self.args.num_classes}): check --num-classes')
             if index >= start:
-                images, labels = on_devices(batch.data[0], batch.label[0], self.args)
+                images, labels = on_devices(batch.data[0], batch.label[0], self.args, self.contexts)
                 yield mx.io.DataBatch(data=[images], label=[labels], pad=batch.pad)
+
+
+def measure_loader(args, loader, world, dllogger):
+    """--test-io: read `loader` (--test-io-mode's, or None: there is no such data) alone for --num-epochs epochs
+    (default 1) and report images/s."""
+    if loader is None:
+        raise RecipeError(f'--test-io-mode {args.test_io_mode} needs --data-{args.test_io_mode}')
+    iterations = args.benchmark_iters or loader.num_batches
+    rates = []
+    for epoch in range(args.num_epochs):
+        durations = []
+        tick = time.time()
+        for i, batch in enumerate(batches(loader, epoch, 0, iterations), 1):
+            images = batch.data[0]
+            for part in images if isinstance(images, list) else [images]:     # one slice per device, or one array
+                part.wait_to_read()
+            now = time.time()
+            durations.append(now - tick)
+            tick = now
+            if i % args.disp_batches == 0:
+                log.info('Batch [%d] Speed: %.1f samples/sec', i,
+                         loader.batch_size * world.size / np.mean(durations[-args.disp_batches:]))
+        rate = loader.batch_size * world.size / float(np.mean(logs.steady_durations(durations)))
+        rates.append(rate)
+        dllogger.log((epoch,), {f'{args.test_io_mode}.ips': rate})
+    dllogger.log((), {f'{args.test_io_mode}.ips': float(np.mean(rates))})

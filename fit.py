@@ -5,9 +5,9 @@ train.py builds everything this needs and calls, for --mode train and train_val:
     meta = fit.train(args, net, world, train.get_loaders, build_network, dllogger, StopRequest())   # meta["history"]
 
 What happens, in order:
-1. The state to start from (checkpoint.agreed_training_start): --load FILE (a .params file or a .state file),
-   else the workspace's `<prefix>_last.state` (automatic resume), else the fresh initialisation; every
-   worker must find rank 0's, or all stop with one error.
+1. The state to start from (resume_policy.agreed_training_start, rn50/checkpoints/resume.py): --load FILE (a
+   .params file or a .state file), else the workspace's `<prefix>_last.state` (automatic resume), else the
+   fresh initialisation; every worker must find rank 0's, or all stop with one error.
 2. Per epoch: iterations with the learning rate `learning_rate(...)`, a pure function of (epoch, iteration);
    validation (train_val, inference.validate); then checkpoints: `<prefix>_NNNN.params` every
    --save-frequency epochs (the newest --keep-checkpoints kept), `<prefix>_best.params` on a new best top-1
@@ -25,6 +25,8 @@ import time
 import numpy as np
 
 from rn50.checkpoints import checkpoint
+from rn50.checkpoints import resume as resume_policy     # fit.resume continues a State
+from rn50.checkpoints.workspace import Workspace
 from rn50.training import distill
 from rn50.config import flags
 from rn50.inference import inference
@@ -38,14 +40,10 @@ from rn50.training import training_extras
 from rn50.data.contract import batches
 from rn50.training.epoch_loss import EpochLoss
 from rn50.errors import RecipeError
-from rn50.optim.schedule import learning_rate
+from rn50.optim.schedule import DEFAULT_EPOCHS, DEFAULT_WARMUP_EPOCHS, learning_rate
 from rn50.training.step import TrainingStep
 
 log = logging.getLogger(__name__)
-
-# The schedule's length and warmup when the flags do not give them (train.py resolves both).
-DEFAULT_EPOCHS = 90
-DEFAULT_WARMUP_EPOCHS = 5
 
 
 def add_fit_args(parser):
@@ -119,27 +117,12 @@ def evaluated(args, epoch):
         (epoch == args.num_epochs - 1 and not mlperf_log.enabled(args))
 
 
-def default_warmup(args):
-    """The run's warm-up: --warmup-epochs as given; not given, DEFAULT_WARMUP_EPOCHS or the --recipe's (a value
-    args.recipe_flags names), shortened to half of a run shorter than twice that (with -e 3 a warm-up of 5 made
-    every step warm-up: the rate peaked at 60% of --lr and never decayed, or it was refused), and said so."""
-    from_recipe = 'warmup_epochs' in getattr(args, 'recipe_flags', ())
-    if args.warmup_epochs is not None and not from_recipe:
-        return args.warmup_epochs
-    planned = DEFAULT_WARMUP_EPOCHS if args.warmup_epochs is None else args.warmup_epochs
-    warmup = min(planned, args.num_epochs / 2)
-    if warmup < planned and args.mode in ('train', 'train_val') and not args.benchmark_iters:
-        whose = f"--recipe {args.recipe}'s" if from_recipe else 'the default'
-        log.info('--warmup-epochs not given: %g epochs of warm-up, half of the %d-epoch run (%s %g would leave '
-                 'less than half of it to the decay)', warmup, args.num_epochs, whose, planned)
-    return warmup
-
-
-def check_schedule_flags(args):
+def check_schedule_flags(args, origin):
     """RecipeError for a schedule that cannot be what was meant (train.py and the runner call it before anything
     starts): --lr-steps out of order, or a given --warmup-epochs longer than the run. The default warmup and a
-    --recipe's are shortened to fit a shorter run instead (default_warmup)."""
-    mlperf_log.check_flags(args)   # the MLPerf result log's rules (val modes too: its flags alone are an error)
+    --recipe's are shortened to fit a shorter run instead (schedule.default_warmup). `origin`: resolve.Origin,
+    which flags the command gave and which the recipe set."""
+    mlperf_log.check_flags(args, origin.given)   # MLPerf's log's rules (val modes too: its flags alone are an error)
     if args.mode not in ('train', 'train_val') or args.test_io:
         return
     steps = args.lr_steps
@@ -148,7 +131,7 @@ def check_schedule_flags(args):
                           f'once (e.g. {",".join(f"{step:g}" for step in sorted(set(steps)))})')
     epochs = args.num_epochs or DEFAULT_EPOCHS
     if args.warmup_epochs is not None and args.warmup_epochs > epochs and \
-            'warmup_epochs' not in getattr(args, 'recipe_flags', ()):
+            'warmup_epochs' not in origin.from_recipe:
         raise RecipeError(f'--warmup-epochs {args.warmup_epochs:g} is longer than the {epochs}-epoch schedule '
                           '(--num-epochs): the learning rate would never reach --lr; shorten the warmup or '
                           'lengthen the run')
@@ -162,7 +145,7 @@ def resume_note(args):
     """What a stopped run leaves for the next one: a --benchmark-iters run writes no state."""
     if args.benchmark_iters:
         return ' (a measurement: no state was written, the next run starts afresh)'
-    return f'; the next run resumes from {checkpoint.last_state_path(args)}'
+    return f'; the next run resumes from {Workspace.of(args).last_state}'
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -250,20 +233,22 @@ def stop_agreed(stop, world, done, every):
 # The run
 
 
-def train(args, net, world, get_loaders, build_network, dllogger, stop):
+def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
     """--mode train / train_val: the epoch loop with validation and checkpoints; returns the checkpoint
-    meta (its 'history' holds the metrics of every epoch). The loaders come from
-    `get_loaders(args, rank, workers, train=..., val=...)` once the state to start from, and so the seed
-    that orders the data, is known. `stop` (rn50.launch.stop's StopRequest) says when a signal asked the run to
-    stop."""
+    meta (its 'history' holds the metrics of every epoch). `seed`: the run's (workers.resolve_seed), unless the
+    state it resumes has its own. The loaders come from `get_loaders(args, rank, workers, train=..., val=...,
+    contexts=..., seed=...)` once the state to start from, and so the seed that orders the data, is known.
+    `build_network(**overrides)` builds a --teacher. `stop` (rn50.launch.stop's StopRequest) says when a signal
+    asked the run to stop."""
     training_extras.check(args)
-    state = checkpoint.agreed_training_start(args, net, world)
-    step = TrainingStep(args, net, world, build_network)
+    state = resume_policy.agreed_training_start(args, net, world)
+    seed = resumed_seed(state, seed)
+    step = TrainingStep(args, net, world, seed, build_network)
     world.broadcast_parameters(step.params)
     step.average = training_extras.start_average(args, net, world, state)
     if state is None:
-        if getattr(args, 'seed_drawn', False):   # said here, not when drawn: a resumed run takes its own seed instead
-            log.info('No --seed given: using seed %d', args.seed)
+        if args.seed is None:   # said here, not when drawn: a resumed run takes its own seed instead
+            log.info('No --seed given: using seed %d', seed)
         meta = {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
                 'loss_sum': 0.0, 'loss_count': 0}
         if getattr(dllogger, 'appending', False):
@@ -274,9 +259,9 @@ def train(args, net, world, get_loaders, build_network, dllogger, stop):
         meta = state.meta
         resume(args, net, step, world, state)
         dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': meta['iteration']})
-    mlperf = mlperf_log.start(args, world, resumed=state is not None)   # run_start: before the data is touched
-    train_loader, val_loader = get_loaders(args, world.rank, world.size, train=True,
-                                           val=args.mode == 'train_val')
+    mlperf = mlperf_log.start(args, world, seed, resumed=state is not None)   # run_start: before the data is touched
+    train_loader, val_loader = get_loaders(args, world.rank, world.size, train=True, val=args.mode == 'train_val',
+                                           contexts=world.devices.contexts, seed=seed)
     if args.mode == 'train_val' and val_loader is None:
         raise RecipeError('--mode train_val needs validation data (--data-val); use --mode train to skip it')
     mlperf.data(train_loader, val_loader)
@@ -289,7 +274,7 @@ def train(args, net, world, get_loaders, build_network, dllogger, stop):
                  'give a new --workspace to train again', meta['epoch'], args.num_epochs,
                  os.path.abspath(args.workspace))
     dllogger = tensorboard_log.teed(args, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
-    clock = training_extras.WallClock(meta, args.start_time)
+    clock = training_extras.WallClock(meta, world.start_time)
     for epoch in range(meta['epoch'], last_epoch):
         start_batch = meta['iteration'] if epoch == meta['epoch'] else 0
         if start_batch == 0:
@@ -325,12 +310,13 @@ def train(args, net, world, get_loaders, build_network, dllogger, stop):
         meta['history'].append(dict(metrics, epoch=epoch))
         clock.record(meta)
         meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0)
-        # Host memory that grows epoch after epoch is a leak (MXNet 1.9.1's LAMB kernel on GPUs: README).
+        # Host memory that grows epoch after epoch is a leak (MXNet 1.9.1's LAMB kernel on GPUs: docs/training.md).
         log.info('[Epoch %d] Peak resident host memory of this worker: %.0f MiB', epoch, logs.peak_memory_mb())
         save_epoch_checkpoints(args, net, epoch, metrics, meta, world)
         write_state(args, net, step, meta, world)
         optimizer_state.check_replicas(net, step.gluon_trainer, world, epoch)
-        logs.write_report(args, world.rank, world.size, meta['history'], duration=meta['wall_seconds'])
+        logs.write_report(Workspace.of(args).report(args.mode), args, world, meta['history'],
+                          duration=meta['wall_seconds'])
         if training_extras.target_reached(args, meta):
             break
         if stop_agreed(stop, world, 0, 1):
@@ -342,13 +328,19 @@ def train(args, net, world, get_loaders, build_network, dllogger, stop):
     return meta
 
 
+def resumed_seed(state, seed):
+    """The seed of the run: that of the state it resumes (`state`, a checkpoint.State, or None), else `seed`."""
+    if state is None or state.meta.get('seed') is None or state.meta['seed'] == seed:
+        return seed
+    log.info('Using the seed of the resumed run, %d', state.meta['seed'])
+    return state.meta['seed']
+
+
 def resume(args, net, step, world, state):
-    """Continue a saved run (a checkpoint.State): its seed, optimizer state (with this run's --wd and --mom),
-    loss scaler, this worker's batchnorm statistics and loss sums, and its position in images seen."""
+    """Continue a saved run (a checkpoint.State): its optimizer state (with this run's --wd and --mom), loss
+    scaler, this worker's batchnorm statistics and loss sums, and its position in images seen (its seed:
+    resumed_seed)."""
     meta = state.meta
-    if meta.get('seed') is not None and meta['seed'] != args.seed:
-        log.info('Using the seed of the resumed run, %d', meta['seed'])
-        args.seed = meta['seed']
     if args.load and args.load.endswith('.state') and not args.finetune and \
             os.path.dirname(os.path.abspath(args.load)) != os.path.abspath(args.workspace):
         # A run continued from another workspace's state: its best weights stay there, and this workspace
@@ -391,7 +383,7 @@ def check_parameters(args, net, world, epoch, iteration):
     raise RecipeError(f'the parameters became NaN or infinite ({len(bad)} of {total} arrays, e.g. '
                       f'{bad[0] if bad else "on another worker"}) by epoch {epoch} iteration {iteration}: training '
                       f'diverged and stopped without writing a checkpoint. The last good state is '
-                      f'{checkpoint.last_state_path(args)} (if it exists); lower --lr or add --warmup-epochs')
+                      f'{Workspace.of(args).last_state} (if it exists); lower --lr or add --warmup-epochs')
 
 
 def save_epoch_checkpoints(args, net, epoch, metrics, meta, world):
@@ -399,15 +391,16 @@ def save_epoch_checkpoints(args, net, epoch, metrics, meta, world):
     for a --benchmark-iters measurement."""
     if world.rank != 0 or args.save_frequency == 0 or args.benchmark_iters:
         return
+    workspace = Workspace.of(args)
     if args.save_frequency > 0 and (epoch + 1) % args.save_frequency == 0:
-        path = checkpoint.epoch_params_path(args, epoch)
+        path = workspace.epoch_params(epoch)
         checkpoint.save_params(net, path)
         log.info('[Epoch %d] Saved %s', epoch, path)
-        checkpoint.prune_epoch_params(args)
+        workspace.prune_epoch_params(args.keep_checkpoints)
     accuracy = metrics.get('val.accuracy')
     if accuracy is not None and (meta['best_accuracy'] is None or accuracy > meta['best_accuracy']):
         meta['best_accuracy'] = accuracy
-        path = checkpoint.best_params_path(args)
+        path = workspace.best_params
         checkpoint.save_params(net, path)
         log.info('[Epoch %d] Saved %s with accuracy %.4f', epoch, path, accuracy)
 
@@ -415,22 +408,22 @@ def save_epoch_checkpoints(args, net, epoch, metrics, meta, world):
 def write_state(args, net, step, meta, world):
     """<prefix>_last.state (rank 0 writes it, with every worker's batchnorm statistics), the one it replaces
     kept as <prefix>_prev.state. A --benchmark-iters run is a measurement: it writes no state (and so never
-    replaces a training run's), and it resumes none (checkpoint.training_start)."""
+    replaces a training run's), and it resumes none (resume_policy.training_start)."""
     if args.benchmark_iters:
         return
     statistics = checkpoint.worker_statistics(net, world)
     average = training_extras.average_state(step.average, net, world)   # a collective too
     if world.rank != 0:
         return
-    meta = dict(meta, seed=args.seed, loss_scaler=step.scaler_state(), global_batch=args.batch_size,
-                workers=world.size, settings=checkpoint.run_settings(args), preprocessing={
+    meta = dict(meta, seed=step.seed, loss_scaler=step.scaler_state(), global_batch=args.batch_size,
+                workers=world.size, settings=resume_policy.run_settings(args), preprocessing={
                     'rgb_mean': list(args.rgb_mean), 'rgb_std': list(args.rgb_std),
                     'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
                     'data_val_resize': args.data_val_resize,
                     'val_image_shape': list(args.val_image_shape or args.image_shape)})
-    checkpoint.save_state(checkpoint.last_state_path(args), net, step.gluon_trainer, meta,
-                          previous=checkpoint.previous_state_path(args), worker_statistics=statistics,
-                          extra=average)
+    workspace = Workspace.of(args)
+    checkpoint.save_state(workspace.last_state, net, step.gluon_trainer, meta, previous=workspace.previous_state,
+                          worker_statistics=statistics, extra=average)
 
 
 def training_summary(history, target_accuracy=None):

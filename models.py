@@ -92,23 +92,23 @@ def add_model_args(parser):
     return group
 
 
-def model_options(args):
-    """get_model's keyword arguments from parsed flags (args.device and args.dtype are resolved by fit)."""
+def model_options(args, device):
+    """get_model's keyword arguments from resolved flags, for `device` ('cpu' or 'gpu': which kernels)."""
     return dict(arch=args.arch, num_layers=args.num_layers, num_classes=args.num_classes,
                 num_groups=args.num_groups, batchnorm_eps=args.batchnorm_eps, batchnorm_mom=args.batchnorm_mom,
                 fuse_bn_relu=bool(args.fuse_bn_relu), fuse_bn_add_relu=bool(args.fuse_bn_add_relu),
                 input_layout=args.input_layout, conv_layout=args.conv_layout,
                 batchnorm_layout=args.batchnorm_layout, pooling_layout=args.pooling_layout,
-                image_shape=tuple(args.image_shape), dtype=args.dtype, device=args.device,
+                image_shape=tuple(args.image_shape), dtype=args.dtype, device=device,
                 drop_path=args.drop_path if args.mode in ('train', 'train_val') else 0.0, init=args.init,
                 zero_gamma=bool(args.zero_gamma))
 
 
-def build(args, **overrides):
-    """The network of the parsed flags, with `overrides` of get_model's keyword arguments (export's portable
-    form, distillation's teacher): the composer hands `functools.partial(models.build, args)` to the code in
-    rn50/ that builds a network of its own."""
-    return get_model(**dict(model_options(args), **overrides))
+def build(args, device, **overrides):
+    """The network of the resolved flags on `device`, with `overrides` of get_model's keyword arguments
+    (export's portable form, distillation's teacher): the composer hands `functools.partial(models.build, args,
+    device)` to the code in rn50/ that builds a network of its own."""
+    return get_model(**dict(model_options(args, device), **overrides))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rn50.checkpoints import checkpoint  # noqa: E402
+from rn50.checkpoints import resume  # noqa: E402
 import data  # noqa: E402
 from rn50.inference import export  # noqa: E402
 from rn50.inference import inference  # noqa: E402
@@ -35,6 +36,7 @@ import models  # noqa: E402
 import train  # noqa: E402
 from rn50.world import cpu  # noqa: E402
 from rn50.world import workers  # noqa: E402
+from rn50.config import resolve  # noqa: E402
 from rn50.data import contract  # noqa: E402
 
 
@@ -44,7 +46,7 @@ def parse_args():
     parser.add_argument('train_flags', nargs=argparse.REMAINDER, help='train.py flags, after --')
     options = parser.parse_args()
     flags = options.train_flags[1:] if options.train_flags[:1] == ['--'] else options.train_flags
-    return options, train.build_parser().parse_args(flags + ['--mode', 'val'])
+    return options, train.parse_flags(flags + ['--mode', 'val'])
 
 
 def validation_batches(args, world):
@@ -78,21 +80,22 @@ def compare(engines, batches, rounds):
 
 
 def main():
-    options, args = parse_args()
+    options, (args, origin) = parse_args()
     world = workers.World(args.kv_store)
-    workers.resolve_hardware(args, world)
-    data.resolve_backend(args)
+    args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
+    world.devices = workers.resolve_devices(args, world)
+    data.check_backend(args, origin.given)
     workers.resolve_seed(args, world)
-    net = models.get_model(**models.model_options(args))
-    net.initialize(ctx=args.contexts)
+    net = models.get_model(**models.model_options(args, world.devices.kind))
+    net.initialize(ctx=list(world.devices.contexts))
     net.hybridize(static_alloc=True, static_shape=True)
     batches = validation_batches(args, world)
     results = {'batch_size': args.batch_size, 'images': sum(real for _, _, real in batches),
                'cores': os.cpu_count(), 'cpu': cpu.cpuinfo_field('model name'), 'onednn': cpu.describe()}
 
     # In this order: INT8 calibration needs the unfused network, which float32 inference then fuses.
-    exported = export.export(args, world, train.get_loaders, functools.partial(models.build, args))
-    checkpoint.load_weights(net, checkpoint.find_weights(args), args)
+    exported = export.export(args, world, train.get_loaders, functools.partial(models.build, args, 'cpu'))
+    checkpoint.load_weights(net, resume.find_weights(args), args)
     engines = {}
     try:
         import onnxruntime
@@ -100,7 +103,7 @@ def main():
         engines['onnxruntime'] = lambda x: session.run(None, {'data': x.asnumpy()})[0]
     except ImportError:
         results['onnxruntime'] = 'not installed'
-    int8 = inference.int8_network(args, net, checkpoint.find_weights(args), world, train.get_loaders)
+    int8 = inference.int8_network(args, net, resume.find_weights(args), world, train.get_loaders)
     engines['int8'] = lambda x: int8(x).asnumpy()
     float32 = inference.inference_network(args, net, world, train.get_loaders)
     engines['float32'] = lambda x: float32(x).asnumpy()

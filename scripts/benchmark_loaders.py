@@ -3,7 +3,8 @@
 and resume at ImageNet scale, each optionally against the code of another git revision.
 
     python scripts/benchmark_loaders.py [--images 2000] [--batch-size 64] [--workers 2] [--batches 30]
-    python scripts/benchmark_loaders.py --baseline REV --rounds 3      # throughput, this code vs REV's
+    python scripts/benchmark_loaders.py --baseline REV --rounds 3      # throughput, this code vs REV's (REV: from
+                                                                       # the rn50/ layout on, train.parse_flags)
     python scripts/benchmark_loaders.py --order [--baseline REV]       # order of epoch 1 against epoch 0
     python scripts/benchmark_loaders.py --startup [--baseline REV]     # loaders on a 1,281,167-record index
     python scripts/benchmark_loaders.py --resume [--baseline REV]      # start at 90% of a 100,000-record epoch
@@ -74,7 +75,8 @@ from PIL import Image  # noqa: E402
 
 import data  # noqa: E402
 import train  # noqa: E402
-from rn50.data import contract
+from rn50.config import resolve  # noqa: E402
+from rn50.data import contract  # noqa: E402
 
 MEAN = np.array([123.68, 116.779, 103.939], np.float32)
 STD = np.array([58.393, 57.12, 57.375], np.float32)
@@ -137,9 +139,9 @@ def make_small_dataset(workdir, name, count, classes, side=24):
 
 
 def options(flags):
-    args = train.build_parser().parse_args(flags)
-    args.contexts, args.device, args.dtype, args.amp = [mx.cpu()], 'cpu', 'float32', False
-    return args
+    """train.py's flags resolved for this CPU machine (float32, no AMP)."""
+    args, origin = train.parse_flags(flags)
+    return resolve.for_run(args, origin, on_gpu=False)[0]
 
 
 def get_loaders(args, rank, workers, **which):

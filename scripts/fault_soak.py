@@ -58,16 +58,16 @@ def files_below(folder):
 def read_epochs(backend, rec, idx, epochs):
     """Read `epochs` epochs of the loaders of WORKERS workers; print one JSON line of counts."""
     bootstrap.on_path()
-    import mxnet as mx
     import data
     import train
-    args = train.build_parser().parse_args([
+    from rn50.config import resolve
+    args, origin = train.parse_flags([
         '--data-backend', backend, '--batch-size', str(BATCH), '--image-shape', f'3,{SIDE},{SIDE}',
         '--min-random-area', '1', '--seed', '3', '--mode', 'train', '--data-train', rec, '--data-train-idx', idx,
         '--num-classes', '10', '--num-examples', str(RECORDS), '--data-val-resize', str(SIDE),
         '--data-mxnet-threads', '2', '--dali-threads', '2'])
-    args.contexts, args.device, args.dtype, args.amp_dtype = [mx.cpu()], 'cpu', 'float32', None
-    data.resolve_backend(args)
+    args = resolve.for_run(args, origin, on_gpu=False)[0]
+    data.check_backend(args, origin.given)
     loaders = [train.get_loaders(args, rank, WORKERS, val=False)[0] for rank in range(WORKERS)]
     tmp = os.environ['TMPDIR']
     counts = {'epochs': epochs, 'batches': 0, 'failures': 0, 'first_failure': '', 'files left after an epoch': 0}

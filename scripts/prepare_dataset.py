@@ -37,6 +37,7 @@ lines (e.g. ImageNet's synset mapping); without it a class's name is its folder 
   interrupted run never leaves a .rec beside a stale .idx.
 """
 import argparse
+import collections
 import io
 import multiprocessing
 import os
@@ -147,33 +148,34 @@ def held_out(good, fraction, seed):
     return chosen
 
 
-def convert_tree(args, splits, classes, pool):
+def convert_tree(args, splits, layout, pool):
     """Convert SRC/<split>/<class>/<image> for each split; with --val-fraction, SRC/<class>/<image> into a
-    drawn train and val split. Returns nothing; prints what was written."""
-    if args.val_fraction is None:
+    drawn train and val split (`layout`: check_layout's). Returns nothing; prints what was written."""
+    class_root, classes, val_fraction = layout
+    if val_fraction is None:
         for split in splits:
             split_dir = os.path.join(args.src, split)
             items = list_files(split_dir, classes)
             print(f'{split}: {len(items)} files in {len(classes)} classes', file=sys.stderr)
             convert_split(args, split, split_dir, classes, *check_files(split_dir, items, pool), pool)
         return
-    items = list_files(args.class_root, classes)
-    if args.val_fraction == 0:
-        print(f'{args.class_root}: {len(items)} files in {len(classes)} classes, all for training (no validation '
+    items = list_files(class_root, classes)
+    if val_fraction == 0:
+        print(f'{class_root}: {len(items)} files in {len(classes)} classes, all for training (no validation '
               'split: train with --mode train)', file=sys.stderr)
         stale = os.path.join(args.out, 'val.rec')
         if os.path.exists(stale):
             print(f'  warning: {stale} (and val.idx) is from an earlier conversion and stays: --mode train_val would '
                   'validate on it; delete it if those images are now training images', file=sys.stderr)
     else:
-        print(f'{args.class_root}: {len(items)} files in {len(classes)} classes, {args.val_fraction:g} of each class '
+        print(f'{class_root}: {len(items)} files in {len(classes)} classes, {val_fraction:g} of each class '
               'held out for validation', file=sys.stderr)
-    good, skipped = check_files(args.class_root, items, pool)
-    val = held_out(good, args.val_fraction, args.seed) if args.val_fraction else set()
+    good, skipped = check_files(class_root, items, pool)
+    val = held_out(good, val_fraction, args.seed) if val_fraction else set()
     parts = {'train': [item for i, item in enumerate(good) if i not in val],
              'val': [item for i, item in enumerate(good) if i in val]}
-    for split in ('train', 'val') if args.val_fraction else ('train',):
-        convert_split(args, split, args.class_root, classes, parts[split], skipped if split == 'train' else [],
+    for split in ('train', 'val') if val_fraction else ('train',):
+        convert_split(args, split, class_root, classes, parts[split], skipped if split == 'train' else [],
                       pool)
 
 
@@ -228,27 +230,32 @@ def read_names(path):
 SPLIT_NAMES = ('train', 'val')
 
 
+# What check_layout finds: the folder whose subfolders are the classes, the classes, and the fraction of each held
+# out for validation (None: the splits are folders of SRC; 0: every image for training).
+Layout = collections.namedtuple('Layout', 'class_root classes val_fraction')
+
+
 def check_layout(args, splits):
-    """What is wrong with SRC's layout for these flags (None: nothing), once the class folders are settled in
-    args.class_root and args.classes. With --val-fraction, SRC holding only train/ (or only val/) is the split
-    layout with a half missing: its class folders are the classes (they used to become one class named
-    `train`, which scored 100%). --splits train on class folders (no train/) takes them all for training, as
-    --val-fraction 0 does (args.val_fraction becomes 0)."""
+    """(what is wrong with SRC's layout for these flags, or None; the Layout found). With --val-fraction, SRC
+    holding only train/ (or only val/) is the split layout with a half missing: its class folders are the
+    classes (they used to become one class named `train`, which scored 100%). --splits train on class folders
+    (no train/) takes them all for training, as --val-fraction 0 does (the Layout's val_fraction is 0)."""
+    class_root, val_fraction = None, args.val_fraction
     folders = list_classes(args.src) if os.path.isdir(args.src) else []
     lone_split = folders and set(folders) <= set(SPLIT_NAMES) and len(folders) == 1 and \
         list_classes(os.path.join(args.src, folders[0]))
     if args.val_fraction is not None:
         if set(folders) == set(SPLIT_NAMES):
-            return (f'{args.src} is split already (train/ and val/): leave --val-fraction out')
-        args.class_root = os.path.join(args.src, folders[0]) if lone_split else args.src
+            return (f'{args.src} is split already (train/ and val/): leave --val-fraction out'), None
+        class_root = os.path.join(args.src, folders[0]) if lone_split else args.src
         if lone_split:
             print(f'{args.src} holds only {folders[0]}/: its class folders are ' + (
-                f'split, {args.val_fraction:g} of each held out for validation' if args.val_fraction else
+                f'split, {val_fraction:g} of each held out for validation' if val_fraction else
                 'the classes'), file=sys.stderr)
     elif splits == ['train'] and folders and not set(folders) & set(SPLIT_NAMES):
         print(f'--splits train: {args.src} has no train/ folder, so its {len(folders)} folders are the classes and '
               'every image goes to train.*', file=sys.stderr)
-        args.class_root, args.val_fraction = args.src, 0.0
+        class_root, val_fraction = args.src, 0.0
     else:
         for split in splits:
             if os.path.isdir(os.path.join(args.src, split)):
@@ -256,22 +263,22 @@ def check_layout(args, splits):
             if lone_split:
                 return (f'{args.src} has {folders[0]}/ but no {split}/: hold out part of {folders[0]}/ for '
                         f'validation with --val-fraction 0.2, or convert {folders[0]}/ alone with --splits '
-                        f'{folders[0]} (then train with --mode train)')
+                        f'{folders[0]} (then train with --mode train)'), None
             return (f'{os.path.join(args.src, split)} is not a folder (expected SRC/<split>/<class>/<image>; for '
                     'SRC/<class>/<image>, without a split, add --val-fraction 0.2 to hold out 20% for validation, '
-                    'or convert every image for training with --splits train)')
-        args.class_root = os.path.join(args.src, splits[0])
-    args.classes = list_classes(args.class_root) if os.path.isdir(args.class_root) else []
-    if not args.classes:
-        return f'{args.class_root} has no class folders'
-    if len(args.classes) < 2:
-        return (f'{args.class_root} has one class folder ({args.classes[0]}): a classifier needs at least 2 '
-                '(nothing can be learned from one class: every answer would be right)')
-    for split in splits[1:] if args.val_fraction is None else []:
-        unknown = sorted(set(list_classes(os.path.join(args.src, split))) - set(args.classes))
+                    'or convert every image for training with --splits train)'), None
+        class_root = os.path.join(args.src, splits[0])
+    layout = Layout(class_root, list_classes(class_root) if os.path.isdir(class_root) else [], val_fraction)
+    if not layout.classes:
+        return f'{class_root} has no class folders', layout
+    if len(layout.classes) < 2:
+        return (f'{class_root} has one class folder ({layout.classes[0]}): a classifier needs at least 2 '
+                '(nothing can be learned from one class: every answer would be right)'), layout
+    for split in splits[1:] if val_fraction is None else []:
+        unknown = sorted(set(list_classes(os.path.join(args.src, split))) - set(layout.classes))
         if unknown:
-            return f'{split} has class folders that {splits[0]} lacks: {", ".join(unknown[:5])}'
-    return None
+            return f'{split} has class folders that {splits[0]} lacks: {", ".join(unknown[:5])}', layout
+    return None, layout
 
 
 def main(argv=None):
@@ -281,17 +288,17 @@ def main(argv=None):
         print('error: --val-fraction splits a folder of class folders itself: leave --splits out', file=sys.stderr)
         return 2
     splits = [s for s in (args.splits or 'train,val').split(',') if s]
-    problem = check_layout(args, splits)
+    problem, layout = check_layout(args, splits)
     if problem:
         print(f'error: {problem}', file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
     names = read_names(args.names) if args.names else {}
     with multiprocessing.Pool(max(1, args.workers)) as pool:
-        convert_tree(args, splits, args.classes, pool)
+        convert_tree(args, splits, layout, pool)
     logs.write_json(os.path.join(args.out, 'classes.json'),
                     {'classes': [{'index': i, 'folder': c, 'name': names.get(c, c)}
-                                 for i, c in enumerate(args.classes)]})
+                                 for i, c in enumerate(layout.classes)]})
     print(f'Dataset written to {args.out}', file=sys.stderr)
     return 0
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Convert raw ImageNet (RAW/train/<synset>/*.JPEG and RAW/val/<synset>/*.JPEG, as the README's download steps
+# Convert raw ImageNet (RAW/train/<synset>/*.JPEG and RAW/val/<synset>/*.JPEG, as docs/data.md's download steps
 # leave them) into OUT/{train,val}.{lst,rec,idx} and OUT/classes.json with human-readable class names.
 #
 #   scripts/prepare_imagenet.sh RAW OUT

@@ -100,9 +100,9 @@ def digits(tmp_path_factory):
 
 
 def train_args(extra=()):
-    """Parsed train.py flags (not resolved), for calling loaders and models directly."""
+    """train.py flags as the command line alone settles them (resolve.from_command: not yet for a run)."""
     import train
-    return train.build_parser().parse_args(list(extra))
+    return train.parse_flags(list(extra))[0]
 
 
 def digits_flags(digits, batch=16):
@@ -114,14 +114,15 @@ def digits_flags(digits, batch=16):
             '--dali-validation-threads', '2', '--dali-prefetch-queue', '2']
 
 
-def resolved(flags):
-    """train.py flags parsed and resolved for this machine (CPU), as train.py does before fit."""
-    import mxnet as mx
-    args = train_args(flags)
-    args.contexts = [mx.cpu()]
-    args.device = 'cpu'
-    args.dtype = args.dtype or 'float32'
-    args.amp_dtype = None
-    if args.data_backend is None:
-        args.data_backend = 'dali-cpu'
-    return args
+def resolved(flags, **values):
+    """train.py flags resolved for a run on this machine (CPU), as train.py resolves them (read-only); `values`
+    replace some after. --dtype float16, which a CPU run refuses, stays: the CPU twin of a GPU run's float16
+    machinery on CPU operators."""
+    import train
+    from rn50.config import resolve
+    args, origin = train.parse_flags(list(flags))
+    if args.dtype == 'float16':
+        args.dtype = None
+        values = dict({'dtype': 'float16'}, **values)
+    args = resolve.for_run(args, origin, on_gpu=False)[0]
+    return resolve.replaced(args, **values) if values else args

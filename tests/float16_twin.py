@@ -45,12 +45,11 @@ def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='devi
     """The recipe's TrainingStep for `net` (initialised here, cast to `dtype`) on `contexts`; `extra`: more
     train.py flags."""
     args = resolved(['--batch-size', str(batch), '--lr', '0.1', '--wd', '0', '--label-smoothing', '0.1',
-                     '--num-classes', '3', '--seed', '1', '--kv-store', kv_store] + list(extra))
-    args.dtype, args.contexts = dtype, list(contexts)
-    net.initialize(ctx=args.contexts)
+                     '--num-classes', '3', '--seed', '1', '--kv-store', kv_store] + list(extra), dtype=dtype)
+    net.initialize(ctx=list(contexts))
     if dtype == 'float16':
         net.cast('float16')
-    return TrainingStep(args, net, workers.World(kv_store))
+    return TrainingStep(args, net, workers.World(kv_store, devices=workers.Devices(tuple(contexts))), seed=1)
 
 
 def batch_of(values, labels, dtype='float32'):

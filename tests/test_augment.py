@@ -97,7 +97,7 @@ def test_ra_flags_out_of_range_are_errors():
     from rn50.errors import RecipeError
     args = resolved(['--auto-augment', 'ra', '--ra-magnitude', '11', '--ra-magnitude-scale', '10'])
     with pytest.raises(RecipeError, match='above --ra-magnitude-scale 10'):
-        augment.check(args)
+        augment.check(args, frozenset())
     for flag, value in (('--ra-prob', '1.5'), ('--ra-magnitude-std', '-1'), ('--ra-magnitude-scale', '0'),
                         ('--auto-augment-fill', '256'), ('--auto-augment-fill', '1,2'), ('--auto-augment-fill', 'x')):
         with pytest.raises(SystemExit):
@@ -284,13 +284,13 @@ def test_auto_augment_on_a_dali_without_it_is_an_error_naming_the_version(monkey
     monkeypatch.setitem(sys.modules, 'nvidia.dali', OldDali(version, conditionals))
     monkeypatch.setitem(sys.modules, 'nvidia.dali.auto_aug', None)      # import nvidia.dali.auto_aug fails
     with pytest.raises(RecipeError) as error:
-        augment.check(args)
+        augment.check(args, frozenset())
     assert str(error.value) == (
         f'--auto-augment needs DALI 1.24 or newer (automatic augmentation, conditional pipelines) and DALI {version} '
         f'lacks {lacks}: pip install nvidia-dali-cuda110==1.34.0, the version the recipe is tested with '
         '(requirements.txt; the Dockerfile installs it)')
-    augment.check(resolved(['--auto-augment', 'ta_wide', '--data-backend', 'dali-cpu', '--mode', 'val']))  # no policy
-    augment.check(resolved(['--random-erase', '0.5', '--data-backend', 'dali-cpu']))
+    augment.check(resolved(['--auto-augment', 'ta_wide', '--data-backend', 'dali-cpu', '--mode', 'val']), frozenset())  # no policy
+    augment.check(resolved(['--random-erase', '0.5', '--data-backend', 'dali-cpu']), frozenset())
 
 
 def test_the_error_comes_before_anything_is_built(tmp_path):
@@ -328,7 +328,7 @@ def test_without_auto_augment_no_pipeline_asks_for_conditionals(tmp_path, monkey
     args = unique_label_args(tmp_path, 'dali-cpu', count=8, batch=4, extra=[
         '--random-erase', '0.5', '--dtype', 'float16', '--progressive-size', '24', '--progressive-epochs', '0,1',
         '--progressive-step', '8'])
-    augment.check(args)
+    augment.check(args, frozenset())
     train, val = get_loaders(args, 0, 1)
     assert next(train.epoch(0)).data[0].shape == (4, 3, 24, 24)
     assert next(val.epoch(0)).data[0].shape == (4, 3, 32, 32)

@@ -1,5 +1,6 @@
 """checkpoint.py and logs.py's file safety: the .state round trip, checksums and the previous state, clear
-errors for damaged and mismatched files, fine-tuning loads, atomic writes and their failures."""
+errors for damaged and mismatched files, fine-tuning loads, atomic writes and their failures, and the resume's
+check of a run's settings (resume.py)."""
 import argparse
 import json
 import os
@@ -13,6 +14,8 @@ from mxnet import gluon
 
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
+from rn50.checkpoints import resume
+from rn50.checkpoints.workspace import Workspace
 from rn50.reports import logs
 import models
 from conftest import ROOT
@@ -207,7 +210,7 @@ def test_interrupted_writes_leave_nothing_after_the_next_start(tmp_path):
     for name in stale + kept:
         (tmp_path / name).write_bytes(b'x')
     args = argparse.Namespace(workspace=str(tmp_path), model_prefix='model')
-    checkpoint.clean_workspace(args)
+    Workspace.of(args).clean()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
 
 
@@ -245,7 +248,7 @@ def test_workspace_that_is_a_file_is_refused(tmp_path):
         logs.check_workspace(str(tmp_path / 'plain' / 'below'))
 
 
-CPU_ARGS = argparse.Namespace(contexts=[mx.cpu()], rgb_mean=(123.68, 116.779, 103.939), rgb_std=(58.393, 57.12, 57.375))
+CPU_ARGS = argparse.Namespace(rgb_mean=(123.68, 116.779, 103.939), rgb_std=(58.393, 57.12, 57.375))
 
 
 def small_resnet(classes=10, layers=18):
@@ -287,16 +290,16 @@ def test_a_state_that_does_not_record_a_setting_resumes_and_one_that_does_is_che
     'None in the saved run'); a state that records them refuses a command that changes one."""
     from conftest import resolved
     args = resolved(['--lr-schedule', 'poly', '--optimizer', 'lars'])
-    old = {name: value for name, value in checkpoint.run_settings(args).items()
+    old = {name: value for name, value in resume.run_settings(args).items()
            if name not in ('lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps', 'eval_period', 'eval_offset')}
-    checkpoint.check_same_run(args, {'settings': old}, 'old.state')
-    recorded = checkpoint.run_settings(args)
+    resume.check_same_run(args, {'settings': old}, 'old.state')
+    recorded = resume.run_settings(args)
     for flag, value in (('lars_eta', 0.002), ('lr_poly_power', 1.0), ('eval_period', 4), ('mixup_mode', 'batch'),
                         ('warmup_prefix', 0), ('ra_prob', 0.5), ('auto_augment_fill', '1.0,2.0,3.0')):
         changed = resolved(['--lr-schedule', 'poly', '--optimizer', 'lars', f'--{flag.replace("_", "-")}', str(value)])
         with pytest.raises(RecipeError, match=f'--{flag.replace("_", "-")} .* in the saved run, '):
-            checkpoint.check_same_run(changed, {'settings': recorded}, 'new.state')
+            resume.check_same_run(changed, {'settings': recorded}, 'new.state')
     # a per-channel fill recorded as JSON (a list) is the same setting as the flag's (a tuple)
     import json
     fill = resolved(['--auto-augment-fill', '124,116,104'])
-    checkpoint.check_same_run(fill, {'settings': json.loads(json.dumps(checkpoint.run_settings(fill)))}, 'fill.state')
+    resume.check_same_run(fill, {'settings': json.loads(json.dumps(resume.run_settings(fill)))}, 'fill.state')

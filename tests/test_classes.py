@@ -80,12 +80,12 @@ def test_the_class_count_comes_from_the_datasets_classes_json(digits):
     classifier (it was a 1000-way one, without a word); without a classes.json the count stays 1000."""
     rec = digits / 'rec'
     data = ['--data-train', str(rec / 'train.rec'), '--data-val', str(rec / 'val.rec')]
-    args = train.build_parser().parse_args(data)
-    assert (args.num_classes, args.num_classes_source) == (10, str(rec / 'classes.json'))
-    assert train.build_parser().parse_args(data + ['--num-classes', '10']).num_classes == 10
-    assert train.build_parser().parse_args(['--data-backend', 'synthetic']).num_classes == 1000
-    assert train.build_parser().parse_args(data + ['--data-backend', 'synthetic']).num_classes == 1000   # unread
-    assert train.build_parser().parse_args(['--num-classes', '7']).num_classes == 7
+    args, origin = train.parse_flags(data)
+    assert (args.num_classes, origin.num_classes_source) == (10, str(rec / 'classes.json'))
+    assert train.parse_flags(data + ['--num-classes', '10'])[0].num_classes == 10
+    assert train.parse_flags(['--data-backend', 'synthetic'])[0].num_classes == 1000
+    assert train.parse_flags(data + ['--data-backend', 'synthetic'])[0].num_classes == 1000   # unread
+    assert train.parse_flags(['--num-classes', '7'])[0].num_classes == 7
 
 
 def test_a_num_classes_that_contradicts_the_dataset_stops_the_runner_before_launch(digits, tmp_path):

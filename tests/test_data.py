@@ -9,9 +9,11 @@ from PIL import Image
 
 import data
 from rn50.data import synthetic
+import train
 from train import get_loaders
 from conftest import digits_flags, resolved
 from rn50.errors import RecipeError
+from rn50.config import resolve
 from rn50.data import contract
 from rn50.data import validation_resize
 
@@ -169,14 +171,11 @@ def test_label_out_of_range_and_bad_index(tmp_path):
 def test_default_backend_falls_back_and_explicit_gpu_is_refused(caplog):
     if mx.context.num_gpus():
         pytest.skip('this machine has a GPU')
-    args = resolved(['--data-backend', 'synthetic', '--data-train', 'train.rec'])
-    args.data_backend = None
     with caplog.at_level('INFO'):
-        data.resolve_backend(args)
+        args = resolved(['--data-train', 'train.rec'])
     assert args.data_backend == 'dali-cpu' and 'defaults to dali-cpu' in caplog.text
-    args.data_backend = 'dali-gpu'
     with pytest.raises(RecipeError, match='needs a GPU'):
-        data.resolve_backend(args)
+        data.check_backend(resolved(['--data-backend', 'dali-gpu', '--data-train', 'train.rec']), frozenset())
 
 
 def test_synthetic_shapes_and_global_batch_slices():
@@ -229,9 +228,9 @@ def test_load_image_uses_validation_preprocessing(tmp_path):
     (['--progressive-size', '16', '--progressive-epochs', '3,1'], 'mxnet', 'expected 0 <= START <= END'),
 ])
 def test_data_flags_that_would_be_ignored_or_cannot_work_are_refused(flags, backend, message):
-    args = resolved(['--data-backend', backend, '--image-shape', '3,32,32', '--data-val-resize', '32'] + flags)
+    argv = ['--data-backend', backend, '--image-shape', '3,32,32', '--data-val-resize', '32'] + flags
     with pytest.raises(RecipeError, match=message):
-        data.check_data_flags(args)
+        data.check_data_flags(resolved(argv), train.parse_flags(argv)[1].given)
 
 
 def test_native_augmentations_and_aspect_range_none(digits):
@@ -240,7 +239,7 @@ def test_native_augmentations_and_aspect_range_none(digits):
                                             '--random-crop', '1', '--max-random-rotate-angle', '10',
                                             '--brightness', '0.2', '--min-random-aspect-ratio', 'None',
                                             '--max-random-aspect-ratio', '0.25'])
-    data.check_data_flags(args)
+    data.check_data_flags(args, frozenset())
     assert contract.aspect_ratio_range(args) == (0.75, 1.25)
     train, _ = get_loaders(args, 0, 1, val=False)
     first, again = (next(train.epoch(0)).data[0].asnumpy() for _ in range(2))
@@ -255,14 +254,10 @@ def test_synthetic_batches_live_on_the_workers_devices():
     device with several, with the values of the host batch."""
     flags = ['--data-backend', 'synthetic', '--batch-size', '8', '--image-shape', '3,16,16', '--num-classes', '10']
     reference = synthetic.SyntheticLoader(resolved(flags), 0, 1, True).batch
-    one = resolved(flags)
-    one.contexts = [mx.cpu(1)]
-    batch = next(synthetic.SyntheticLoader(one, 0, 1, True).epoch(0))
+    batch = next(synthetic.SyntheticLoader(resolved(flags), 0, 1, True, contexts=[mx.cpu(1)]).epoch(0))
     assert batch.data[0].context == mx.cpu(1) and batch.label[0].context == mx.cpu(1)
     np.testing.assert_array_equal(batch.data[0].asnumpy(), reference.data[0].asnumpy())
-    two = resolved(flags)
-    two.contexts = [mx.cpu(1), mx.cpu(2)]
-    batch = next(synthetic.SyntheticLoader(two, 0, 1, True).epoch(0))
+    batch = next(synthetic.SyntheticLoader(resolved(flags), 0, 1, True, contexts=[mx.cpu(1), mx.cpu(2)]).epoch(0))
     assert [p.context for p in batch.data[0]] == [mx.cpu(1), mx.cpu(2)] == [p.context for p in batch.label[0]]
     np.testing.assert_array_equal(contract.whole(batch.data[0]).asnumpy(), reference.data[0].asnumpy())
     np.testing.assert_array_equal(contract.whole(batch.label[0]).asnumpy(), reference.label[0].asnumpy())
@@ -274,15 +269,14 @@ def test_native_float16_batches_are_cast_on_their_device(digits, monkeypatch):
     the host's threads; the values are the host cast's."""
     flags = digits_flags(digits, batch=16) + ['--data-backend', 'mxnet']
     reference = next(iter(data.RecordLoader(resolved(flags), 0, 1, True).epoch(0))).data[0].asnumpy()
-    args = resolved(flags)
-    args.dtype, args.contexts = 'float16', [mx.cpu(1)]
+    args = resolved(flags, dtype='float16')
     casts, astype = [], mx.nd.NDArray.astype
 
     def recording_astype(array, dtype, *more, **options):
         casts.append((array.context, np.dtype(dtype)))
         return astype(array, dtype, *more, **options)
     monkeypatch.setattr(mx.nd.NDArray, 'astype', recording_astype)
-    batch = next(iter(data.RecordLoader(args, 0, 1, True).epoch(0)))
+    batch = next(iter(data.RecordLoader(args, 0, 1, True, contexts=[mx.cpu(1)]).epoch(0)))
     assert batch.data[0].context == mx.cpu(1) and batch.data[0].dtype == np.float16
     assert [context for context, dtype in casts if dtype == np.float16] == [mx.cpu(1)]
     np.testing.assert_array_equal(batch.data[0].asnumpy(), reference.astype(np.float16))
@@ -330,5 +324,5 @@ def test_training_and_validation_images_have_their_own_shapes(digits, backend):
     assert next(val.epoch(0)).data[0].shape[1:] == (3, 40, 40)
     image = next((digits / 'images' / 'val' / 'digit_1').iterdir())
     assert validation_resize.load_image(str(image), args).shape == (1, 3, 40, 40)
-    args.val_image_shape = (4, 40, 40)     # the channels are --image-shape's (the runner's 4 for float16 on GPUs)
+    args = resolve.replaced(args, val_image_shape=(4, 40, 40))   # channels: --image-shape's (the runner's 4 on GPUs)
     assert contract.image_shape(args, training=False) == (3, 40, 40)

@@ -198,7 +198,7 @@ def test_every_worker_resumes_its_own_averaged_batchnorm_statistics():
                                   ['--mixup-switch-prob', '2']])
 def test_new_flags_are_range_checked(flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        train.build_parser().parse_args(flag)
+        train.parse_flags(flag)[0]
     assert exit_info.value.code == 2 and 'out of range' in capsys.readouterr().err
 
 
@@ -291,7 +291,7 @@ def test_tensorboard_scalars_are_on_disk_when_the_record_is_logged(tmp_path):
     """No writer thread between a record and the file: tensorboardX's SummaryWriter queued events for one, and
     its flush() wrote only what the thread had taken, so a run killed right after an epoch's validation once
     lost that epoch's val/ scalars (the kill test below, in the suite)."""
-    args = SimpleNamespace(tensorboard=str(tmp_path / 'tb'), workspace=str(tmp_path))
+    args = SimpleNamespace(tensorboard=str(tmp_path / 'tb'), workspace=str(tmp_path), model_prefix='model')
     threads = threading.active_count()
     dllogger = RecordsOnly()
     logger = tensorboard_log.teed(args, SimpleNamespace(rank=0), dllogger, 4, {'epoch': 0, 'iteration': 0})

@@ -138,7 +138,7 @@ except RecipeError as e:
     print('error:', e)
 print(open({str(mount / 'model_last.state')!r}, 'rb').read(), sorted(__import__('os').listdir({str(mount)!r})))
 """
-    check = f"import sys; sys.path.insert(0, {ROOT!r}); import logs; logs.check_workspace({str(mount)!r})"
+    check = f"import sys; sys.path.insert(0, {ROOT!r}); from rn50.reports import logs; logs.check_workspace({str(mount)!r})"
     result = subprocess.run(['unshare', '-m', 'sh', '-c', f'mount -t tmpfs -o size=1m tmpfs {mount} && '
                              f'{sys.executable} -c "$0" && mount -o remount,ro {mount} && {sys.executable} -c "$1"',
                              script, check], capture_output=True, text=True, timeout=120)

@@ -10,6 +10,7 @@ from mxnet import autograd, gluon
 
 import dali
 import fit
+from rn50.config import resolve
 from rn50.training import losses
 from rn50.world import workers
 from conftest import digits_flags, gloo_workers, resolved
@@ -169,7 +170,7 @@ def test_float16_step_fetches_the_next_batch_before_its_host_synchronisation():
         events.append(('sync', sum(kind == 'sync' for kind, _ in events)))
         return read_flag(finite)
     step.loss_scale.overflowed = overflowed
-    step.args.num_epochs, step.args.warmup_epochs = 2, 0
+    step.args = resolve.replaced(step.args, num_epochs=2, warmup_epochs=0)
     meta = {'loss_sum': 0.0, 'loss_count': 0}
     stop = type('Stop', (), {'requested': False, 'announce': lambda self: None})()
     quiet = type('DLLogger', (), {'log': lambda self, *args, **kwargs: None})()
@@ -206,8 +207,7 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
     contexts = [mx.cpu(0), mx.cpu(1)]
     args = resolved(digits_flags(digits, batch=8) + ['--data-backend', 'dali-cpu', '--label-smoothing', '0',
                                                       '--kv-store', 'device', '--wd', '0', '--seed', '1'])
-    args.contexts = contexts
-    loader = dali.DaliLoader(args, 0, 1, True, contexts=contexts)
+    loader = dali.DaliLoader(args, 0, 1, True, contexts=contexts, seed=1)
     slices = [batch for _, batch in zip(range(3), loader.epoch(0))]
     for batch in slices:
         assert [p.context for p in batch.data[0]] == contexts == [p.context for p in batch.label[0]]
@@ -217,7 +217,7 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
         mx.random.seed(5)
         net = Float16Net(classes=10, channels=3, batchnorm=False)
         net.initialize(ctx=contexts)
-        step = TrainingStep(args, net, workers.World('device'))
+        step = TrainingStep(args, net, workers.World('device', devices=workers.Devices(tuple(contexts))), seed=1)
         seen = []
         step.net = lambda x, net=net, seen=seen: seen.append(x) or net(x)
         initial = net.weight.data(contexts[0]).asnumpy().copy()
@@ -303,15 +303,15 @@ def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself(monkeypa
 def test_the_default_warm_up_is_shortened_to_fit_a_short_run(caplog):
     """-e 3 with the default 5-epoch warm-up was all warm-up: the rate peaked at 60% of --lr, never decayed."""
     import train
-    from rn50.optim.schedule import learning_rate
-    args = train.build_parser().parse_args(['--num-epochs', '3', '--lr', '1'])
-    with caplog.at_level('INFO', logger='fit'):
-        warmup = fit.default_warmup(args)
+    from rn50.optim.schedule import default_warmup, learning_rate
+    args = train.parse_flags(['--num-epochs', '3', '--lr', '1'])[0]
+    with caplog.at_level('INFO', logger='rn50.optim.schedule'):
+        warmup = default_warmup(args, from_recipe=False)
     assert warmup == 1.5 and 'half of the 3-epoch run' in caplog.text
     rates = [learning_rate(e / 10, 1.0, 3, warmup, 'cosine', [], 0.1) for e in range(30)]
     assert max(rates) == pytest.approx(1.0, abs=0.01) and rates[-1] < 0.02     # peaks, then decays to ~0
-    args = train.build_parser().parse_args(['--num-epochs', '90'])
-    assert fit.default_warmup(args) == 5
+    args = train.parse_flags(['--num-epochs', '90'])[0]
+    assert default_warmup(args, from_recipe=False) == 5
 
 
 @pytest.mark.parametrize('threshold', [None, 0.2])

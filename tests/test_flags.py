@@ -45,7 +45,7 @@ from rn50.errors import RecipeError
 ])
 def test_out_of_range_flags_stop_at_parse_time(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
-        train.build_parser().parse_args(argv)
+        train.parse_flags(argv)[0]
     assert stopped.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert ': error: argument ' in err and re.search(message, err), err
@@ -80,7 +80,7 @@ SCHEDULE_ERRORS = [
 @pytest.mark.parametrize('argv, message', SCHEDULE_ERRORS)
 def test_a_schedule_that_cannot_be_meant_is_refused(argv, message):
     with pytest.raises(RecipeError) as refused:
-        fit.check_schedule_flags(train.build_parser().parse_args(argv))
+        fit.check_schedule_flags(*train.parse_flags(argv))
     assert str(refused.value).startswith(message)
 
 
@@ -88,7 +88,7 @@ def test_schedules_that_can_be_meant_pass():
     for argv in (['--lr-steps', '30,60,80'], ['--warmup-epochs', '5', '--num-epochs', '5'],
                  ['--num-epochs', '2'],                               # the default warmup, in a short run
                  ['--lr-steps', '60,30', '--mode', 'val']):           # no schedule in val mode
-        fit.check_schedule_flags(train.build_parser().parse_args(argv))
+        fit.check_schedule_flags(*train.parse_flags(argv))
 
 
 @pytest.mark.parametrize('argv, message', SCHEDULE_ERRORS[:1] + SCHEDULE_ERRORS[2:3])

@@ -81,10 +81,10 @@ def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_pat
     args = resolved(digits_flags(digits) + MODEL + ['--mode', 'val', '--load', str(model / 'model_best.params')])
     files = sorted((digits / 'images' / 'val' / 'digit_4').iterdir())[:8]
     images = mx.nd.concat(*[validation_resize.load_image(str(f), args) for f in files], dim=0)
-    plain = models.get_model(**models.model_options(args))
+    plain = models.get_model(**models.model_options(args, 'cpu'))
     plain.load_parameters(str(model / 'model_best.params'))
     plain.hybridize(static_alloc=True, static_shape=True)
-    net = models.get_model(**models.model_options(args))
+    net = models.get_model(**models.model_options(args, 'cpu'))
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
     fused = inference.inference_network(args, net, workers.World(args.kv_store), train.get_loaders)
@@ -208,8 +208,7 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
     onnxruntime = pytest.importorskip('onnxruntime')
     gpu_checkpoint(tmp_path / 'model_best.params')
     args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
-    args.device = 'gpu'
-    outputs = export.export(args, workers.World('device'), train.get_loaders, functools.partial(models.build, args))
+    outputs = export.export(args, workers.World('device'), train.get_loaders, functools.partial(models.build, args, 'cpu'))
     assert outputs['onnxruntime_max_difference'] < 1e-4
     session = onnxruntime.InferenceSession(outputs['onnx'], providers=['CPUExecutionProvider'])
     assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
@@ -230,7 +229,7 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(export, 'write_onnx', unsupported)
     with pytest.raises(RecipeError, match='exporting .*NotImplementedError: no ONNX conversion.*nothing was written'):
         args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
-        export.export(args, workers.World('device'), train.get_loaders, functools.partial(models.build, args))
+        export.export(args, workers.World('device'), train.get_loaders, functools.partial(models.build, args, 'cpu'))
     assert os.listdir(tmp_path / 'export') == []
 
 
@@ -252,7 +251,7 @@ def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images
     monkeypatch.setattr(inference, 'batch_metrics', lambda *a: events.append('wait') or real(*a))
     clock = itertools.count()
     monkeypatch.setattr(inference.time, 'time', lambda: float(next(clock)))
-    args = types.SimpleNamespace(contexts=[mx.cpu()], benchmark_iters=None, no_metrics=False, num_classes=5,
+    args = types.SimpleNamespace(benchmark_iters=None, no_metrics=False, num_classes=5,
                                  tta=None)
     metrics, _ = inference.validate(args, net, RecordingLoader(batches, events), workers.World('device'))
     assert events == [('fetch', 0), ('fetch', 1), 'wait', ('fetch', 2), 'wait', 'wait']
@@ -278,7 +277,7 @@ def test_flip_tta_scores_the_mean_of_the_logits_of_each_image_and_its_mirror(lay
     width = layout.index('W')
     found = {}
     for tta in (None, 'flip'):
-        args = types.SimpleNamespace(contexts=[mx.cpu()], benchmark_iters=None, no_metrics=False, num_classes=4,
+        args = types.SimpleNamespace(benchmark_iters=None, no_metrics=False, num_classes=4,
                                      tta=tta, input_layout=layout)
         found[tta], _ = inference.validate(args, net, RecordingLoader(batches, []), workers.World('device'))
     images = np.concatenate([b.data[0].asnumpy() for b in batches])
@@ -298,7 +297,7 @@ def test_flip_tta_prediction_gives_the_probabilities_of_the_mean_logits(digits, 
     (tmp_path / 'in').mkdir()
     for f in files:
         (tmp_path / 'in' / f.name).write_bytes(f.read_bytes())
-    plain = models.get_model(**models.model_options(args))
+    plain = models.get_model(**models.model_options(args, 'cpu'))
     plain.load_parameters(str(model / 'model_best.params'))
     images = mx.nd.concat(*[validation_resize.load_image(str(f), args) for f in files], dim=0)
     outputs = (plain(images) + plain(mx.nd.flip(images, axis=3))).asnumpy() / 2
@@ -323,8 +322,9 @@ def test_a_validation_of_two_batches_is_timed_whole(monkeypatch):
     batches[1].pad = 3
     net = mx.gluon.nn.Dense(5, in_units=3)
     net.initialize()
+    world = workers.World('device')
     readings = iter([0.0, 1.0, 1.0, 2.0])    # start, first finish, second finish (no time at all), the end
     monkeypatch.setattr(inference.time, 'time', lambda: next(readings, 2.0))
-    args = types.SimpleNamespace(contexts=[mx.cpu()], benchmark_iters=None, no_metrics=False, num_classes=5, tta=None)
-    metrics, durations = inference.validate(args, net, RecordingLoader(batches, []), workers.World('device'))
+    args = types.SimpleNamespace(benchmark_iters=None, no_metrics=False, num_classes=5, tta=None)
+    metrics, durations = inference.validate(args, net, RecordingLoader(batches, []), world)
     assert metrics['val.ips'] == pytest.approx(5 / 2) and durations == [1.0, 1.0]

@@ -195,3 +195,29 @@ def test_a_state_of_the_first_lars_resumes_with_its_momentum(tmp_path):
         step.run(batches[1], 0, 1, LR)
     for name, got in snapshot(trained(resumed)).items():
         np.testing.assert_allclose(got, snapshot(trained(running))[name], rtol=1e-6, err_msg=name)
+
+
+def test_a_state_written_before_the_modules_moved_into_rn50_resumes(tmp_path, monkeypatch):
+    """A .state of a LARS run written before the layout change pickled its optimizer as lars.MLPerfLARS (module
+    `lars`, which no longer exists): it loads, and the run continues exactly."""
+    import sys
+    mx.random.seed(6)
+    rng = np.random.default_rng(7)
+    batches = [batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)) for _ in range(2)]
+    running = step_for(Float16Net(), extra=FLAGS)
+    running.run(batches[0], 0, 0, LR)
+    with monkeypatch.context() as before:              # the optimizer's class as the old layout named it
+        before.setattr(lars.MLPerfLARS, '__module__', 'lars')
+        before.setitem(sys.modules, 'lars', lars)
+        state = optimizer_state.trainer_state_bytes(running.gluon_trainer)
+    assert b'lars' in state and b'rn50.optim.lars' not in state and 'lars' not in sys.modules
+    resumed = step_for(Float16Net(), extra=FLAGS)
+    resumed.net(batches[0].data[0])
+    for name, param in resumed.net._collect_params_with_prefix().items():
+        param.set_data(running.net._collect_params_with_prefix()[name].data())
+    optimizer_state.restore_trainer_state(resumed.gluon_trainer, state)
+    assert type(resumed.gluon_trainer._optimizer) is lars.MLPerfLARS
+    for step in (running, resumed):
+        step.run(batches[1], 0, 1, LR)
+    for name, got in snapshot(trained(resumed)).items():
+        np.testing.assert_allclose(got, snapshot(trained(running))[name], rtol=1e-6, err_msg=name)

@@ -11,7 +11,8 @@ import types
 import mxnet as mx
 import pytest
 
-from rn50.world import memory
+from rn50.config import resolve
+from rn50.world import memory, workers
 import models
 from conftest import ROOT, resolved
 from rn50.errors import RecipeError
@@ -44,7 +45,7 @@ def test_a_batch_that_cannot_fit_is_one_error_line_with_both_figures(tmp_path):
 def small_run(flags=()):
     args = resolved(['--num-layers', '50', '--num-classes', '10', '--image-shape', '3,32,32', '--mode', 'train']
                     + list(flags))
-    return args, models.get_model(**models.model_options(args))
+    return args, models.get_model(**models.model_options(args, 'cpu'))
 
 
 def test_the_estimate_grows_with_the_batch_and_the_image_area():
@@ -64,22 +65,22 @@ def test_the_estimate_grows_with_the_batch_and_the_image_area():
 
 def test_a_batch_that_fits_passes_and_pred_is_not_checked(monkeypatch):
     args, net = small_run(['--batch-size', '64'])
-    world = types.SimpleNamespace(size=1, horovod=None)
+    world = types.SimpleNamespace(size=1, horovod=None, devices=workers.Devices())
     memory.check_batch_fits(args, net, world)
     monkeypatch.setattr(memory, 'host_available', lambda: 10 ** 6)
     with pytest.raises(RecipeError, match='needs about 0.4 GB of memory, and this machine has 0.0 GB available'):
         memory.check_batch_fits(args, net, world)
-    args.mode = 'pred'
-    memory.check_batch_fits(args, net, world)
+    memory.check_batch_fits(resolve.replaced(args, mode='pred'), net, world)
 
 
 def test_several_workers_of_a_node_share_its_memory(monkeypatch):
     args, net = small_run(['--batch-size', '64'])
     need, _ = memory.batch_need(args, net, 32)
     monkeypatch.setattr(memory, 'host_available', lambda: 1.5 * need)
-    alone = types.SimpleNamespace(size=2, horovod=types.SimpleNamespace(local_size=lambda: 1))
+    alone = types.SimpleNamespace(size=2, horovod=types.SimpleNamespace(local_size=lambda: 1), devices=workers.Devices())
     memory.check_batch_fits(args, net, alone)           # one worker of two on this node: 32 images fit
-    together = types.SimpleNamespace(size=2, horovod=types.SimpleNamespace(local_size=lambda: 2))
+    together = types.SimpleNamespace(size=2, horovod=types.SimpleNamespace(local_size=lambda: 2),
+                                     devices=workers.Devices())
     with pytest.raises(RecipeError, match=r'of memory x 2 workers on this node'):
         memory.check_batch_fits(args, net, together)
 
@@ -87,21 +88,20 @@ def test_several_workers_of_a_node_share_its_memory(monkeypatch):
 def test_gpu_path_on_cpu_contexts(monkeypatch):
     """Two CPU contexts stand for two GPUs: each device's batch against its own free memory."""
     args, net = small_run(['--batch-size', '64'])
-    args.contexts = [mx.cpu(0), mx.cpu(1)]
-    world = types.SimpleNamespace(size=1, horovod=None)
+    world = types.SimpleNamespace(size=1, horovod=None, devices=workers.Devices((mx.cpu(0), mx.cpu(1)), 'gpu'))
     need, _ = memory.batch_need(args, net, 32)       # 64 images over 2 devices
     free = {0: 2 * need, 1: need / 2}
     monkeypatch.setattr(mx.context, 'gpu_memory_info', lambda device_id: (free[device_id], 16 * GB))
     with pytest.raises(RecipeError, match=r'\(32 images per device, .*\) needs about [0-9.]+ GB on GPU 1, which '
                                           r'has [0-9.]+ GB free: lower the batch size'):
-        memory.check_batch_fits(args, net, world, on_gpu=True)
+        memory.check_batch_fits(args, net, world)
     free[1] = 2 * need
-    memory.check_batch_fits(args, net, world, on_gpu=True)
+    memory.check_batch_fits(args, net, world)
 
     def unknown(device_id):
         raise mx.base.MXNetError('no such call in this build')
     monkeypatch.setattr(mx.context, 'gpu_memory_info', unknown)
-    memory.check_batch_fits(args, net, world, on_gpu=True)   # MXNet cannot tell: no check
+    memory.check_batch_fits(args, net, world)   # MXNet cannot tell: no check
 
 
 def test_a_batch_far_larger_than_the_set_is_said(caplog):

@@ -22,11 +22,14 @@ import types
 import numpy as np
 import pytest
 
-from conftest import ROOT, train_args
+from conftest import ROOT, resolved, train_args
 
 import fit
-from rn50.reports import mlperf_log
+import train
+from rn50.config import resolve
 from rn50.errors import RecipeError
+from rn50.reports import mlperf_log
+from rn50.world import workers
 
 HOROVOD = pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
 RUN_ENV = dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' + os.environ['PATH'])
@@ -239,24 +242,20 @@ def parse_log(path):
 
 def mlperf_args(tmp_path, extra=()):
     """train.py's flags for --recipe mlperf, resolved as train.py resolves them for a CPU run."""
-    import mxnet as mx
-    args = train_args(['--recipe', 'mlperf', '--workspace', str(tmp_path), '--seed', '3', '--batch-size', '64',
-                       '--mlperf-cache-clear', 'no'] + list(extra))
-    args.start_time, args.device, args.contexts = time.time(), 'cpu', [mx.cpu()]
-    args.num_epochs = args.num_epochs or fit.DEFAULT_EPOCHS
-    args.warmup_epochs = fit.default_warmup(args)
-    return args
+    return resolved(['--recipe', 'mlperf', '--workspace', str(tmp_path), '--seed', '3', '--batch-size', '64',
+                     '--mlperf-cache-clear', 'no'] + list(extra))
 
 
 def one_worker(rank=0, size=1):
-    return types.SimpleNamespace(rank=rank, size=size, local_rank=rank,
+    return types.SimpleNamespace(rank=rank, size=size, local_rank=rank, start_time=time.time(),
+                                 devices=workers.Devices(),
                                  allreduce_sum=lambda values: np.asarray(values, dtype=np.float64) * size)
 
 
 def simulated_run(args, accuracy, interrupt=None, world=None):
     """The hooks in fit.train's order, for a run whose validation gives accuracy(epoch); `interrupt`: the epoch a
     signal stops. Returns the records of the log."""
-    result = mlperf_log.start(args, world or one_worker(), resumed=False)
+    result = mlperf_log.start(args, world or one_worker(), 3, resumed=False)
     result.data(types.SimpleNamespace(num_examples=1438, num_batches=23), types.SimpleNamespace(num_examples=359))
     for epoch in range(args.num_epochs):
         result.epoch_start(epoch)
@@ -396,8 +395,8 @@ def test_lines_name_the_hook_that_wrote_them(good_log):
 # ---- the flags and the rules checked before a run --------------------------------------------------------------
 
 def check(*argv):
-    args = train_args(list(argv))
-    fit.check_schedule_flags(args)     # train.py's and the runner's check before anything starts
+    args, origin = train.parse_flags(list(argv))
+    fit.check_schedule_flags(args, origin)     # train.py's and the runner's check before anything starts
     return args
 
 
@@ -475,18 +474,18 @@ def test_a_log_evaluates_on_its_period_alone():
 
 def test_a_resumed_run_or_weights_to_start_from_write_no_log(tmp_path, caplog):
     args = mlperf_args(tmp_path)
-    result = mlperf_log.start(args, one_worker(), resumed=True)
+    result = mlperf_log.start(args, one_worker(), 3, resumed=True)
     result.epoch_start(5)
     result.run_stop()
     assert not (tmp_path / 'mlperf.log').exists() and 'writes no MLPerf result log' in caplog.text
-    args.load = str(tmp_path / 'weights.params')
+    args = resolve.replaced(args, load=str(tmp_path / 'weights.params'))
     with pytest.raises(RecipeError, match='allow no pre-training'):
-        mlperf_log.start(args, one_worker(), resumed=False)
+        mlperf_log.start(args, one_worker(), 3, resumed=False)
 
 
 def test_only_rank_0_writes(tmp_path):
     args = mlperf_args(tmp_path, ['--mlperf-log', str(tmp_path / 'rank1.log')])
-    result = mlperf_log.start(args, one_worker(rank=1, size=2), resumed=False)
+    result = mlperf_log.start(args, one_worker(rank=1, size=2), 3, resumed=False)
     result.epoch_start(0)
     result.run_stop()
     assert not (tmp_path / 'rank1.log').exists()

@@ -115,8 +115,8 @@ def test_model_flags_and_options():
     assert (args.batchnorm_eps, args.batchnorm_mom, args.fuse_bn_relu, args.fuse_bn_add_relu) == (1e-5, 0.9, 0, 0)
     args = parser.parse_args(['--arch', 'resnextv1', '--num-layers', '101', '--fuse-bn-relu', '1'])
     other_groups = dict(input_layout='NHWC', conv_layout='NCHW', batchnorm_layout='NCHW', pooling_layout='NCHW',
-                        image_shape=[4, 64, 64], dtype='float32', device='cpu', mode='train')
-    options = models.model_options(argparse.Namespace(**vars(args), **other_groups))
+                        image_shape=[4, 64, 64], dtype='float32', mode='train')
+    options = models.model_options(argparse.Namespace(**vars(args), **other_groups), 'cpu')
     assert options['fuse_bn_relu'] is True and options['fuse_bn_add_relu'] is False
     assert options['image_shape'] == (4, 64, 64) and options['arch'] == 'resnextv1'
     assert set(options) == set(models.get_model.__code__.co_varnames[:models.get_model.__code__.co_argcount])
@@ -538,7 +538,7 @@ def test_stochastic_depth_rises_linearly_over_the_units_and_leaves_inference_net
     resnext = models.get_model('resnextv15', num_layers=50, num_classes=10, drop_path=0.2)
     assert [b.drop_rate for b in blocks_of(resnext, layers.BatchNormAddReLU)][-1] == pytest.approx(0.2)
     for mode, expected in (('train', 0.1), ('train_val', 0.1), ('val', 0.0), ('pred', 0.0), ('export', 0.0)):
-        args = argparse.Namespace(**vars(train_args(['--drop-path', '0.1', '--mode', mode])), device='cpu')
-        assert models.model_options(args)['drop_path'] == expected, mode
+        args = train_args(['--drop-path', '0.1', '--mode', mode])
+        assert models.model_options(args, 'cpu')['drop_path'] == expected, mode
     with pytest.raises(RecipeError, match='not --arch xception'):
         models.get_model('xception', drop_path=0.1)

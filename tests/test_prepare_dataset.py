@@ -186,5 +186,5 @@ def test_one_class_is_refused_when_preparing_and_training(tmp_path, capsys):
     (data / 'train.rec').write_bytes(b'')
     (data / 'classes.json').write_text(json.dumps({'classes': [{'index': 0, 'folder': 'cat', 'name': 'cat'}]}))
     with pytest.raises(SystemExit):
-        train.build_parser().parse_args(['--data-train', str(data / 'train.rec')])
+        train.parse_flags(['--data-train', str(data / 'train.rec')])
     assert 'names 1 class: nothing can be learned from one class' in capsys.readouterr().err

@@ -68,7 +68,7 @@ def validation_probabilities(digits, workspace, backend):
     """{file: probabilities} of the trained network on the validation loader's images of `backend` (the .rec
     records matched to the files of images/val by their bytes: prepare_dataset.py stores JPEGs unchanged)."""
     args = resolved(digits_flags(digits, batch=64) + MODEL + ['--data-backend', backend])
-    net = models.get_model(**models.model_options(args))
+    net = models.get_model(**models.model_options(args, 'cpu'))
     net.load_parameters(str(workspace / 'model_best.params'))
     _, loader = train.get_loaders(args, train=False)
     outputs = []
@@ -216,8 +216,7 @@ def test_every_backend_and_pred_compute_the_same_input(digits, tmp_path, interpo
                                                      '--data-val-idx', str(tmp_path / 'images' / 'val.idx')]
     batches = {}
     for backend in ('dali-cpu', 'mxnet'):
-        args = resolved(flags + ['--data-backend', backend])
-        args.val_interpolation = interpolation
+        args = resolved(flags + ['--data-backend', backend], val_interpolation=interpolation)
         if backend == 'mxnet' and interpolation == 'linear-antialias':
             with pytest.raises(RecipeError, match='ImageRecordIter cannot'):
                 train.get_loaders(args, train=False)
@@ -225,7 +224,6 @@ def test_every_backend_and_pred_compute_the_same_input(digits, tmp_path, interpo
         _, loader = train.get_loaders(args, train=False)
         batches[backend] = next(loader.epoch(0)).data[0].asnumpy()
         assert batches[backend].shape == (6, 3, 24, 24)
-    args.val_interpolation = interpolation
     if interpolation == 'linear-antialias':
         pred = np.concatenate([dali.PredictionImages(args).load(p).asnumpy() for p in paths])
         np.testing.assert_array_equal(pred, batches['dali-cpu'])

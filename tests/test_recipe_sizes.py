@@ -9,7 +9,9 @@ import sys
 import pytest
 
 import fit
+import train
 from rn50.config import recipes
+from rn50.optim import schedule
 from conftest import ROOT, runner_module, train_args
 from rn50.errors import RecipeError
 
@@ -114,11 +116,12 @@ def test_sizes_the_command_gives_win_and_the_rest_follows():
     assert (args.image_shape[1:], args.val_image_shape[1:], args.data_val_resize) == ((176, 176), (288, 288), 298)
     args = train_args(['--recipe', 'torchvision-v2', '--image-shape', '3,64,64', '--data-val-resize', '100'])
     assert (args.val_image_shape[1:], args.data_val_resize) == ((81, 81), 100)
-    args = train_args(['--recipe', 'rsb-a3', '--image-shape', '3,64,64', '--val-image-shape', '3,64,64',
-                       '--data-val-resize', '73'])
-    assert (args.val_image_shape[1:], args.data_val_resize) == ((64, 64), 73) and recipes.size_words(args) is None
-    args = train_args(['--recipe', 'mlperf', '--image-shape', '3,64,64'])   # the plain rule: 64 x 256 / 224
-    assert (args.val_image_shape, args.data_val_resize) == (None, 73) and recipes.size_words(args) is None
+    args, origin = train.parse_flags(['--recipe', 'rsb-a3', '--image-shape', '3,64,64', '--val-image-shape',
+                                      '3,64,64', '--data-val-resize', '73'])
+    assert (args.val_image_shape[1:], args.data_val_resize) == ((64, 64), 73)
+    assert recipes.size_words(args, origin.from_recipe) is None
+    args, origin = train.parse_flags(['--recipe', 'mlperf', '--image-shape', '3,64,64'])   # plain: 64 x 256 / 224
+    assert (args.val_image_shape, args.data_val_resize) == (None, 73) and recipes.size_words(args, origin.from_recipe) is None
 
 
 def test_a_recipe_shrunk_to_the_digits_validates_at_its_ratios(digits, tmp_path):
@@ -150,17 +153,18 @@ def test_a_recipes_warm_up_is_shortened_to_fit_a_short_run(caplog):
     --warmup-epochs the command gives stays an error when longer than the run."""
     for name, epochs, expected in (('torchvision-v2', 3, 1.5), ('rsb-a3', 5, 2.5), ('mlperf', 3, 1.5),
                                    ('torchvision-v2', 10, 5.0), ('mlperf', 37, 2.0)):
-        args = train_args(['--recipe', name, '--num-epochs', str(epochs)])
-        fit.check_schedule_flags(args)
-        with caplog.at_level('INFO', logger='fit'):
+        args, origin = train.parse_flags(['--recipe', name, '--num-epochs', str(epochs)])
+        fit.check_schedule_flags(args, origin)
+        with caplog.at_level('INFO', logger='rn50.optim.schedule'):
             caplog.clear()
-            assert fit.default_warmup(args) == expected
+            assert schedule.default_warmup(args, 'warmup_epochs' in origin.from_recipe) == expected
         said = f"half of the {epochs}-epoch run (--recipe {name}'s"
         assert (said in caplog.text) == (expected < recipes.RECIPES[name]['flags']['warmup_epochs'])
-    args = train_args(['--recipe', 'torchvision-v2', '--num-epochs', '3', '--warmup-epochs', '4'])
     with pytest.raises(RecipeError, match='--warmup-epochs 4 is longer than the 3-epoch schedule'):
-        fit.check_schedule_flags(args)
-    assert fit.default_warmup(train_args(['--recipe', 'rsb-a3', '--num-epochs', '3', '--warmup-epochs', '2'])) == 2
+        fit.check_schedule_flags(*train.parse_flags(['--recipe', 'torchvision-v2', '--num-epochs', '3',
+                                                     '--warmup-epochs', '4']))
+    args, origin = train.parse_flags(['--recipe', 'rsb-a3', '--num-epochs', '3', '--warmup-epochs', '2'])
+    assert schedule.default_warmup(args, 'warmup_epochs' in origin.from_recipe) == 2
 
 
 def test_a_recipe_trains_one_epoch_on_the_digits_with_its_warm_up_shortened(digits, tmp_path):

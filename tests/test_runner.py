@@ -434,20 +434,20 @@ def test_the_mlperf_recipe_sets_its_values_for_the_global_batch_and_flags_win(mo
     import train
     _, flags, raw = command(['-n', '8', '--recipe', 'mlperf'], gpus=8)
     assert flags['--batch-size'] == '3200' and float(flags['--lr']) == pytest.approx(11.0)
-    args = train.build_parser().parse_args(raw)
+    args = train.parse_flags(raw)[0]
     assert (args.optimizer, args.lr_schedule, args.num_epochs, args.warmup_epochs, args.wd, args.mom) == \
         ('lars', 'poly', 37, 2.0, 5e-5, 0.9)
     assert (args.eval_period, args.eval_offset, args.label_smoothing, args.end_lr) == (4, 2, 0.1, 0.0001)
     _, flags, raw = command(['-n', '8', '-b', '256', '-e', '40', '--recipe', 'mlperf', '--wd', '1e-4'], gpus=8)
-    args = train.build_parser().parse_args(raw)
+    args = train.parse_flags(raw)[0]
     assert flags['--batch-size'] == '2048' and float(flags['--lr']) == pytest.approx(0.88 * 2048 / 256)
     assert (args.num_epochs, args.wd, args.optimizer) == (40, 1e-4, 'lars')
-    direct = train.build_parser().parse_args(['--recipe', 'mlperf', '--batch-size', '512'])
-    assert direct.lr == pytest.approx(0.88 * 2) and direct.recipe_flags[0] == 'optimizer'
-    nvidia = train.build_parser().parse_args(['--recipe', 'nvidia'])
-    default = train.build_parser().parse_args([])
-    assert {k: v for k, v in vars(nvidia).items() if k not in ('recipe', 'recipe_flags', 'given_flags', 'lr')} == \
-        {k: v for k, v in vars(default).items() if k not in ('recipe', 'recipe_flags', 'given_flags', 'lr')}
+    direct, origin = train.parse_flags(['--recipe', 'mlperf', '--batch-size', '512'])
+    assert direct.lr == pytest.approx(0.88 * 2) and origin.from_recipe[0] == 'optimizer'
+    nvidia = train.parse_flags(['--recipe', 'nvidia'])[0]
+    default = train.parse_flags([])[0]
+    assert {k: v for k, v in vars(nvidia).items() if k not in ('recipe', 'lr')} == \
+        {k: v for k, v in vars(default).items() if k not in ('recipe', 'lr')}
 
 
 @pytest.mark.parametrize('gpus', [8, 0])
@@ -459,7 +459,7 @@ def test_the_torchvision_and_timm_recipes_set_their_published_values(gpus):
     import train
     channels = 4 if gpus else 3
     _, flags, raw = command(['-n', '8', '--recipe', 'torchvision-v2'], gpus=gpus)
-    args = train.build_parser().parse_args(raw)
+    args = train.parse_flags(raw)[0]
     assert flags['--batch-size'] == '1024' and float(flags['--lr']) == pytest.approx(0.5)
     assert (args.num_epochs, args.warmup_epochs, args.wd, args.label_smoothing, args.mixup, args.cutmix) == \
         (600, 5.0, 2e-5, 0.1, 0.2, 1.0)
@@ -468,7 +468,7 @@ def test_the_torchvision_and_timm_recipes_set_their_published_values(gpus):
         (True, 32, 0.99998, True)
     assert (args.image_shape, args.val_image_shape[1:], args.data_val_resize) == ((channels, 176, 176), (224, 224), 232)
     _, flags, raw = command(['-n', '8', '--recipe', 'rsb-a3', '--image-shape', f'{channels},192,192'], gpus=gpus)
-    args = train.build_parser().parse_args(raw)
+    args = train.parse_flags(raw)[0]
     assert flags['--batch-size'] == '2048' and float(flags['--lr']) == pytest.approx(0.008)
     assert (args.optimizer, args.wd, args.num_epochs, args.bce_loss, args.bce_target_thresh, args.label_smoothing) == \
         ('lamb', 0.02, 100, True, 0.2, 0.0)

@@ -2,7 +2,6 @@
 its launchers announced (the runner, srun, horovodrun, mpirun) before it writes anything; a Horovod worker
 takes the GPU of its local rank, or its one bound GPU; every worker starts from rank 0's state or all stop;
 a damaged last state is set aside once however many workers find it."""
-import argparse
 import os
 import shutil
 import socket
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from rn50.checkpoints import checkpoint
+from rn50.checkpoints import resume
 from rn50.world import workers
 from conftest import ROOT, digits_flags, train_args
 from rn50.errors import RecipeError
@@ -79,7 +79,7 @@ def test_the_announced_world_is_accepted(formed, environ):
 
 
 def gpu_choice(monkeypatch, gpus_on_node, local_rank, local_size, environ=None, flags=(), node=None):
-    """The device ids resolve_hardware gives a Horovod worker of a node with `gpus_on_node` visible GPUs;
+    """The device ids resolve_devices gives a Horovod worker of a node with `gpus_on_node` visible GPUs;
     `node`: the environments of the node's other workers, whose GPUs the gather of
     check_one_worker_per_gpu returns beside this one's (default: each has a GPU of its own)."""
     monkeypatch.setattr(mx.context, 'num_gpus', lambda: gpus_on_node)
@@ -92,8 +92,8 @@ def gpu_choice(monkeypatch, gpus_on_node, local_rank, local_size, environ=None, 
     host = socket.gethostname()
     others = [workers.gpu_key(host, workers.physical_gpu(mx.gpu(0), other)) for other in (node or [])]
     formed.gather = lambda values: np.array([values] + others, dtype=np.float32)
-    workers.resolve_hardware(args, formed)
-    return [(ctx.device_type, ctx.device_id) for ctx in args.contexts]
+    devices = workers.resolve_devices(args, formed)
+    return [(ctx.device_type, ctx.device_id) for ctx in devices.contexts]
 
 
 def test_a_horovod_worker_without_gpus_flag_takes_the_gpu_of_its_local_rank(monkeypatch):
@@ -117,8 +117,8 @@ def test_one_process_takes_every_gpu_and_says_so(monkeypatch, caplog):
     monkeypatch.setattr(mx.context, 'num_gpus', lambda: 8)
     args = train_args(['--batch-size', '32'])
     with caplog.at_level('INFO', logger='rn50.world.workers'):
-        workers.resolve_hardware(args, world(horovod=False))
-    assert [ctx.device_id for ctx in args.contexts] == list(range(8))
+        devices = workers.resolve_devices(args, world(horovod=False))
+    assert [ctx.device_id for ctx in devices.contexts] == list(range(8))
     assert ('This process trains on GPUs 0,1,2,3,4,5,6,7: 4 images per GPU of the global batch 32 (batchnorm '
             'statistics over 4 images)') in caplog.messages
 
@@ -157,17 +157,17 @@ def test_a_worker_that_sees_no_state_while_rank_0_resumes_stops_every_worker(tmp
     with pytest.raises(RecipeError, match='worker 0 resumes from its model_last.state or --load state at epoch 3, '
                                           'iteration 0, and 1 of the 2 workers see another state or none. Every '
                                           'worker reads .*filesystem they share'):
-        checkpoint.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2(rank0_resumes))
+        resume.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2(rank0_resumes))
 
 
 def test_a_worker_that_fails_alone_stops_every_worker(tmp_path):
     rank0_failed = [[1, 0, 0, 0, 0, 0]]
     with pytest.raises(RecipeError, match='1 of 2 workers could not open the checkpoint this run starts from'):
-        checkpoint.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2(rank0_failed))
+        resume.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2(rank0_failed))
 
 
 def test_workers_that_agree_start(tmp_path):
-    assert checkpoint.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2([[0] * 6, [0]])) is None
+    assert resume.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2([[0] * 6, [0]])) is None
 
 
 def test_a_damaged_state_set_aside_by_another_worker_meanwhile_is_no_failure(tmp_path, monkeypatch):
@@ -182,7 +182,7 @@ def test_a_damaged_state_set_aside_by_another_worker_meanwhile_is_no_failure(tmp
         finally:
             os.replace(name, f'{name}.damaged')
     monkeypatch.setattr(checkpoint, 'read_state', read_while_the_other_worker_moves_it)
-    checkpoint.set_aside_if_damaged(str(path))
+    resume.set_aside_if_damaged(str(path))
     assert not path.exists() and (tmp_path / 'model_last.state.damaged').read_bytes() == b'damaged'
 
 

@@ -1,33 +1,37 @@
-"""Checkpoints: every file of weights or training state this recipe reads or writes, and which one to use.
+"""Checkpoint files: the formats of the weights and training state this recipe writes, and reading any
+weights file into a network. Where they are (the workspace's names): workspace.py; which one a run starts
+from or a mode uses: resume.py; weights of other origins: weights.py.
 
-Written by the recipe, in the workspace, atomically (logs.atomic_path: a temporary name flushed to disk, then
-a rename, so a crash leaves the old file or the new one, never half of one):
+Written atomically (logs.atomic_path: a temporary name flushed to disk, then a rename, so a crash leaves the
+old file or the new one, never half of one):
 
-* `<prefix>_best.params`, `<prefix>_NNNN.params`: Gluon `save_parameters` files (weights and batchnorm
-  statistics, by the network's structural names such as `features.stage2.unit1.body.conv2.weight`).
-* `<prefix>_last.state`: everything an exact resume needs, one `mx.nd.save` dictionary: `param:<name>`
-  arrays, `rank<r>:<name>` batchnorm statistics of every worker (with several workers), `trainer` (the
-  optimizer state as bytes), `meta` (JSON bytes: epoch, iteration, seed, loss scaler, global batch, workers,
-  best accuracy, metric history, the epoch's loss sums, preprocessing), with --model-ema the `ema:<name>`
-  float32 averages (ema.py), and `checksum` (SHA-256 of all of it). Each new one keeps the one it replaces as `<prefix>_prev.state`, the fallback if the last is damaged.
-  Never written with NaN or infinite parameters (fit.py checks first).
-* `<prefix>_ema_best.params` (--model-ema): the weight average on its own best top-1, same format.
-* --keep-checkpoints N keeps the newest N `<prefix>_NNNN.params` (prune_epoch_params, after each new one).
+* `.params` (`<prefix>_best.params`, `<prefix>_NNNN.params`, `<prefix>_ema_best.params`): Gluon
+  `save_parameters` files (weights and batchnorm statistics, by the network's structural names such as
+  `features.stage2.unit1.body.conv2.weight`).
+* `.state` (`<prefix>_last.state`, `<prefix>_prev.state`): everything an exact resume needs, one `mx.nd.save`
+  dictionary: `param:<name>` arrays, `rank<r>:<name>` batchnorm statistics of every worker (with several
+  workers), `trainer` (the optimizer state as bytes: optimizer_state.py), `meta` (JSON bytes: epoch,
+  iteration, seed, loss scaler, global batch, workers, best accuracy, metric history, the epoch's loss sums,
+  the run's settings (resume.run_settings), preprocessing), with --model-ema the `ema:<name>` float32 averages
+  (ema.py), and `checksum` (SHA-256 of all of it). Never written with NaN or infinite parameters (fit.py
+  checks first: nonfinite_parameters).
 
 Read for weights (`--load`, val, pred, INT8, export, fine-tuning): those files, and any parameter dictionary
 weights.py recognises (`.params` of NVIDIA's original recipe or GluonCV, torchvision/timm `.safetensors` or
 `.npz`), converted to the network's layout, stem width and precision:
 
-    path = checkpoint.find_weights(args)                 # --load, else best, else last state
-    checkpoint.load_weights(net, path, args)             # any format, logged: what was recognised/converted
-    state = checkpoint.read_state(checkpoint.last_state_path(args))     # .params, .trainer, .meta
+    checkpoint.save_params(net, workspace.best_params)            # fit.py; workspace = Workspace.of(args)
+    checkpoint.save_state(workspace.last_state, net, trainer, meta, previous=workspace.previous_state,
+                          worker_statistics=checkpoint.worker_statistics(net, world), extra=average)
+    state = checkpoint.read_state(workspace.last_state)           # .params, .trainer, .meta; checksum verified
+    checkpoint.load_weights(net, path, args)                      # any format, logged: what was recognised
+    arrays = checkpoint.read_arrays(path)                         # name -> numpy array, of any weights file
 """
 import collections
 import hashlib
 import json
 import logging
 import os
-import re
 import zipfile
 
 import mxnet as mx
@@ -37,7 +41,6 @@ from rn50.reports import logs
 from rn50.checkpoints import optimizer_state
 from rn50.checkpoints import weights
 from rn50.errors import RecipeError, mxnet_message
-from rn50.data import validation_resize
 
 log = logging.getLogger(__name__)
 
@@ -57,48 +60,6 @@ class State(collections.namedtuple('State', 'params trainer meta worker_statisti
 
 
 EXTRA_PREFIXES = ('ema:',)
-
-
-def last_state_path(args):
-    return logs.in_workspace(args, f'{args.model_prefix}_last.state')
-
-
-def previous_state_path(args):
-    return logs.in_workspace(args, f'{args.model_prefix}_prev.state')
-
-
-def best_params_path(args):
-    return logs.in_workspace(args, f'{args.model_prefix}_best.params')
-
-
-def epoch_params_path(args, epoch):
-    return logs.in_workspace(args, f'{args.model_prefix}_{epoch:04d}.params')
-
-
-def ema_best_params_path(args):
-    return logs.in_workspace(args, f'{args.model_prefix}_ema_best.params')
-
-
-def prune_epoch_params(args):
-    """--keep-checkpoints N: delete all but the newest N `<prefix>_NNNN.params` of the workspace (by epoch
-    number; 0 keeps all). Called after a new one is written (atomically), so a crash at any moment leaves
-    at least the N newest."""
-    if not args.keep_checkpoints:
-        return
-    folder = logs.in_workspace(args, '.')
-    pattern = re.compile(re.escape(args.model_prefix) + r'_([0-9]{4,})\.params$')
-    epochs = sorted(int(m.group(1)) for m in map(pattern.match, os.listdir(folder)) if m)
-    for epoch in epochs[:-args.keep_checkpoints]:
-        os.remove(epoch_params_path(args, epoch))
-        log.info('Removed %s (--keep-checkpoints %d)', epoch_params_path(args, epoch), args.keep_checkpoints)
-
-
-def clean_workspace(args):
-    """Remove the half-written temporaries of a run killed during a write (its outputs only)."""
-    folder = logs.in_workspace(args, '.')
-    removed = logs.remove_stale_temporaries(folder, (f'{args.model_prefix}_', 'report.json'))
-    if removed:
-        log.info('Removed %d temporary files left by an interrupted write: %s', len(removed), ', '.join(removed))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -250,6 +211,11 @@ def load_params_into(net, params, ctx):
         own[name]._load_init(value.astype(own[name].dtype), ctx)
 
 
+def network_contexts(net):
+    """The devices `net` lives on (initialised, or deferred until its first batch): where loaded weights go."""
+    return next(iter(net.collect_params().values())).list_ctx()
+
+
 def load_weights(net, path, args, finetune=False):
     """Weights of any format read_arrays reads and weights.py recognises into `net`, converted to its
     layout, stem width and precision; one log line says what was recognised and converted, another which
@@ -260,7 +226,7 @@ def load_weights(net, path, args, finetune=False):
     classes = net._collect_params_with_prefix()['output.weight'].shape[0]
     new_classifier = finetune and origin.num_classes not in (None, classes)
     params, description = weights.convert(arrays, net, new_classifier=new_classifier, source=path)
-    load_params_into(net, params, args.contexts)
+    load_params_into(net, params, network_contexts(net))
     log.info('Loaded %s', description)
     expected = weights.normalisation(origin)
     if not (np.allclose(expected['mean'], args.rgb_mean) and np.allclose(expected['std'], args.rgb_std)):
@@ -299,151 +265,3 @@ def restore_worker_statistics(net, world, statistics, saved_workers):
     for name, value in statistics[world.rank].items():
         own[name].set_data(mx.nd.array(value, dtype=own[name].dtype))
 
-
-def find_weights(args):
-    """The checkpoint evaluation and prediction use: --load, else the workspace's best, else its last state."""
-    candidates = [args.load] if args.load else [best_params_path(args), last_state_path(args)]
-    for path in candidates:
-        if os.path.exists(path):
-            return path
-    raise RecipeError(f'no trained weights: {" or ".join(candidates)} not found. Pass --load with a weights '
-                      'file (this mode refuses to run on random weights)')
-
-
-def set_aside_if_damaged(path):
-    """Rename a damaged state to `<path>.damaged` (kept for inspection), so that the next save, which keeps
-    the state it replaces as the previous one (the fallback), finds none to keep. Used when a run resumes
-    from another state, e.g. --load model_prev.state after the error naming it. Several processes may do it
-    at once on one file (the workers of a run on a shared workspace): one moves it, the others find it gone."""
-    try:
-        read_state(path)
-    except RecipeError as e:
-        try:
-            os.replace(path, path + '.damaged')
-        except FileNotFoundError:
-            log.info('%s was set aside by another worker', path)
-            return
-        log.warning('%s; moved it to %s.damaged so that it never becomes the fallback', e, path)
-
-
-def agreed_training_start(args, net, world):
-    """training_start on every worker of `world`, which must all start from rank 0's choice (the same state
-    file content, epoch, iteration and seed, or all a new run), else every worker stops with the same error:
-    each worker reads its own --workspace and --load, so a resume needs them on a filesystem the nodes share.
-    A worker that fails alone would leave the others waiting in a collective: the outcome is agreed first."""
-    failure = state = None
-    try:
-        state = training_start(args, net, set_aside=world.rank == 0)
-    except RecipeError as e:
-        failure = e
-    own = start_fingerprint(state)
-    # One all-reduce: how many workers failed, and rank 0's choice (a broadcast, as in workers.World).
-    totals = world.allreduce_sum([failure is not None] + (own if world.rank == 0 else [0] * len(own)))
-    failed, chosen = int(totals[0]), [int(value) for value in totals[1:]]
-    if failure is not None:
-        raise failure
-    if failed:
-        raise RecipeError(f'{failed} of {world.size} workers could not open the checkpoint this run starts from (their '
-                          f'error is above): {SHARED_WORKSPACE_RULE}')
-    others = int(world.allreduce_sum([own != chosen])[0])
-    if others:
-        what = (f'resumes from its {os.path.basename(last_state_path(args))} or --load state at epoch {chosen[1]}, '
-                f'iteration {chosen[2]}' if chosen[0] else 'starts a new run (no state in its workspace)')
-        raise RecipeError(f'the workers would not start from the same state: worker 0 {what}, and {others} of the '
-                          f'{world.size} workers see another state or none. {SHARED_WORKSPACE_RULE}')
-    return state
-
-
-SHARED_WORKSPACE_RULE = ('Every worker reads the state to resume from its own --workspace (and --load), so with '
-                         'several nodes the workspace must be on a filesystem they share, at the same path on '
-                         'every node (the default ./ is usually node-local): e.g. --workspace /shared/runs/rn50')
-
-
-def start_fingerprint(state):
-    """What every worker must agree on before training: [resumes, epoch, iteration, seed + 1, the first 52
-    bits of the state's checksum] (all zero for a new run); integers a float64 all-reduce keeps exactly."""
-    if state is None:
-        return [0, 0, 0, 0, 0]
-    seed = state.meta.get('seed')
-    return [1, state.meta['epoch'], state.meta['iteration'], 0 if seed is None else seed + 1,
-            int(state.checksum[:13], 16)]
-
-
-# What changes a run's result, recorded in its state: a resume must have the same (the global batch and the
-# worker count may change, as resume() says; --wd and --mom too, the flags win). The learning rate is compared
-# only at the same global batch, since the runner scales it with the batch.
-RUN_SETTINGS = ('data_train', 'num_classes', 'arch', 'num_layers', 'image_shape', 'num_epochs', 'lr_schedule',
-                'lr_steps', 'lr_factor', 'warmup_epochs', 'optimizer', 'dtype', 'amp', 'label_smoothing', 'mixup',
-                'cutmix', 'mixup_switch_prob', 'grad_accum_steps', 'lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps',
-                'eval_period', 'eval_offset', 'drop_path', 'bce_loss', 'bce_target_thresh', 'auto_augment',
-                'ra_magnitude', 'ra_num_ops', 'random_erase', 'random_erase_mode', 'aug_repeats', 'progressive_size',
-                'progressive_epochs', 'progressive_step', 'mixup_mode', 'warmup_prefix', 'ra_magnitude_scale',
-                'ra_magnitude_std', 'ra_prob', 'ra_ops', 'auto_augment_fill')
-
-
-def run_settings(args):
-    """The settings of RUN_SETTINGS as the state records them (JSON values; the data file as an absolute path)."""
-    settings = {name: getattr(args, name, None) for name in RUN_SETTINGS}
-    settings['data_train'] = None if args.data_backend == 'synthetic' or not args.data_train else \
-        os.path.abspath(args.data_train)
-    settings['image_shape'] = list(args.image_shape)
-    settings['lr_steps'] = list(args.lr_steps)
-    settings['progressive_epochs'] = list(args.progressive_epochs) if args.progressive_epochs else None
-    fill = getattr(args, 'auto_augment_fill', None)
-    settings['auto_augment_fill'] = list(fill) if isinstance(fill, tuple) else fill
-    settings['lr'], settings['global_batch'] = args.lr, args.batch_size
-    settings['data_val_resize'] = args.data_val_resize     # what val, pred and export take (trained_settings.py)
-    settings['val_image_shape'] = list(args.val_image_shape) if args.val_image_shape else None
-    settings['val_interpolation'] = validation_resize.val_interpolation(args)      # the validation resize's, the backend's
-    return settings
-
-
-def check_same_run(args, meta, path):
-    """RecipeError listing every setting in which this command differs from the run whose state `path` is
-    (a workspace holds one run: resuming another's state would train it with the wrong settings, or not at
-    all). A setting a state does not record (one written before the recipe recorded it) is not checked."""
-    saved, now = meta.get('settings'), run_settings(args)
-    if saved is None:
-        return
-    names = [name for name in RUN_SETTINGS if name in saved and saved[name] != now[name]]
-    if saved.get('global_batch') == now['global_batch'] and saved.get('lr') != now['lr']:
-        names.append('lr')
-    if names:
-        differences = '; '.join(f'--{name.replace("_", "-")} {saved.get(name)} in the saved run, {now[name]} now'
-                                for name in names)
-        raise RecipeError(f'{path} belongs to a run with other settings ({differences}). A workspace holds one '
-                          f'run: give this one a new --workspace, or move {os.path.basename(path)} away to start '
-                          f'over here. To continue that run with these settings (more epochs, say), start a new '
-                          f'workspace from its state: --load {path} --workspace NEW_FOLDER')
-
-
-def training_start(args, net, set_aside=True):
-    """Where training starts: the State to resume, or None for a new run, with the weights already in `net`.
-    One rule: the workspace's last state is resumed when it exists, whatever weights --load names (with or
-    without --finetune: an interrupted run rerun with its own command continues); only --load of a .state
-    file (without --finetune) resumes that state instead. Else --load gives the weights of a new run (with
-    --finetune every layer but a classifier of another width); else the fresh initialisation stays.
-    `set_aside`: whether this process may set a damaged last state aside (one worker of a run does it)."""
-    last = last_state_path(args)
-    explicit_state = bool(args.load and args.load.endswith('.state') and not args.finetune)
-    # A --benchmark-iters run measures afresh every time: a finished state in its workspace would leave it
-    # nothing to train (benchmark.py's points, or a sweep of runs in one folder, reported stale numbers).
-    resume = os.path.exists(last) and not explicit_state and not args.benchmark_iters
-    if resume or explicit_state:
-        path = last if resume else args.load
-        log.info('Resuming from %s%s', path, f' (the workspace\'s state wins over --load {args.load}: give another '
-                 '--workspace to start again from it)' if resume and args.load else '')
-        if set_aside and not resume and os.path.exists(last) and os.path.abspath(last) != os.path.abspath(path):
-            set_aside_if_damaged(last)
-        state = read_state(path, fallback=previous_state_path(args))
-        if resume:
-            check_same_run(args, state.meta, path)
-        load_params_into(net, weights.convert(state.params, net, source=path)[0], args.contexts)
-        log.info('Loaded %s: epoch %d, iteration %d', path, state.meta['epoch'], state.meta['iteration'])
-        return state
-    if args.load is None:
-        return None
-    if not os.path.exists(args.load):
-        raise RecipeError(f'--load {args.load}: no such file')
-    load_weights(net, args.load, args, finetune=args.finetune)
-    return None

@@ -8,6 +8,7 @@ check after each epoch that they still hold one model.
 """
 import contextlib
 import hashlib
+import io
 import logging
 import os
 import pickle
@@ -50,13 +51,33 @@ def restore_trainer_state(trainer, state):
     with trainer_state_file() as path:
         with open(path, 'wb') as f:
             f.write(state)
-        trainer.load_states(path)
+        try:
+            trainer.load_states(path)
+        except ModuleNotFoundError:     # written before the recipe's modules moved into rn50/
+            with open(path, 'wb') as f:
+                f.write(with_current_modules(state))
+            trainer.load_states(path)
     updaters = trainer_updaters(trainer)
     for updater, ctx in zip(updaters, trainer._contexts):
         updater.states = {index: on_device(value, ctx) for index, value in updater.states.items()}
         updater.states_synced = dict.fromkeys(updater.states, True)
     restore_update_counts(trainer._optimizer, trainer._contexts)
     lars.upgrade_loaded_state(trainer._optimizer, updaters)
+
+
+# Where the modules a .state's pickled optimizer names by module (its LARS or LAMB) live since rn50/.
+MOVED_MODULES = {'lars': 'rn50.optim.lars', 'lamb': 'rn50.optim.lamb'}
+
+
+class CurrentModules(pickle.Unpickler):
+    def find_class(self, module, name):
+        return super().find_class(MOVED_MODULES.get(module, module), name)
+
+
+def with_current_modules(state):
+    """The optimizer state of a .state written before the modules moved into rn50/ (its LARS pickled as
+    lars.MLPerfLARS, which no module provides now), pickled again with today's module names."""
+    return pickle.dumps(CurrentModules(io.BytesIO(state)).load())
 
 
 def restore_update_counts(optimizer, contexts):

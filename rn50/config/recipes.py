@@ -12,7 +12,7 @@ by `lr_scaling` (scaled_lr: 'linear', or 'sqrt' as timm scales adaptive optimize
 that rate at 256 images, and the runner and train.py scale it with the recipe's rule and log which. Sizes keep
 the recipe's ratios (follow_sizes): `--recipe torchvision-v2 --image-shape 3,64,64` tests at 81 after an 84
 resize, as 176 tests at 224 after 232. A recipe's warm-up is shortened to half of a shorter run as the default
-one is (fit.default_warmup).
+one is (schedule.default_warmup).
 Sources: ../shared/reference/peer-recipes.md (D2, D3), MLPerf Training's NVIDIA MXNet submissions
 (config_DGXH100.sh: LARS eta 0.001, momentum 0.9, 400 images per GPU, learning rate 11.0 at 3,200 images after 2
 warm-up epochs, polynomial decay of power 2 to 0.0001 over 37 epochs, weight decay 5e-5, label smoothing 0.1,
@@ -130,40 +130,43 @@ def scaling_words(rule):
             'sqrt': 'by the square root of the batch ratio (timm\'s rule for LAMB)'}[rule]
 
 
-def apply(args, given):
-    """Set the flags of args.recipe that the command line did not give (`given`: their destinations), the test
-    size and resize following the command's sizes (follow_sizes); returns the names set, for the log."""
+def values(args, given):
+    """{flag destination: value} of args.recipe for the flags the command line did not give (`given`: their
+    destinations), the test size and resize following the command's sizes (follow_sizes); {} without a
+    recipe. rn50/config/resolve.py applies them."""
     if args.recipe is None:
-        return []
-    taken = [name for name in RECIPES[args.recipe]['flags'] if name not in given]
-    for name in taken:
-        setattr(args, name, RECIPES[args.recipe]['flags'][name])
-    follow_sizes(args, taken)
-    return taken
+        return {}
+    taken = {name: value for name, value in RECIPES[args.recipe]['flags'].items() if name not in given}
+    return dict(taken, **follow_sizes(args, taken))
 
 
 def follow_sizes(args, taken):
     """A recipe that trains at one size and tests at another after a resize (torchvision-v2: 176, 224 after
     232) keeps its ratios at the sizes the command gives: a --val-image-shape the command left to the recipe
-    is --image-shape's size times test/train (64 -> 81), a --data-val-resize left to it is the test size times
-    resize/test (81 -> 84), so that no other training size tests a patch of a 232-pixel image."""
+    (`taken`: what the recipe sets) is the training size times test/train (64 -> 81), a --data-val-resize left
+    to it is the test size times resize/test (81 -> 84), so that no other training size tests a patch of a
+    232-pixel image. {destination: value} of the derived ones."""
     recipe = RECIPES[args.recipe]['flags']
     if 'val_image_shape' not in recipe:
-        return
+        return {}
     train, test, resize = recipe['image_shape'][1:], recipe['val_image_shape'][1:], recipe['data_val_resize']
+    image_shape = taken.get('image_shape', args.image_shape)
+    derived = {}
     if 'val_image_shape' in taken:
-        args.val_image_shape = (recipe['val_image_shape'][0],) + tuple(
-            round(side * new / old) for side, new, old in zip(test, args.image_shape[1:], train))
+        derived['val_image_shape'] = (recipe['val_image_shape'][0],) + tuple(
+            round(side * new / old) for side, new, old in zip(test, image_shape[1:], train))
     if 'data_val_resize' in taken:
-        args.data_val_resize = round(resize * max(args.val_image_shape[1:]) / max(test))
+        val_image_shape = derived.get('val_image_shape', args.val_image_shape)
+        derived['data_val_resize'] = round(resize * max(val_image_shape[1:]) / max(test))
+    return derived
 
 
-def size_words(args):
+def size_words(args, from_recipe):
     """The log's words for the test size and resize follow_sizes derived from the command's sizes, or None
-    (the recipe's own, or given)."""
+    (the recipe's own, or given). `from_recipe`: the destinations the recipe set."""
     recipe = RECIPES[args.recipe]['flags'] if args.recipe else {}
     derived = [name for name in ('val_image_shape', 'data_val_resize') if name in recipe and
-               name in args.recipe_flags and getattr(args, name) != recipe[name]]
+               name in from_recipe and getattr(args, name) != recipe[name]]
     if not derived:
         return None
     train, test = (f'{shape[1]}x{shape[2]}' for shape in (recipe['image_shape'], recipe['val_image_shape']))

@@ -116,9 +116,10 @@ def add_args(parser):
 RA_FLAGS = ('ra_magnitude', 'ra_magnitude_scale', 'ra_magnitude_std', 'ra_prob', 'ra_num_ops', 'ra_ops')
 
 
-def check(args):
-    """RecipeError for these flags on a backend that does not have them, out of range, or --auto-augment on a
-    DALI without automatic augmentation."""
+def check(args, given):
+    """RecipeError for these flags on a backend that does not have them, out of range, given where they would be
+    ignored (`given`: the destinations of the flags the command named), or --auto-augment on a DALI without
+    automatic augmentation."""
     used = [flag for flag, on in (('--auto-augment', args.auto_augment), ('--random-erase', args.random_erase))
             if on]
     if used and args.data_backend not in ('dali-gpu', 'dali-cpu'):
@@ -126,7 +127,6 @@ def check(args):
                           f'or dali-cpu without a GPU); --data-backend {args.data_backend} has no such augmentation')
     if args.aug_repeats > 1 and args.data_backend == 'synthetic':
         raise RecipeError('--aug-repeats repeats the records of an epoch; --data-backend synthetic has none')
-    given = getattr(args, 'given_flags', set())
     idle = [name for name in RA_FLAGS if name in given] if args.auto_augment != 'ra' else []
     idle += ['auto_augment_fill'] if 'auto_augment_fill' in given and not args.auto_augment else []
     if idle:

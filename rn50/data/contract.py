@@ -6,7 +6,7 @@ every worker for training, since Horovod needs equal step counts), `num_examples
 a generator of `mx.io.DataBatch(data=[images], label=[labels], pad=p)` for epoch e from batch `start`.
 Images are normalised ((x - mean) / std on the 0-255 scale), in --input-layout and the training dtype, with a
 zero 4th channel when --image-shape has 4 channels. `pad` counts the filler samples at the end of a batch.
-`images` and `labels` are each one array, or a list with one array per device of the worker (args.contexts,
+`images` and `labels` are each one array, or a list with one array per device of the worker (its contexts,
 in that order, each on its device) when the loader placed the batch there itself: DALI on several GPUs, the
 native and synthetic loaders on several devices. The step uses such slices as they are (`device_slices`);
 one array is split over the devices.
@@ -96,15 +96,15 @@ def whole(array):
     return mx.nd.concat(*[part.as_in_context(array[0].context) for part in array], dim=0)
 
 
-def on_devices(images, labels, args):
-    """(images, labels) of a host batch (NCHW float32 normalised images) on the worker's devices, as a
-    loader hands them out: each device's slice is copied there first, then given the network's channels,
+def on_devices(images, labels, args, contexts):
+    """(images, labels) of a host batch (NCHW float32 normalised images) on the worker's devices (`contexts`),
+    as a loader hands them out: each device's slice is copied there first, then given the network's channels,
     layout and dtype there (finish_images). On a GPU that work leaves the host's threads: the float16 cast of
     192 images took 87 ms on the CPU with the runner's OMP_NUM_THREADS=1, longer than a 64 ms step. One array
     each for one device, else a list of one array per device."""
-    image_parts = [finish_images(part, args) for part in device_slices(images, args.contexts)]
-    label_parts = device_slices(labels, args.contexts)
-    if len(args.contexts) == 1:
+    image_parts = [finish_images(part, args) for part in device_slices(images, contexts)]
+    label_parts = device_slices(labels, contexts)
+    if len(contexts) == 1:
         return image_parts[0], label_parts[0]
     return image_parts, label_parts
 

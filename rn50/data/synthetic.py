@@ -19,7 +19,7 @@ class SyntheticLoader:
     batch lives on the worker's devices (one slice per device), so a step copies nothing from the host
     (about 77 MB per 192 images on a GPU, which would distort the benchmark)."""
 
-    def __init__(self, args, rank, num_workers, training):
+    def __init__(self, args, rank, num_workers, training, contexts=(mx.cpu(),), seed=0):
         self.args = args
         self.batch_size = contract.per_worker_batch(args, num_workers)
         train_examples = args.num_examples or contract.IMAGENET_TRAIN_SIZE
@@ -33,11 +33,11 @@ class SyntheticLoader:
         first = rank * self.batch_size
         stream = 0 if training else 1
         shape = (3,) + contract.image_shape(args, training)[1:]
-        images = np.stack([np.random.default_rng([args.seed or 0, stream, first + i]).uniform(-1, 1, shape)
+        images = np.stack([np.random.default_rng([seed, stream, first + i]).uniform(-1, 1, shape)
                            for i in range(self.batch_size)]).astype(np.float32)
-        labels = np.random.default_rng([args.seed or 0, stream]).integers(
+        labels = np.random.default_rng([seed, stream]).integers(
             0, args.num_classes, size=self.batch_size * num_workers)[first:first + self.batch_size]
-        images, labels = contract.on_devices(mx.nd.array(images), mx.nd.array(labels, dtype='float32'), args)
+        images, labels = contract.on_devices(mx.nd.array(images), mx.nd.array(labels, dtype='float32'), args, contexts)
         self.batch = mx.io.DataBatch(data=[images], label=[labels], pad=0)
 
     def epoch(self, epoch, start=0):

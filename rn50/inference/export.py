@@ -18,8 +18,9 @@ import mxnet as mx
 import numpy as np
 
 from rn50.checkpoints import checkpoint
+from rn50.checkpoints import resume
+from rn50.checkpoints.workspace import Workspace
 from rn50.reports import logs
-from rn50.config import trained_settings
 from rn50.data.contract import image_shape, whole
 from rn50.data.validation_resize import val_interpolation
 from rn50.errors import RecipeError, mxnet_message
@@ -35,12 +36,12 @@ def export(args, world, get_loaders, build_network):
     if args.quantize:
         raise RecipeError('--mode export writes the float32 network (ONNX has no MXNet INT8 operators); the INT8 '
                           f'model is saved by --mode val --quantize int8 as {args.model_prefix}_int8-symbol.json')
-    source = trained_settings.inference_weights(args)
+    source = resume.inference_weights(args)
     net, shape = portable_network(args, build_network)
     checkpoint.load_weights(net, source, args)
     if world.rank != 0:
         return {}
-    folder = os.path.join(args.workspace, 'export')
+    folder = Workspace.of(args).export_folder
     os.makedirs(folder, exist_ok=True)
     prefix = os.path.join(folder, args.model_prefix)
     partial = os.path.join(folder, f'.{args.model_prefix}.partial')
@@ -92,13 +93,14 @@ def preprocessing(args):
 
 
 def portable_network(args, build_network):
-    """(network, input shape) of what export writes: the run's architecture in float32 with NCHW layers, 3
-    input channels and no fused kernels, on the CPU: what ONNX and every runtime take, whatever layouts,
-    precision, stem width and kernels the weights were trained with (checkpoint.load_weights converts
-    them). The input stays in --input-layout; a 4th input channel, zeros in this recipe's data, is dropped."""
+    """(network, input shape) of what export writes (`build_network`: the composer's models.build for the CPU):
+    the run's architecture in float32 with NCHW layers, 3 input channels and no fused kernels, on the CPU: what
+    ONNX and every runtime take, whatever layouts, precision, stem width and kernels the weights were trained
+    with (checkpoint.load_weights converts them). The input stays in --input-layout; a 4th input channel,
+    zeros in this recipe's data, is dropped."""
     options = dict(dtype='float32', conv_layout='NCHW', batchnorm_layout='NCHW',
                    pooling_layout='NCHW', fuse_bn_relu=False, fuse_bn_add_relu=False,
-                   image_shape=(3,) + image_shape(args, training=False)[1:], device='cpu')
+                   image_shape=(3,) + image_shape(args, training=False)[1:])
     net = build_network(**options)
     net.initialize(ctx=mx.cpu())
     net.hybridize(static_alloc=True, static_shape=True)
@@ -140,7 +142,7 @@ def check_onnx(args, net, onnx_path, get_loaders):
     except ImportError:
         log.info('onnxruntime is not installed: the ONNX model was checked by onnx.checker only')
         return None
-    _, loader = get_loaders(args, 0, 1, train=False, val=True)
+    _, loader = get_loaders(args, 0, 1, train=False, val=True)   # on the CPU, as the portable network
     batch = next(iter(loader.epoch(0)))
     images = whole(batch.data[0])
     real = len(images) - batch.pad        # a small set's only batch is padded with repeated images

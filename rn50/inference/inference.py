@@ -5,8 +5,9 @@ export.py's.
     ./runner --mode val --dtype float32 --data-root data/demo/rec ... --workspace runs/demo --quantize int8
     ./runner --mode pred --dtype float32 ... --workspace runs/demo --data-pred cat.jpg --quantize int8
 
-* Weights: `--load`, else the workspace's best checkpoint, else its last state (trained_settings.py, with the
-  image size of their run); never random ones, except for a `--no-metrics` speed measurement without `--load`.
+* Weights: `--load`, else the workspace's best checkpoint, else its last state (resume.inference_weights;
+  trained_settings.py gives the image size of their run); never random ones, except for a `--no-metrics`
+  speed measurement without `--load`.
 * `--quantize int8`: post-training quantization with MXNet's oneDNN INT8 kernels (CPU only). The network is
   calibrated on the first `--calib-batches` batches of the training set, preprocessed as for validation
   (`--calib-mode naive` takes the min/max of each layer's outputs, `entropy` the KL-optimal thresholds).
@@ -14,9 +15,8 @@ export.py's.
   `<prefix>_int8.json` that records what it was calibrated from; a later run with the same weights, network
   graph and calibration settings loads it instead of calibrating again.
 * float32 on the CPU: oneDNN's graph fusion (`fused_float32`), about 12% faster. `--amp` (bfloat16 on CPU,
-  float16 on GPU): workers.resolve_hardware switched AMP on before the network was built; nothing to do here.
+  float16 on GPU): workers.resolve_devices switched AMP on before the network was built; nothing to do here.
 """
-import copy
 import hashlib
 import json
 import logging
@@ -27,11 +27,12 @@ import mxnet as mx
 import numpy as np
 
 from rn50.checkpoints import checkpoint
+from rn50.checkpoints import resume
+from rn50.checkpoints.workspace import Workspace
 from rn50.data import classes
-from rn50.config import flags
+from rn50.config import flags, resolve
 from rn50.reports import logs
 from rn50.world import memory
-from rn50.config import trained_settings
 from rn50.data.contract import batches, device_slices, image_shape, whole
 from rn50.data.validation_resize import describe_val_resize, load_image, val_interpolation
 from rn50.errors import RecipeError, mxnet_message
@@ -73,9 +74,9 @@ def add_inference_args(parser):
     return group
 
 
-def check_inference_flags(args):
-    """RecipeError for inference flags that cannot work with the mode or the machine, and for a class-name
-    file pred cannot use."""
+def check_inference_flags(args, device):
+    """RecipeError for inference flags that cannot work with the mode or the machine (`device`: 'cpu' or
+    'gpu'), and for a class-name file pred cannot use."""
     if args.mode == 'pred' and not args.test_io:
         class_names(args)
     if args.quantize is None:
@@ -84,7 +85,7 @@ def check_inference_flags(args):
         raise RecipeError(f'--quantize int8 is for --mode val and pred (INT8 inference), not --mode {args.mode}; '
                           'to deploy the INT8 model, run --mode val --quantize int8 and use the '
                           f'{args.model_prefix}_int8-symbol.json/-0000.params it saves')
-    if args.device != 'cpu':
+    if device != 'cpu':
         raise RecipeError('--quantize int8 uses oneDNN INT8 kernels, which run on the CPU only: leave out --gpus '
                           'or run on a CPU machine')
     if args.amp or args.dtype != 'float32':
@@ -101,21 +102,39 @@ def inference_network(args, net, world, get_loaders):
         log.warning('--no-metrics: measuring validation speed; weights are random unless --load is given')
         source = None
     else:
-        source = trained_settings.inference_weights(args)
+        source = resume.inference_weights(args)
         checkpoint.load_weights(net, source, args)
     if args.quantize:
         return int8_network(args, net, source, world, get_loaders)
-    return fused_float32(args, net)
+    if world.devices.amp_dtype == 'bfloat16':
+        return fused_bfloat16(args, net, world.devices)
+    return fused_float32(args, net, world.devices)
 
 
-def fused_float32(args, net):
+def fused_bfloat16(args, net, devices):
+    """--amp on the CPU (bfloat16): the network converted to bfloat16 first (weights, and every operator AMP
+    lists as safe; the input cast once) and then fused by oneDNN, so that each convolution with its batchnorm,
+    residual addition and ReLU is one bfloat16 operator, instead of float32 fusions with casts between them."""
+    from mxnet.contrib import amp
+    example = mx.nd.zeros((1,) + input_shape(args), ctx=devices.contexts[0])
+    net(example)     # the graph to convert: conversion reads the hybridized graph of one forward pass
+    converted = amp.convert_hybrid_block(net, target_dtype='bfloat16', ctx=devices.contexts[0],
+                                         cast_optional_params=True)
+    if mx.runtime.Features().is_enabled('MKLDNN'):
+        converted.optimize_for(example, backend='MKLDNN', static_alloc=True, static_shape=True)
+        log.info('bfloat16 inference with oneDNN fusion (the network in bfloat16, then convolution + batchnorm + '
+                 'add + ReLU in one operator)')
+    return converted
+
+
+def fused_float32(args, net, devices):
     """`net` with oneDNN's graph fusion on a oneDNN CPU build in float32: each convolution with its batchnorm
     (folded into the weights), residual addition and ReLU becomes one operator. ResNet-50 ran 12% faster
     (same logits within 1e-5); it is for inference only, as the folded batchnorm no longer trains."""
-    if args.device != 'cpu' or args.amp or args.dtype != 'float32' or \
+    if devices.kind != 'cpu' or args.amp or args.dtype != 'float32' or \
             not mx.runtime.Features().is_enabled('MKLDNN'):
         return net
-    example = mx.nd.zeros((1,) + input_shape(args), ctx=args.contexts[0])   # partitioning runs it once
+    example = mx.nd.zeros((1,) + input_shape(args), ctx=devices.contexts[0])   # partitioning runs it once
     net.optimize_for(example, backend='MKLDNN', static_alloc=True, static_shape=True)
     log.info('float32 inference with oneDNN fusion (convolution + batchnorm + add + ReLU in one operator)')
     return net
@@ -136,7 +155,7 @@ def validate(args, net, loader, world, passes_label=''):
     pending = None
     tick = begin = time.time()
     for batch in batches(loader, 0, 0, args.benchmark_iters or loader.num_batches):
-        queued = queue_batch(args, net, batch)
+        queued = queue_batch(args, net, batch, world.devices.contexts)
         if pending is not None:
             totals += finish_batch(args, pending, loss_fn)
             now = time.time()
@@ -167,9 +186,10 @@ def validate(args, net, loader, world, passes_label=''):
     return metrics, [duration for duration, _ in steady]
 
 
-def queue_batch(args, net, batch):
-    """(outputs, labels, real images) of `batch`, the network's work queued on MXNet's engine, not waited for."""
-    images, labels = device_slices(batch.data[0], args.contexts), device_slices(batch.label[0], args.contexts)
+def queue_batch(args, net, batch, contexts):
+    """(outputs, labels, real images) of `batch` over `contexts`, the network's work queued on MXNet's engine, not
+    waited for."""
+    images, labels = device_slices(batch.data[0], contexts), device_slices(batch.label[0], contexts)
     return [logits(args, net, x) for x in images], labels, sum(x.shape[0] for x in images) - batch.pad
 
 
@@ -215,20 +235,23 @@ def latency_percentiles(durations):
     return {f'val.latency_{p}': float(np.percentile(durations, p)) for p in (50, 90, 95, 99, 100)}
 
 
-def evaluate(args, net, world, get_loaders, dllogger):
-    """--mode val: --num-epochs passes (default 1) of `net`, ready from inference_network: (summary, per pass)."""
-    _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True)
+def evaluate(args, net, world, seed, get_loaders, dllogger):
+    """--mode val: --num-epochs passes (default 1) of `net`, ready from inference_network: (summary, per pass).
+    `seed`: the run's (synthetic data draws its images from it)."""
+    _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True,
+                                contexts=world.devices.contexts, seed=seed)
     if val_loader is None:
         raise RecipeError('--mode val needs validation data: pass --data-val (and --data-val-idx)')
     # A small set (the quick start's 32 images at the runner's -b 192) is read in a batch of its size, rounded up
     # to the workers' devices, instead of a batch that is mostly padding.
-    devices = world.size * len(args.contexts)
+    devices = world.size * len(world.devices.contexts)
     fitting = -(-val_loader.num_examples // devices) * devices
     if args.batch_size >= 2 * val_loader.num_examples and fitting < args.batch_size:
         log.info('--batch-size %d is over twice the %d validation images: validating with a batch of %d instead (no '
                  'padding to compute)', args.batch_size, val_loader.num_examples, fitting)
-        args.batch_size = fitting
-        _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True)
+        args = resolve.replaced(args, batch_size=fitting)
+        _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True,
+                                    contexts=world.devices.contexts, seed=seed)
     memory.check_batch_against_data(val_loader, world)
     all_durations, history = [], []
     for epoch in range(args.num_epochs):
@@ -280,7 +303,7 @@ def class_names(args):
     return [f'class {i}' for i in range(args.num_classes)]
 
 
-def predict(args, net, dali_images):
+def predict(args, net, world, dali_images):
     """--mode pred: the top --topk classes of each image, with probabilities, printed and optionally saved
     as JSON. An unreadable image is reported and the others are still classified. `net` comes from
     inference_network (trained weights, INT8 if asked). Images are preprocessed as the run validates
@@ -294,7 +317,7 @@ def predict(args, net, dali_images):
     log.info('Prediction with %s: %s', 'DALI (on the CPU)' if images else 'OpenCV', describe_val_resize(args))
     for path in inputs:
         try:
-            image = (images.load(path) if images else load_image(path, args)).as_in_context(args.contexts[0])
+            image = (images.load(path) if images else load_image(path, args)).as_in_context(world.devices.contexts[0])
         except RecipeError as e:
             if len(inputs) > 1:   # one image alone: the error line at the end says it
                 log.error('%s', e)
@@ -308,7 +331,7 @@ def predict(args, net, dali_images):
         results.append({'image': path, 'top': [{'class': int(i), 'name': names[i],
                                                  'probability': float(probabilities[i])} for i in top]})
     if args.pred_output:
-        logs.write_json(args.pred_output, {'checkpoint': checkpoint.find_weights(args), 'predictions': results})
+        logs.write_json(args.pred_output, {'checkpoint': resume.find_weights(args), 'predictions': results})
     if all('error' in r for r in results):
         raise RecipeError(results[0]['error'] if len(results) == 1 else
                           f'none of the {len(results)} images of --data-pred {args.data_pred} could be read '
@@ -323,7 +346,7 @@ def predict(args, net, dali_images):
 def int8_network(args, net, source, world, get_loaders):
     """The calibrated INT8 network: loaded from the workspace cache when it matches, else calibrated now
     (by rank 0; other workers wait for its files) and saved."""
-    prefix = os.path.join(args.workspace, f'{args.model_prefix}_int8')
+    prefix = Workspace.of(args).int8_prefix
     wanted = calibration_record(args, net, source)
     if world.rank == 0 and cached_calibration(prefix) != wanted:
         if os.path.exists(prefix + '.json'):
@@ -340,7 +363,7 @@ def int8_network(args, net, source, world, get_loaders):
              record['calib_images'])
     try:
         block = mx.gluon.SymbolBlock.imports(prefix + '-symbol.json', ['data'], prefix + '-0000.params',
-                                             ctx=args.contexts[0])
+                                             ctx=world.devices.contexts[0])
     except (AssertionError, mx.base.MXNetError, ValueError) as e:
         raise RecipeError(f'the saved INT8 model {prefix}-symbol.json / -0000.params cannot be loaded '
                           f'({mxnet_message(e)[:200]}): delete {prefix}.json to calibrate again') from e
@@ -387,10 +410,9 @@ def calibrate(args, net, get_loaders):
     preprocessed as validation images are (no random crops: the ranges should be those the model meets at
     inference). Returns the quantized network and how many images calibrated it."""
     from mxnet.contrib import quantization
-    calib_args = copy.copy(args)
-    calib_args.data_val, calib_args.data_val_idx = args.data_train, args.data_train_idx
-    calib_args.batch_size = CALIBRATION_BATCH
-    _, loader = get_loaders(calib_args, 0, 1, train=False, val=True)
+    calib_args = resolve.replaced(args, data_val=args.data_train, data_val_idx=args.data_train_idx,
+                                  batch_size=CALIBRATION_BATCH)
+    _, loader = get_loaders(calib_args, 0, 1, train=False, val=True)   # on the CPU: INT8's device
     count = min(args.calib_batches, loader.num_batches)
     images = [whole(batch.data[0]).copyto(mx.cpu()) for batch in batches(loader, 0, 0, count)]
     log.info('Calibrating INT8 ranges (%s) on %d batches of %d training images%s', args.calib_mode, count,

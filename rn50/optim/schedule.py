@@ -1,8 +1,15 @@
-"""The learning rate schedule: a pure function of the position in training (fit.py uses it per iteration).
+"""The learning rate schedule: a pure function of the position in training (fit.py uses it per iteration), and
+the schedule's length and warm-up when the flags do not give them (rn50/config/resolve.py resolves both).
 
     lr = schedule.learning_rate(epoch + iteration / iterations, base_lr=0.1, num_epochs=90, warmup_epochs=5)
 """
+import logging
 import math
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EPOCHS = 90
+DEFAULT_WARMUP_EPOCHS = 5
 
 
 def learning_rate(progress, base_lr, num_epochs, warmup_epochs=0, schedule='cosine', steps=(), factor=0.1,
@@ -35,3 +42,19 @@ def learning_rate(progress, base_lr, num_epochs, warmup_epochs=0, schedule='cosi
     segment = max(k for k in range(len(bounds) - 1) if bounds[k] <= progress)
     start, end = bounds[segment], bounds[segment + 1]
     return base_lr * factor ** segment * 0.5 * (1 + math.cos(math.pi * (progress - start) / (end - start)))
+
+
+def default_warmup(args, from_recipe):
+    """The run's warm-up: --warmup-epochs as given; not given, DEFAULT_WARMUP_EPOCHS or the --recipe's
+    (`from_recipe`: the recipe set it), shortened to half of a run shorter than twice that (with -e 3 a warm-up
+    of 5 made every step warm-up: the rate peaked at 60% of --lr and never decayed, or it was refused), and
+    said so. rn50/config/resolve.py resolves --warmup-epochs with it."""
+    if args.warmup_epochs is not None and not from_recipe:
+        return args.warmup_epochs
+    planned = DEFAULT_WARMUP_EPOCHS if args.warmup_epochs is None else args.warmup_epochs
+    warmup = min(planned, args.num_epochs / 2)
+    if warmup < planned and args.mode in ('train', 'train_val') and not args.benchmark_iters:
+        whose = f"--recipe {args.recipe}'s" if from_recipe else 'the default'
+        log.info('--warmup-epochs not given: %g epochs of warm-up, half of the %d-epoch run (%s %g would leave '
+                 'less than half of it to the decay)', warmup, args.num_epochs, whose, planned)
+    return warmup

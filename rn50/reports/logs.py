@@ -12,11 +12,12 @@ Three outputs, all written by rank 0 only:
 * `report.json` in the workspace: per-epoch metrics, the resolved configuration, library versions, hardware and
   total duration; rewritten atomically after every epoch so a crash never leaves half a file.
 
-`atomic_path` is the one way every output of the recipe (checkpoints included) is written, and
-`in_workspace` the one way a relative output path is placed.
+`atomic_path` is the one way every output of the recipe (checkpoints included) is written; where in the
+workspace an output goes is rn50/checkpoints/workspace.py's (`Workspace.place`, `Workspace.report`).
 
 Usage (see train.py and fit.py): `logger = DLLogger(path)`, `logger.log(step, {...})`,
-`write_report(args, rank, workers, history, summary)`, `progress_bar(total, label, enabled)`.
+`write_report(Workspace.of(args).report(args.mode), args, world, history, summary)`,
+`progress_bar(total, label, enabled)`.
 """
 import contextlib
 import datetime
@@ -323,11 +324,6 @@ def file_sha256(path):
     return digest.hexdigest()
 
 
-def in_workspace(args, path):
-    """`path` as given when absolute, else inside --workspace."""
-    return path if os.path.isabs(path) else os.path.join(args.workspace, path)
-
-
 def write_json(path, obj):
     """Strict JSON, written atomically; NaN and infinite floats become null."""
     with atomic_path(path) as tmp, open(tmp, 'w') as f:
@@ -365,27 +361,20 @@ def peak_memory_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def report_name(mode):
-    """report.json is the training run's; the other modes write report_<mode>.json beside it, so a validation
-    or an export in a training workspace never replaces the training report."""
-    return 'report.json' if mode in ('train', 'train_val') else f'report_{mode}.json'
-
-
-def write_report(args, rank, workers, history, summary=None, duration=None):
-    """The mode's report in the workspace (rank 0 only): the resolved configuration, versions, hardware,
-    per-epoch metrics, the summary and the duration so far (`duration`: training's, over all its resumes;
-    else this process's)."""
-    if rank != 0:
+def write_report(path, args, world, history, summary=None, duration=None):
+    """The mode's report, `path` (Workspace.report: report.json, or report_<mode>.json), written by rank 0 only:
+    the resolved configuration, the world's workers and devices, versions, hardware, per-epoch metrics, the
+    summary and the duration so far (`duration`: training's, over all its resumes; else this process's)."""
+    if world.rank != 0:
         return
-    config = {k: v for k, v in vars(args).items() if k not in ('contexts',)}
-    report = {'model': args.arch, 'mode': args.mode, 'workers': workers,
-              'devices': [str(c) for c in args.contexts], 'cmd': sys.argv, 'config': config,
+    report = {'model': args.arch, 'mode': args.mode, 'workers': world.size,
+              'devices': [str(c) for c in world.devices.contexts], 'cmd': sys.argv, 'config': vars(args),
               'versions': library_versions(), 'hardware': hardware(), 'epochs': history,
-              'total_duration': time.time() - args.start_time if duration is None else duration,
+              'total_duration': time.time() - world.start_time if duration is None else duration,
               'peak_memory_mb': peak_memory_mb()}
     if summary is not None:
         report['summary'] = summary
-    write_json(in_workspace(args, report_name(args.mode)), report)
+    write_json(path, report)
 
 
 # ----------------------------------------------------------------------------------------------------------

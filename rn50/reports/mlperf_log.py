@@ -91,13 +91,13 @@ def log_path(args):
 # The rules, before anything starts
 
 
-def check_flags(args):
+def check_flags(args, given):
     """RecipeError, before anything starts (train.py and the runner, through fit.check_schedule_flags), for a
     result log that cannot be what was asked: one of this group's flags given where no log is written, a run
     MLPerf would not time (no validation, a --benchmark-iters measurement, no target, a teacher's knowledge),
     an optimizer or schedule without MLPerf keys, and in the closed division hyper-parameters outside the
     rules."""
-    given = [name for name in FLAGS if name in getattr(args, 'given_flags', ())]
+    given = [name for name in FLAGS if name in given]
     training = args.mode in ('train', 'train_val') and not args.test_io
     if not enabled(args):
         extra, why = [name for name in given if name != 'mlperf_log'], 'this run writes none (--mlperf-log PATH)'
@@ -261,9 +261,9 @@ class ResultLog:
                  status, (stop_ms - self.run_start_ms) / 1000)
 
 
-def start(args, world, resumed):
+def start(args, world, seed, resumed):
     """The run's ResultLog, opened before the loaders touch the data: init_start (at the process's start,
-    args.start_time), cache_clear, the submission and hyper-parameter keys, init_stop, run_start. A silent one
+    world.start_time), cache_clear, the submission and hyper-parameter keys, init_stop, run_start. A silent one
     without --mlperf-log, on ranks but 0, and for a resumed run (said in the log). A collective (the page cache
     of every node): every worker calls it."""
     if not enabled(args):
@@ -279,9 +279,9 @@ def start(args, world, resumed):
                           f'MLPerf run starts from the initialisation (leave --load out, or --mlperf-log {OFF})')
     cleared = clear_cache(args, world)
     result = ResultLog(log_path(args) if world.rank == 0 else None, args)
-    result.event('init_start', event_type=START, when=args.start_time)
+    result.event('init_start', event_type=START, when=world.start_time)
     result.event('cache_clear', cleared)
-    for key, value in header(args, world):
+    for key, value in header(args, world, seed):
         result.event(key, value)
     if world.rank == 0 and args.submission_division == 'closed':
         note_closed_model(args)
@@ -290,14 +290,14 @@ def start(args, world, resumed):
     return result
 
 
-def header(args, world):
+def header(args, world, seed):
     """(key, value) of the submission and of the hyper-parameters, under MLPerf's names."""
     batch = args.batch_size * args.grad_accum_steps
     keys = [('submission_org', args.submission_org),
-            ('submission_platform', args.submission_platform or f'{world.size}x{args.device.upper()}'),
+            ('submission_platform', args.submission_platform or f'{world.size}x{world.devices.kind.upper()}'),
             ('submission_division', args.submission_division), ('submission_status', args.submission_status),
             ('submission_benchmark', BENCHMARK), ('global_batch_size', batch),
-            ('gradient_accumulation_steps', args.grad_accum_steps), ('seed', args.seed),
+            ('gradient_accumulation_steps', args.grad_accum_steps), ('seed', seed),
             ('opt_name', args.optimizer)]
     name = args.optimizer
     keys += [(f'{name}_opt_base_learning_rate', args.lr), (f'{name}_opt_end_learning_rate', args.end_lr),
@@ -306,7 +306,7 @@ def header(args, world):
     if name == 'lars':
         keys += [('lars_epsilon', args.lars_eps), ('lars_opt_learning_rate_warmup_epochs', args.warmup_epochs)]
     else:       # the batch each batchnorm normalises over: a device's
-        keys += [('model_bn_span', args.batch_size // (world.size * len(args.contexts))),
+        keys += [('model_bn_span', args.batch_size // (world.size * len(world.devices.contexts))),
                  ('opt_learning_rate_warmup_epochs', args.warmup_epochs)]
     return keys
 

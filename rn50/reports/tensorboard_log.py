@@ -17,7 +17,7 @@ import logging
 import os
 import time
 
-from rn50.reports import logs
+from rn50.checkpoints.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def teed(args, world, dllogger, iterations, meta):
     if args.tensorboard is None or world.rank != 0:
         return dllogger
     position = meta['epoch'] * iterations + meta['iteration']
-    folder = os.path.abspath(logs.in_workspace(args, args.tensorboard))
+    folder = os.path.abspath(Workspace.of(args).place(args.tensorboard))
     log.info('--tensorboard: event files in %s (view them with: tensorboard --logdir %s)', folder, folder)
     # Also at position 0: a run killed before its first state may have left events to supersede.
     return TeeLogger(dllogger, EventFile(folder, purge_step=position + 1), iterations)

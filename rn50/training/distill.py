@@ -44,12 +44,13 @@ def add_args(group):
 class Teacher:
     """The teacher network on the worker's devices, with its weights, forward only."""
 
-    def __init__(self, args, build_network):
-        """`build_network(**overrides)`: the composer's models.build for the parsed flags."""
+    def __init__(self, args, build_network, contexts):
+        """`build_network(**overrides)`: the composer's models.build for the parsed flags; `contexts`: the
+        worker's devices."""
         options = dict(arch=args.teacher_arch or args.arch, num_layers=args.teacher_num_layers or args.num_layers,
                        drop_path=0.0)
         self.net = build_network(**options)
-        self.net.initialize(ctx=args.contexts)
+        self.net.initialize(ctx=list(contexts))
         try:
             checkpoint.load_weights(self.net, args.teacher, args)
         except (RecipeError, ValueError, KeyError) as e:

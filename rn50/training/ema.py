@@ -1,7 +1,7 @@
 """Exponential moving average of the weights (--model-ema, --model-ema-decay, --model-ema-steps,
 --model-ema-warmup), as timm's ModelEmaV3 and torchvision's ExponentialMovingAverage.
 
-    average = ema.WeightAverage(net, decay=0.9999, ctx=args.contexts[0], every=32)   # float32 copies
+    average = ema.WeightAverage(net, decay=0.9999, ctx=world.devices.contexts[0], every=32)   # float32 copies
     average.update(step, steps_per_epoch)   # after optimizer step `step` (1, 2, ...): every 32nd,
                                             # a = d * a + (1 - d) * w
     with average.swapped_in():                            # the network computes with the average meanwhile

@@ -2,7 +2,7 @@
 smoothing, mixup, CutMix), loss scaling for float16 and AMP, gradient accumulation, and the update through
 a gluon.Trainer (Horovod's DistributedTrainer with several workers). fit.py's epoch loop calls
 
-    step = TrainingStep(args, net, world, build_network)   # build_network: models.build for a --teacher
+    step = TrainingStep(args, net, world, seed, build_network)   # build_network: models.build for a --teacher
     loss = step.run(batch, epoch, iteration, lr, before_sync=fetch_next_batch)   # an NDArray, not synchronised
 """
 import inspect
@@ -41,9 +41,11 @@ class TrainingStep:
     """The training step of one worker: forward and backward on each of its devices, loss scaling, and the
     update through `gluon_trainer` (a gluon.Trainer, or Horovod's DistributedTrainer)."""
 
-    def __init__(self, args, net, world, build_network=None):
-        self.args, self.net, self.world = args, net, world
-        self.contexts = args.contexts
+    def __init__(self, args, net, world, seed=0, build_network=None):
+        """`world.devices`: where and in which AMP dtype to run; `seed`: the run's, for mixup and CutMix draws;
+        `build_network(**overrides)`: models.build for a --teacher."""
+        self.args, self.net, self.world, self.seed = args, net, world, seed
+        self.contexts = list(world.devices.contexts)
         self.sparse_labels = args.label_smoothing == 0 and args.mixup == 0 and args.cutmix == 0 and not args.bce_loss
         self.loss = gluon.loss.SigmoidBinaryCrossEntropyLoss() if args.bce_loss else \
             gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=self.sparse_labels)
@@ -58,21 +60,21 @@ class TrainingStep:
             if world.horovod is not None:
                 self.gluon_trainer = world.horovod.DistributedTrainer(
                     self.params, optimizer,
-                    **predivision(world, args.dtype == 'float16' or args.amp_dtype == 'float16'))
+                    **predivision(world, args.dtype == 'float16' or world.devices.amp_dtype == 'float16'))
             else:
                 self.gluon_trainer = gluon.Trainer(self.params, optimizer,
                                                    kvstore=args.kv_store if len(self.contexts) > 1 else None,
                                                    update_on_kvstore=False if len(self.contexts) > 1 else None)
         except (ValueError, KeyError, mx.base.MXNetError) as e:
             raise RecipeError(f'--optimizer {args.optimizer}: {e}') from e
-        self.amp_scaling = args.amp_dtype == 'float16'
+        self.amp_scaling = world.devices.amp_dtype == 'float16'
         if self.amp_scaling:
             from mxnet.contrib import amp
             amp.init_trainer(self.gluon_trainer)
         self.loss_scale = losses.DynamicLossScale() if args.dtype == 'float16' and not args.amp else None
         self.accumulation = training_extras.Accumulation(args.grad_accum_steps, self.params)
         self.average = None   # --model-ema's ema.WeightAverage, set by train() once the weights are final
-        self.teacher = distill.Teacher(args, build_network) if args.teacher else None
+        self.teacher = distill.Teacher(args, build_network, self.contexts) if args.teacher else None
 
     def inputs_and_targets(self, images, labels, epoch, iteration, part):
         """(images, targets) as the loss wants them: the labels sparse or as smoothed one-hot vectors, and
@@ -89,7 +91,7 @@ class TrainingStep:
         if self.args.mixup == 0 and self.args.cutmix == 0:
             return images, targets
         height, width = images.shape[self.args.input_layout.index('H'):][:2]
-        own, boxes = losses.mix_draws(self.args.seed, epoch, iteration, self.world.rank, part, labels.shape[0],
+        own, boxes = losses.mix_draws(self.seed, epoch, iteration, self.world.rank, part, labels.shape[0],
                                       height, width, self.args.mixup, self.args.cutmix, self.args.mixup_switch_prob,
                                       self.args.mixup_mode)
         return losses.mix(images, targets, own, boxes, self.args.input_layout)

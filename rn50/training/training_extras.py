@@ -8,7 +8,7 @@
 * --cutmix, --mixup-switch-prob, --mixup-mode: losses.py draws and pastes the boxes (per image, pair or batch).
 * --bce-loss, --bce-target-thresh: TrainingStep's loss and losses.bce_targets.
 * --grad-accum-steps K: Accumulation (gradients summed over K batches, one optimizer step).
-* --keep-checkpoints N: checkpoint.prune_epoch_params.
+* --keep-checkpoints N: Workspace.prune_epoch_params (fit.save_epoch_checkpoints).
 * --target-accuracy A: the run stops after the first validation whose top-1 reaches A (target_reached).
 * --tensorboard [DIR]: tensorboard_log.py.
 
@@ -21,6 +21,7 @@ import os
 import time
 
 from rn50.checkpoints import checkpoint
+from rn50.checkpoints.workspace import Workspace
 from rn50.training import ema
 from rn50.config import flags
 from rn50.inference import inference
@@ -160,7 +161,7 @@ def start_average(args, net, world, state):
         log.info('--model-ema-adjust: each update of the weight average (every %d steps) decays by %.6g; the '
                  'first update, and each after one within the %g warm-up epochs, copies the weights (torchvision\'s)',
                  args.model_ema_steps, adjusted, args.warmup_epochs)
-    average = ema.WeightAverage(net, args.model_ema_decay, args.contexts[0], every=args.model_ema_steps,
+    average = ema.WeightAverage(net, args.model_ema_decay, world.devices.contexts[0], every=args.model_ema_steps,
                                 warmup=args.model_ema_warmup, decay_per_update=adjusted,
                                 copy_epochs=args.warmup_epochs if args.model_ema_adjust else None,
                                 on_first_step=functools.partial(check_average_schedule, args))
@@ -217,7 +218,7 @@ def validate_average(args, net, average, val_loader, world, meta, epoch):
     if not average.updates:   # the same on every worker: all return before the collective below
         log.info('[Epoch %d] The weight average has not been updated yet (first after optimizer step %d, '
                  '--model-ema-steps; %d steps so far): not validated, no %s', epoch, average.every, average.last_step,
-                 os.path.basename(checkpoint.ema_best_params_path(args)))
+                 os.path.basename(Workspace.of(args).ema_best_params))
         return {}
     # The average's batchnorm statistics, like the network's, are the same on every worker before it is judged.
     world.average_copies([[average.average[name]] for name, p in average.params.items() if p.grad_req == 'null'])
@@ -228,7 +229,7 @@ def validate_average(args, net, average, val_loader, world, meta, epoch):
         if accuracy is not None and (best is None or accuracy > best):
             meta['ema_best_accuracy'] = accuracy
             if world.rank == 0 and args.save_frequency != 0:
-                path = checkpoint.ema_best_params_path(args)
+                path = Workspace.of(args).ema_best_params
                 checkpoint.save_params(net, path)
                 log.info('[Epoch %d] Saved %s with accuracy %.4f', epoch, path, accuracy)
     return {'val.ema.' + key[len('val.'):]: metrics[key] for key in EMA_METRICS if key in metrics}

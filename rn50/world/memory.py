@@ -76,20 +76,20 @@ def gpu_free(context):
         return None
 
 
-def check_batch_fits(args, net, world, on_gpu=None):
-    """RecipeError when this worker's batch cannot fit in its devices' memory (training and validation; pred
-    and export take a handful of images, --test-io no network). `on_gpu` defaults to args.device == 'gpu'."""
+def check_batch_fits(args, net, world):
+    """RecipeError when this worker's batch cannot fit in its devices' memory (world.devices; training and
+    validation: pred and export take a handful of images, --test-io no network)."""
     if args.mode not in ('train', 'train_val', 'val') or args.test_io:
         return
-    on_gpu = args.device == 'gpu' if on_gpu is None else on_gpu
+    contexts = world.devices.contexts
     per_worker = max(1, args.batch_size // world.size)
-    per_device = math.ceil(per_worker / len(args.contexts))
+    per_device = math.ceil(per_worker / len(contexts))
     need, per_image = batch_need(args, net, per_device)
     shape = image_shape(args, training=args.mode != 'val')
     what = (f'--batch-size {args.batch_size} ({per_device} images per device, {"x".join(map(str, shape))} '
             f'{args.dtype}, {"training" if args.mode != "val" else "validation"})')
-    if on_gpu:
-        for context in args.contexts:
+    if world.devices.kind == 'gpu':
+        for context in contexts:
             free = gpu_free(context)
             if free is not None and need > free:
                 raise RecipeError(f'{what} needs about {need / GB:.1f} GB on GPU {context.device_id}, which has '
@@ -98,12 +98,12 @@ def check_batch_fits(args, net, world, on_gpu=None):
         return
     local_workers = world.horovod.local_size() if world.horovod else 1
     available = host_available()
-    total = need * len(args.contexts) * local_workers
+    total = need * len(contexts) * local_workers
     if total > available:
         workers = f' x {local_workers} workers on this node' if local_workers > 1 else ''
         raise RecipeError(f'{what} needs about {total / GB:.1f} GB of memory{workers}, and this machine has '
                           f'{available / GB:.1f} GB available: lower the batch size (about '
-                          f'{fitting(available / (len(args.contexts) * local_workers), need, per_image, per_device)}'
+                          f'{fitting(available / (len(contexts) * local_workers), need, per_image, per_device)}'
                           ' images per device would fit)')
 
 

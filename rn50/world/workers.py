@@ -1,25 +1,28 @@
-"""Who this process is and what it runs on: the worker world, devices, precision and AMP, seeds.
+"""Who this process is and what it runs on: the worker world, its devices and AMP, the seed. What this module
+finds out is run state, returned as records; the flags (args) stay as rn50/config/resolve.py resolved them.
 
 train.py calls, before the model exists:
 
-    world = workers.World(args.kv_store)       # Horovod worker (rank, size, local rank), checked; or one process
-    workers.resolve_hardware(args, world)      # args.contexts, args.device, args.dtype, args.amp_dtype
-    workers.resolve_seed(args, world)          # one seed for every worker, the RNGs seeded from it
+    world = workers.World(args.kv_store)                  # Horovod worker (rank, size, local rank), checked; or one
+    world.devices = workers.resolve_devices(args, world)  # Devices: contexts, 'gpu' or 'cpu', AMP's dtype
+    seed = workers.resolve_seed(args, world)              # one seed for every worker, the RNGs seeded from it
 
-Defaults adapt to the machine and say so once (no GPU: float32 on the CPU); an explicit request this
-machine cannot honour (float16 or --gpus on a CPU machine, bfloat16 on a CPU without AVX-512) is a
-RecipeError.
+The flags' defaults that depend on the machine (float32 and dali-cpu without a GPU) are resolve.py's; an
+explicit request this machine cannot honour (--gpus on a CPU machine, bfloat16 on a CPU without AVX-512) is a
+RecipeError here.
 
 The world is checked as soon as Horovod has formed it, before anything reads or writes a file: a worker
 that Horovod counts differently from what its launchers announced (the runner's -n in RN50_WORKERS, srun's
 SLURM_* of the step, horovodrun's HOROVOD_*, mpirun's OMPI_COMM_WORLD_* or PMI_*) would otherwise train alone
 on the whole batch and write the same files as its peers (a Horovod without MPI under srun does exactly that).
 """
+import dataclasses
 import hashlib
 import logging
 import os
 import re
 import socket
+import time
 
 import mxnet as mx
 import numpy as np
@@ -49,13 +52,26 @@ WORLD_ADVICE = ('Under SLURM, start every task with srun: srun --mpi=pmix -N 2 -
                 './runner -n 16 -H host1:8,host2:8 (or --hostfile FILE). Nothing was written')
 
 
+@dataclasses.dataclass(frozen=True)
+class Devices:
+    """What a worker runs on (resolve_devices): the MXNet contexts it drives (one, or with --kv-store device
+    every GPU of --gpus), their kind ('gpu' or 'cpu'), and AMP's dtype (--amp: 'float16' on GPUs, 'bfloat16' on
+    the CPU; None without AMP)."""
+    contexts: tuple = (mx.cpu(),)
+    kind: str = 'cpu'
+    amp_dtype: str = None
+
+
 class World:
     """Who this process is among the workers, and the collectives the recipe needs (sum, gather, barrier,
-    broadcast).
+    broadcast); `start_time`, when it started, and `devices` (a Devices: the CPU until train.py sets the
+    ones resolve_devices found).
 
     With --kv-store horovod there is one worker per device; otherwise a single worker."""
 
-    def __init__(self, kv_store, environ=os.environ):
+    def __init__(self, kv_store, environ=os.environ, devices=Devices()):
+        self.start_time = time.time()
+        self.devices = devices
         self.horovod = None
         self.rendezvous = None      # task 0's rendezvous server under srun with a Gloo-only Horovod
         self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
@@ -317,31 +333,30 @@ def check_world(world, environ):
                           f'workers did not find each other, and each would train on its own. {WORLD_ADVICE}')
 
 
-def resolve_hardware(args, world):
-    """Decide devices, precision and AMP before the model is built. Sets args.contexts, args.device,
-    args.dtype and args.amp_dtype."""
+def resolve_devices(args, world):
+    """The Devices of this worker, before the model is built: its contexts (checked against the batch and the
+    node's other workers) and AMP's dtype, with AMP initialised for it."""
     num_gpus = mx.context.num_gpus()
-    args.contexts = devices(args, world, num_gpus)
+    contexts = tuple(devices(args, world, num_gpus))
     on_gpu = num_gpus > 0
-    args.device = 'gpu' if on_gpu else 'cpu'
-    resolve_precision(args, on_gpu)
     if on_gpu and world.size > 1:
-        check_one_worker_per_gpu(world, args.contexts)
+        check_one_worker_per_gpu(world, contexts)
     per_worker = args.batch_size // world.size   # divisibility by the workers: contract.per_worker_batch
-    if per_worker % len(args.contexts):
+    if per_worker % len(contexts):
         raise RecipeError(f'the per-worker batch {per_worker} is not divisible by its '
-                          f'{len(args.contexts)} devices')
+                          f'{len(contexts)} devices')
     if on_gpu:
-        log.info(devices_line(args, world))
+        log.info(devices_line(args, world, contexts))
+    return Devices(contexts, 'gpu' if on_gpu else 'cpu', start_amp(args, on_gpu))
 
 
-def devices_line(args, world):
+def devices_line(args, world, contexts):
     """What this worker trains on, said because a single process takes every GPU it sees: `python train.py
     -b 32` on an 8-GPU node gives each GPU 4 images (and batchnorm statistics over 4)."""
-    ids = ','.join(str(ctx.device_id) for ctx in args.contexts)
-    per_gpu = args.batch_size // world.size // len(args.contexts)
+    ids = ','.join(str(ctx.device_id) for ctx in contexts)
+    per_gpu = args.batch_size // world.size // len(contexts)
     who = f'Worker {world.rank} of {world.size}' if world.size > 1 else 'This process'
-    return (f'{who} trains on GPU{"s" if len(args.contexts) > 1 else ""} {ids}: {per_gpu} images per GPU of the '
+    return (f'{who} trains on GPU{"s" if len(contexts) > 1 else ""} {ids}: {per_gpu} images per GPU of the '
             f'global batch {args.batch_size} (batchnorm statistics over {per_gpu} images)')
 
 
@@ -404,27 +419,20 @@ def check_one_worker_per_gpu(world, contexts, environ=os.environ):
                           '(--gpus-per-task 1); nothing was written')
 
 
-def resolve_precision(args, on_gpu):
-    """--dtype (default float16 on GPU, float32 on CPU) and --amp (float16 on GPU, bfloat16 on CPU, with the
-    network kept in float32)."""
-    if args.dtype is None:
-        args.dtype = 'float16' if on_gpu and not args.amp else 'float32'
-        if not on_gpu:
-            log.info('No GPU: --dtype defaults to float32 (use --amp for bfloat16 on this CPU)')
-    if args.dtype == 'float16' and not on_gpu:
-        raise RecipeError('--dtype float16 needs a GPU (MXNet has no fast float16 kernels on CPU); use '
-                          '--dtype float32, or --amp for bfloat16 mixed precision on the CPU')
+def start_amp(args, on_gpu):
+    """--amp's dtype (float16 on GPU, bfloat16 on CPU; the network stays float32, resolve.py made --dtype
+    float32), with mxnet.contrib.amp initialised for it; None without --amp. Inference on the CPU (val, pred)
+    does not initialise AMP: it converts the trained network to bfloat16 as a whole and fuses it then
+    (inference.fused_bfloat16), as AMP's casts between the operators would keep oneDNN from fusing them."""
     if not args.amp:
-        args.amp_dtype = None
-        return
-    if args.dtype == 'float16':
-        log.info('--amp: the network stays float32 and AMP casts to float16 where it is safe')
-    args.dtype = 'float32'
-    args.amp_dtype = 'float16' if on_gpu else 'bfloat16'
-    if args.amp_dtype == 'bfloat16':
+        return None
+    amp_dtype = 'float16' if on_gpu else 'bfloat16'
+    if amp_dtype == 'bfloat16':
         check_cpu_bfloat16()
-    from mxnet.contrib import amp
-    amp.init(target_dtype=args.amp_dtype)
+    if on_gpu or args.mode not in ('val', 'pred'):
+        from mxnet.contrib import amp
+        amp.init(target_dtype=amp_dtype)
+    return amp_dtype
 
 
 def check_cpu_bfloat16():
@@ -441,10 +449,9 @@ def check_cpu_bfloat16():
 
 
 def resolve_seed(args, world):
-    """One seed for every worker: the given one, else rank 0's random pick (`args.seed_drawn`; a new training
-    run logs it, a resumed one takes its own; stored in checkpoints)."""
-    args.seed_drawn = args.seed is None
-    if args.seed_drawn:
-        args.seed = world.broadcast_int(int.from_bytes(os.urandom(3), 'little'))
-    np.random.seed(args.seed)
-    mx.random.seed(args.seed + world.rank)
+    """One seed for every worker, returned: --seed, else rank 0's random pick (a new training run logs it, a
+    resumed one takes its own; stored in checkpoints). NumPy's and MXNet's generators are seeded from it."""
+    seed = args.seed if args.seed is not None else world.broadcast_int(int.from_bytes(os.urandom(3), 'little'))
+    np.random.seed(seed)
+    mx.random.seed(seed + world.rank)
+    return seed

@@ -1,0 +1,195 @@
+"""Which checkpoint a run starts from, and which weights a mode uses: the resume policy. The files are the
+workspace's (workspace.py), their formats checkpoint.py's.
+
+    path = resume.find_weights(args)                 # --load, else the best, else the last state
+    path = resume.inference_weights(args)            # the same, logged with why: val, pred, INT8, export
+    state = resume.agreed_training_start(args, net, world)   # fit.train: the State to resume (its weights
+                                                     # already in `net`) or None, the same on every worker
+    settings = resume.run_settings(args)             # what a state records of its run (meta['settings'])
+    resume.check_same_run(args, state.meta, path)    # RecipeError when the command's settings differ
+
+One rule (training_start): the workspace's last state is resumed when it exists, whatever --load names; only
+--load of a .state file (without --finetune) resumes that state instead; else --load gives the weights of a
+new run (with --finetune every layer but a classifier of another width), else the fresh initialisation
+stays. A damaged last state is an error naming the previous one; resuming from that one sets the damaged
+one aside (set_aside_if_damaged).
+"""
+import logging
+import os
+
+from rn50.checkpoints import checkpoint
+from rn50.checkpoints import weights
+from rn50.checkpoints.workspace import Workspace
+from rn50.data import validation_resize
+from rn50.errors import RecipeError
+
+log = logging.getLogger(__name__)
+
+
+def find_weights(args):
+    """The checkpoint evaluation and prediction use: --load, else the workspace's best, else its last state."""
+    workspace = Workspace.of(args)
+    candidates = [args.load] if args.load else [workspace.best_params, workspace.last_state]
+    for path in candidates:
+        if os.path.exists(path):
+            return path
+    raise RecipeError(f'no trained weights: {" or ".join(candidates)} not found. Pass --load with a weights '
+                      'file (this mode refuses to run on random weights)')
+
+
+def inference_weights(args):
+    """find_weights for val, pred, INT8 and export, logged with why that file (a workspace without a best
+    checkpoint falls back on its last state, which the user should know)."""
+    path = find_weights(args)
+    best = Workspace.of(args).best_params
+    if args.load:
+        why = '--load'
+    elif path == best:
+        why = 'the best validated weights of the workspace'
+    else:
+        why = (f'the workspace\'s last state: there is no {os.path.basename(best)} (no validation '
+               'ran, or none beat the best of the run this one continued)')
+    log.info('Weights: %s (%s)', path, why)
+    return path
+
+
+def set_aside_if_damaged(path):
+    """Rename a damaged state to `<path>.damaged` (kept for inspection), so that the next save, which keeps
+    the state it replaces as the previous one (the fallback), finds none to keep. Used when a run resumes
+    from another state, e.g. --load model_prev.state after the error naming it. Several processes may do it
+    at once on one file (the workers of a run on a shared workspace): one moves it, the others find it gone."""
+    try:
+        checkpoint.read_state(path)
+    except RecipeError as e:
+        try:
+            os.replace(path, path + '.damaged')
+        except FileNotFoundError:
+            log.info('%s was set aside by another worker', path)
+            return
+        log.warning('%s; moved it to %s.damaged so that it never becomes the fallback', e, path)
+
+
+def agreed_training_start(args, net, world):
+    """training_start on every worker of `world`, which must all start from rank 0's choice (the same state
+    file content, epoch, iteration and seed, or all a new run), else every worker stops with the same error:
+    each worker reads its own --workspace and --load, so a resume needs them on a filesystem the nodes share.
+    A worker that fails alone would leave the others waiting in a collective: the outcome is agreed first."""
+    failure = state = None
+    try:
+        state = training_start(args, net, set_aside=world.rank == 0)
+    except RecipeError as e:
+        failure = e
+    own = start_fingerprint(state)
+    # One all-reduce: how many workers failed, and rank 0's choice (a broadcast, as in workers.World).
+    totals = world.allreduce_sum([failure is not None] + (own if world.rank == 0 else [0] * len(own)))
+    failed, chosen = int(totals[0]), [int(value) for value in totals[1:]]
+    if failure is not None:
+        raise failure
+    if failed:
+        raise RecipeError(f'{failed} of {world.size} workers could not open the checkpoint this run starts from (their '
+                          f'error is above): {SHARED_WORKSPACE_RULE}')
+    others = int(world.allreduce_sum([own != chosen])[0])
+    if others:
+        last = os.path.basename(Workspace.of(args).last_state)
+        what = (f'resumes from its {last} or --load state at epoch {chosen[1]}, '
+                f'iteration {chosen[2]}' if chosen[0] else 'starts a new run (no state in its workspace)')
+        raise RecipeError(f'the workers would not start from the same state: worker 0 {what}, and {others} of the '
+                          f'{world.size} workers see another state or none. {SHARED_WORKSPACE_RULE}')
+    return state
+
+
+SHARED_WORKSPACE_RULE = ('Every worker reads the state to resume from its own --workspace (and --load), so with '
+                         'several nodes the workspace must be on a filesystem they share, at the same path on '
+                         'every node (the default ./ is usually node-local): e.g. --workspace /shared/runs/rn50')
+
+
+def start_fingerprint(state):
+    """What every worker must agree on before training: [resumes, epoch, iteration, seed + 1, the first 52
+    bits of the state's checksum] (all zero for a new run); integers a float64 all-reduce keeps exactly."""
+    if state is None:
+        return [0, 0, 0, 0, 0]
+    seed = state.meta.get('seed')
+    return [1, state.meta['epoch'], state.meta['iteration'], 0 if seed is None else seed + 1,
+            int(state.checksum[:13], 16)]
+
+
+# What changes a run's result, recorded in its state: a resume must have the same (the global batch and the
+# worker count may change, as fit.resume says; --wd and --mom too, the flags win). The learning rate is compared
+# only at the same global batch, since the runner scales it with the batch.
+RUN_SETTINGS = ('data_train', 'num_classes', 'arch', 'num_layers', 'image_shape', 'num_epochs', 'lr_schedule',
+                'lr_steps', 'lr_factor', 'warmup_epochs', 'optimizer', 'dtype', 'amp', 'label_smoothing', 'mixup',
+                'cutmix', 'mixup_switch_prob', 'grad_accum_steps', 'lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps',
+                'eval_period', 'eval_offset', 'drop_path', 'bce_loss', 'bce_target_thresh', 'auto_augment',
+                'ra_magnitude', 'ra_num_ops', 'random_erase', 'random_erase_mode', 'aug_repeats', 'progressive_size',
+                'progressive_epochs', 'progressive_step', 'mixup_mode', 'warmup_prefix', 'ra_magnitude_scale',
+                'ra_magnitude_std', 'ra_prob', 'ra_ops', 'auto_augment_fill')
+
+
+def run_settings(args):
+    """The settings of RUN_SETTINGS as the state records them (JSON values; the data file as an absolute path)."""
+    settings = {name: getattr(args, name, None) for name in RUN_SETTINGS}
+    settings['data_train'] = None if args.data_backend == 'synthetic' or not args.data_train else \
+        os.path.abspath(args.data_train)
+    settings['image_shape'] = list(args.image_shape)
+    settings['lr_steps'] = list(args.lr_steps)
+    settings['progressive_epochs'] = list(args.progressive_epochs) if args.progressive_epochs else None
+    fill = getattr(args, 'auto_augment_fill', None)
+    settings['auto_augment_fill'] = list(fill) if isinstance(fill, tuple) else fill
+    settings['lr'], settings['global_batch'] = args.lr, args.batch_size
+    settings['data_val_resize'] = args.data_val_resize     # what val, pred and export take (trained_settings.py)
+    settings['val_image_shape'] = list(args.val_image_shape) if args.val_image_shape else None
+    settings['val_interpolation'] = validation_resize.val_interpolation(args)      # the validation resize's, the backend's
+    return settings
+
+
+def check_same_run(args, meta, path):
+    """RecipeError listing every setting in which this command differs from the run whose state `path` is
+    (a workspace holds one run: resuming another's state would train it with the wrong settings, or not at
+    all). A setting a state does not record (one written before the recipe recorded it) is not checked."""
+    saved, now = meta.get('settings'), run_settings(args)
+    if saved is None:
+        return
+    names = [name for name in RUN_SETTINGS if name in saved and saved[name] != now[name]]
+    if saved.get('global_batch') == now['global_batch'] and saved.get('lr') != now['lr']:
+        names.append('lr')
+    if names:
+        differences = '; '.join(f'--{name.replace("_", "-")} {saved.get(name)} in the saved run, {now[name]} now'
+                                for name in names)
+        raise RecipeError(f'{path} belongs to a run with other settings ({differences}). A workspace holds one '
+                          f'run: give this one a new --workspace, or move {os.path.basename(path)} away to start '
+                          f'over here. To continue that run with these settings (more epochs, say), start a new '
+                          f'workspace from its state: --load {path} --workspace NEW_FOLDER')
+
+
+def training_start(args, net, set_aside=True):
+    """Where training starts: the State to resume, or None for a new run, with the weights already in `net`.
+    One rule: the workspace's last state is resumed when it exists, whatever weights --load names (with or
+    without --finetune: an interrupted run rerun with its own command continues); only --load of a .state
+    file (without --finetune) resumes that state instead. Else --load gives the weights of a new run (with
+    --finetune every layer but a classifier of another width); else the fresh initialisation stays.
+    `set_aside`: whether this process may set a damaged last state aside (one worker of a run does it)."""
+    workspace = Workspace.of(args)
+    last = workspace.last_state
+    explicit_state = bool(args.load and args.load.endswith('.state') and not args.finetune)
+    # A --benchmark-iters run measures afresh every time: a finished state in its workspace would leave it
+    # nothing to train (benchmark.py's points, or a sweep of runs in one folder, reported stale numbers).
+    resume = os.path.exists(last) and not explicit_state and not args.benchmark_iters
+    if resume or explicit_state:
+        path = last if resume else args.load
+        log.info('Resuming from %s%s', path, f' (the workspace\'s state wins over --load {args.load}: give another '
+                 '--workspace to start again from it)' if resume and args.load else '')
+        if set_aside and not resume and os.path.exists(last) and os.path.abspath(last) != os.path.abspath(path):
+            set_aside_if_damaged(last)
+        state = checkpoint.read_state(path, fallback=workspace.previous_state)
+        if resume:
+            check_same_run(args, state.meta, path)
+        checkpoint.load_params_into(net, weights.convert(state.params, net, source=path)[0],
+                                    checkpoint.network_contexts(net))
+        log.info('Loaded %s: epoch %d, iteration %d', path, state.meta['epoch'], state.meta['iteration'])
+        return state
+    if args.load is None:
+        return None
+    if not os.path.exists(args.load):
+        raise RecipeError(f'--load {args.load}: no such file')
+    checkpoint.load_weights(net, args.load, args, finetune=args.finetune)
+    return None

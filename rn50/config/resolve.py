@@ -1,0 +1,153 @@
+"""The flags, resolved once, here and nowhere else; read-only after.
+
+    args, origin = resolve.from_command(parser, argv)     # train.parse_flags: train.py, the runner's checks, tests
+    args, origin = resolve.for_run(args, origin, on_gpu)   # train.run, once logging is set up: read-only from here
+
+What the command line alone settles (from_command, so that the runner and the benchmarks see what train.py
+will run): the class count (--num-classes, else the dataset's classes.json, else 1000), --recipe's values (a
+flag given wins), the test size and resize of a recipe shrunk by --image-shape, --data-val-resize's default
+(the test size x 256/224), and a recipe's learning rate for the global batch.
+
+What the run settles (for_run): what --mode val, pred and export take from the run that trained the weights
+(rn50/config/trained_settings.py), the defaults that depend on the machine (--data-backend dali-gpu and --dtype
+float16 with a GPU, dali-cpu and float32 without; --amp keeps the network in float32), --num-epochs' default
+(90; one pass for val, pred, export and --test-io) and the warm-up's (the default's or the recipe's, halved
+for a short run: rn50/optim/schedule.py). Each derived value is logged where a user would not expect it.
+
+After for_run the namespace is a Resolved one: assigning to it raises. A part of the run that must read the
+data otherwise (validation's batch on a small set, INT8 calibration) gets a copy (`replaced`), never a change.
+What the process finds out (the world, devices, seed, start time) is not a flag: rn50/world/workers.py's
+records hold it. `origin` says which flags the command gave, which the recipe set, and where the class count
+came from; `val_interpolation`, the one resolved value no flag names, is the validation resize's
+interpolation (the trained run's in val, pred and export; else the backend's).
+"""
+import argparse
+import dataclasses
+import logging
+import sys
+
+from rn50.config import recipes, trained_settings
+from rn50.data import classes, resolution
+from rn50.errors import RecipeError
+from rn50.optim import schedule
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """Where the resolved values came from: `given`, the destinations of the flags the command line names;
+    `from_recipe`, those --recipe set; `num_classes_source`, '--num-classes', a classes.json, the weights' run,
+    or 'the default'."""
+    given: frozenset = frozenset()
+    from_recipe: tuple = ()
+    num_classes_source: str = 'the default'
+
+
+class Resolved(argparse.Namespace):
+    """The flags once resolved: read like any namespace, never written."""
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f'args.{name}: the flags are resolved once (rn50/config/resolve.py) and read-only '
+                             'after; pass a value of the run as an argument, or use resolve.replaced')
+
+    __delattr__ = __setattr__
+
+
+def given_flags(parser, argv):
+    """The destinations of the flags `argv` names explicitly (as `--flag value` or `--flag=value`)."""
+    return frozenset(action.dest for action in parser._actions for option in action.option_strings
+                     if any(word == option or word.startswith(option + '=') for word in argv))
+
+
+def from_command(parser, argv=None):
+    """(args, Origin) of a train.py command line: parsed by `parser` (argparse's `error:` and exit 2 for a bad
+    flag, and for a class count the data contradicts), then what the command alone settles."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    data_files = () if args.data_backend == 'synthetic' else (args.data_train, args.data_val)   # not read yet
+    try:
+        args.num_classes, num_classes_source = classes.resolve_count(args.num_classes, data_files)
+    except RecipeError as e:
+        parser.error(str(e))
+    given = given_flags(parser, argv)
+    from_recipe = recipes.values(args, given)
+    for name, value in from_recipe.items():
+        setattr(args, name, value)
+    if args.data_val_resize is None:
+        args.data_val_resize = resolution.default_val_resize(args)
+    if args.recipe and 'lr' not in given:   # the recipe's rate for this global batch
+        args.lr = recipes.learning_rate(args.recipe, args.batch_size * args.grad_accum_steps)
+    args.val_interpolation = None    # the backend's, or (for_run) the trained run's
+    return args, Origin(given, tuple(from_recipe), num_classes_source)
+
+
+def for_run(args, origin, on_gpu):
+    """(Resolved args, Origin) for this run on this machine (`on_gpu`: it has GPUs), the rest of what the
+    module docstring lists; logs what a user should know. RecipeError for a precision the machine lacks."""
+    args = argparse.Namespace(**vars(args))
+    values, num_classes_source = trained_settings.inherited(args, origin.given, origin.num_classes_source)
+    for name, value in values.items():
+        setattr(args, name, value)
+    origin = dataclasses.replace(origin, num_classes_source=num_classes_source)
+    if args.data_backend is None:
+        args.data_backend = default_backend(on_gpu)
+        if not on_gpu:
+            log.info('No GPU: --data-backend defaults to dali-cpu')
+    if args.val_interpolation is None:   # ImageRecordIter's OpenCV resize, or DALI's antialiased one
+        args.val_interpolation = 'linear' if args.data_backend == 'mxnet' else 'linear-antialias'
+    args.dtype = precision(args, on_gpu)
+    if args.num_epochs is None:   # the schedule's 90 epochs; one pass for val and the loader test
+        args.num_epochs = 1 if args.mode in ('val', 'pred', 'export') or args.test_io else schedule.DEFAULT_EPOCHS
+    args.warmup_epochs = schedule.default_warmup(args, 'warmup_epochs' in origin.from_recipe)
+    log_derived(args, origin)
+    resolved = Resolved()
+    vars(resolved).update(vars(args))
+    return resolved, origin
+
+
+def default_backend(on_gpu):
+    """--data-backend's default: DALI, on the GPU when there is one."""
+    return 'dali-gpu' if on_gpu else 'dali-cpu'
+
+
+def precision(args, on_gpu):
+    """--dtype: as given, else float16 on GPUs and float32 on the CPU; float32 under --amp (AMP casts where it
+    is safe and keeps the network in float32)."""
+    if args.dtype == 'float16' and not on_gpu:
+        raise RecipeError('--dtype float16 needs a GPU (MXNet has no fast float16 kernels on CPU); use '
+                          '--dtype float32, or --amp for bfloat16 mixed precision on the CPU')
+    if args.dtype is None and not on_gpu:
+        log.info('No GPU: --dtype defaults to float32 (use --amp for bfloat16 on this CPU)')
+    if args.amp:
+        if args.dtype == 'float16':
+            log.info('--amp: the network stays float32 and AMP casts to float16 where it is safe')
+        return 'float32'
+    return args.dtype or ('float16' if on_gpu else 'float32')
+
+
+def log_derived(args, origin):
+    """The log lines of what the recipe and the defaults derived, and where the class count came from."""
+    if args.recipe:
+        log.info('Recipe %s: %s', args.recipe, ', '.join(f'--{name.replace("_", "-")} {getattr(args, name)}'
+                                                         for name in origin.from_recipe) or 'nothing to set')
+        if args.mode in ('train', 'train_val') and recipes.size_words(args, origin.from_recipe):
+            log.info('%s', recipes.size_words(args, origin.from_recipe))   # val, pred, export: the run's sizes
+        recipe, batch = recipes.RECIPES[args.recipe], args.batch_size * args.grad_accum_steps
+        log.info('Recipe %s scales its learning rate (%g at %d images) %s: %.6g at %d images a step; --lr %.6g%s',
+                 args.recipe, recipe['lr'], recipe['lr_batch'], recipes.scaling_words(recipe['lr_scaling']),
+                 recipes.learning_rate(args.recipe, batch), batch, args.lr, ' (given)' if 'lr' in origin.given else '')
+    if args.mode in ('train', 'train_val') and args.data_val_resize != 256 and \
+            'data_val_resize' not in origin.given | set(origin.from_recipe):
+        log.info('--data-val-resize %d: the test size at the original recipe\'s 256/224 (not given)',
+                 args.data_val_resize)
+    if origin.num_classes_source not in ('--num-classes', 'the default'):
+        log.info('%d classes, as %s lists them (--num-classes not given)', args.num_classes,
+                 origin.num_classes_source)
+
+
+def replaced(args, **values):
+    """A Resolved copy of `args` with `values` instead (the flags themselves stay as they are)."""
+    copy = Resolved()
+    vars(copy).update(vars(args), **values)
+    return copy
