@@ -37,13 +37,13 @@ from concurrent.futures import ThreadPoolExecutor
 import mxnet as mx
 import numpy as np
 
-from rn50.data import augment
 from rn50.config import flags
+from rn50.data import augment
+from rn50.data import contract
 from rn50.data import records
 from rn50.data import resolution
-from rn50.errors import RecipeError
-from rn50.data import contract
 from rn50.data import validation_resize
+from rn50.errors import RecipeError
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import mxnet as mx
 import numpy as np
 
-from rn50.data import augment
 from rn50.config import flags
+from rn50.data import augment
 from rn50.data import records
 from rn50.data import resolution
 from rn50.data.contract import IMAGENET_TRAIN_SIZE, aspect_ratio_range, batches, image_shape, on_devices, per_worker_batch

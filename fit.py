@@ -25,22 +25,22 @@ import time
 import numpy as np
 
 from rn50.checkpoints import checkpoint
+from rn50.checkpoints import optimizer_state
 from rn50.checkpoints import resume as resume_policy     # fit.resume continues a State
 from rn50.checkpoints.workspace import Workspace
-from rn50.training import distill
 from rn50.config import flags
+from rn50.data import resolution
+from rn50.data.contract import batches
+from rn50.errors import RecipeError
 from rn50.inference import inference
 from rn50.optim import lars
+from rn50.optim.schedule import DEFAULT_EPOCHS, DEFAULT_WARMUP_EPOCHS, learning_rate
 from rn50.reports import logs
 from rn50.reports import mlperf_log
-from rn50.checkpoints import optimizer_state
-from rn50.data import resolution
 from rn50.reports import tensorboard_log
+from rn50.training import distill
 from rn50.training import training_extras
-from rn50.data.contract import batches
 from rn50.training.epoch_loss import EpochLoss
-from rn50.errors import RecipeError
-from rn50.optim.schedule import DEFAULT_EPOCHS, DEFAULT_WARMUP_EPOCHS, learning_rate
 from rn50.training.step import TrainingStep
 
 log = logging.getLogger(__name__)

@@ -35,8 +35,8 @@ import numpy as np
 from mxnet.gluon import HybridBlock, nn
 
 from rn50.config import flags
-from rn50.nets import layers
 from rn50.errors import RecipeError
+from rn50.nets import layers
 from rn50.nets.catalogue import ARCHITECTURES, RESNET_DEPTHS
 from rn50.nets.layers import Builder, Stack
 

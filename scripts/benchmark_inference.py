@@ -27,17 +27,17 @@ bootstrap.start(prepare_cpu=True)   # the repository importable, .venv, this CPU
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rn50.checkpoints import checkpoint  # noqa: E402
-from rn50.checkpoints import resume  # noqa: E402
 import data  # noqa: E402
-from rn50.inference import export  # noqa: E402
-from rn50.inference import inference  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
-from rn50.world import cpu  # noqa: E402
-from rn50.world import workers  # noqa: E402
+from rn50.checkpoints import checkpoint  # noqa: E402
+from rn50.checkpoints import resume  # noqa: E402
 from rn50.config import resolve  # noqa: E402
 from rn50.data import contract  # noqa: E402
+from rn50.inference import export  # noqa: E402
+from rn50.inference import inference  # noqa: E402
+from rn50.world import cpu  # noqa: E402
+from rn50.world import workers  # noqa: E402
 
 
 def parse_args():

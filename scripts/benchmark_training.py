@@ -29,9 +29,9 @@ bootstrap.start(prepare_cpu=True)   # the repository importable, .venv, this CPU
 import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 
+import models  # noqa: E402
 from rn50.reports import logs  # noqa: E402
 from rn50.world import cpu  # noqa: E402
-import models  # noqa: E402
 
 ROOT = bootstrap.ROOT
 

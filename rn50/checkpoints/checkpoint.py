@@ -37,10 +37,10 @@ import zipfile
 import mxnet as mx
 import numpy as np
 
-from rn50.reports import logs
 from rn50.checkpoints import optimizer_state
 from rn50.checkpoints import weights
 from rn50.errors import RecipeError, mxnet_message
+from rn50.reports import logs
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import tempfile
 import mxnet as mx
 import numpy as np
 
-from rn50.optim import lars
 from rn50.errors import RecipeError
+from rn50.optim import lars
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ import re
 import numpy as np
 from mxnet.gluon import nn
 
-from rn50.nets.catalogue import RESNET_DEPTHS
 from rn50.errors import RecipeError
+from rn50.nets.catalogue import RESNET_DEPTHS
 
 BATCHNORM_STATS = ('gamma', 'beta', 'running_mean', 'running_var')
 CLASSIFIER = ('output.weight', 'output.bias')

@@ -7,8 +7,8 @@ measure the training step alone.
 import mxnet as mx
 import numpy as np
 
-from rn50.data import records
 from rn50.data import contract
+from rn50.data import records
 
 
 class SyntheticLoader:

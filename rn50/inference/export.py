@@ -20,11 +20,11 @@ import numpy as np
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import resume
 from rn50.checkpoints.workspace import Workspace
-from rn50.reports import logs
 from rn50.data.contract import image_shape, whole
 from rn50.data.validation_resize import val_interpolation
 from rn50.errors import RecipeError, mxnet_message
 from rn50.inference.inference import input_shape
+from rn50.reports import logs
 
 log = logging.getLogger(__name__)
 

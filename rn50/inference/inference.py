@@ -29,13 +29,13 @@ import numpy as np
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import resume
 from rn50.checkpoints.workspace import Workspace
-from rn50.data import classes
 from rn50.config import flags, resolve
-from rn50.reports import logs
-from rn50.world import memory
+from rn50.data import classes
 from rn50.data.contract import batches, device_slices, image_shape, whole
 from rn50.data.validation_resize import describe_val_resize, load_image, val_interpolation
 from rn50.errors import RecipeError, mxnet_message
+from rn50.reports import logs
+from rn50.world import memory
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ import time
 import mxnet as mx
 import tqdm
 
-from rn50.world import cpu
 from rn50.errors import RecipeError, mxnet_message
+from rn50.world import cpu
 
 # What atomic_path's temporary files are called: '.' + the output's name + '.' + mkstemp's 8 characters.
 TEMPORARY_NAME = re.compile(r'^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$')

@@ -21,8 +21,8 @@ from mxnet import autograd
 
 from rn50.checkpoints import checkpoint
 from rn50.config import flags
-from rn50.nets.catalogue import ARCHITECTURES
 from rn50.errors import RecipeError
+from rn50.nets.catalogue import ARCHITECTURES
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ import math
 import mxnet as mx
 from mxnet import autograd, gluon
 
-from rn50.training import distill
-from rn50.optim import factory
-from rn50.optim import lamb
-from rn50.training import losses
-from rn50.training import training_extras
 from rn50.data.contract import device_slices
 from rn50.errors import RecipeError
+from rn50.optim import factory
+from rn50.optim import lamb
+from rn50.training import distill
+from rn50.training import losses
+from rn50.training import training_extras
 
 log = logging.getLogger(__name__)
 

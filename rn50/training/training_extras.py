@@ -22,11 +22,11 @@ import time
 
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints.workspace import Workspace
-from rn50.training import ema
 from rn50.config import flags
-from rn50.inference import inference
-from rn50.training import losses
 from rn50.errors import RecipeError
+from rn50.inference import inference
+from rn50.training import ema
+from rn50.training import losses
 
 log = logging.getLogger(__name__)
 

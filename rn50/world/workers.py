@@ -27,8 +27,8 @@ import time
 import mxnet as mx
 import numpy as np
 
-from rn50.world import cpu
 from rn50.errors import RecipeError
+from rn50.world import cpu
 
 log = logging.getLogger(__name__)
 
