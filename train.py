@@ -48,7 +48,8 @@ import data  # noqa: E402
 import fit  # noqa: E402
 import models  # noqa: E402
 from rn50.checkpoints.workspace import Workspace  # noqa: E402
-from rn50.config import flags, recipes, resolve  # noqa: E402
+from rn50.checkpoints import resume  # noqa: E402
+from rn50.config import flags, resolve, run_flags  # noqa: E402
 from rn50.data import augment, synthetic  # noqa: E402
 from rn50.errors import RecipeError  # noqa: E402
 from rn50.inference import export, inference  # noqa: E402
@@ -59,57 +60,10 @@ from rn50.world import memory, workers  # noqa: E402
 log = logging.getLogger(__name__)
 
 
-def add_run_args(parser):
-    group = parser.add_argument_group('Run', 'what to run, where, and where the outputs go')
-    group.add_argument('--mode', default='train_val', choices=['train_val', 'train', 'val', 'pred', 'export'],
-                       help='train_val trains and validates every epoch; train only trains (checkpoints are '
-                            'still written); val validates a checkpoint; pred classifies --data-pred; export writes '
-                            'symbol+params and ONNX')
-    group.add_argument('--recipe', default=None, choices=sorted(recipes.RECIPES),
-                       help='set the values of a published recipe (recipes.py: ' + '; '.join(
-                           f'{name}: {recipe["about"]}' for name, recipe in sorted(recipes.RECIPES.items()))
-                       .replace('%', '%%') + '); flags given on the command line win')
-    group.add_argument('--seed', type=flags.integer(minimum=0, maximum=workers.MAX_SEED), default=None,
-                       help='random seed for initialisation, data order, augmentation and mixup (default: a '
-                            'random one, logged and stored in the checkpoint so a resume continues exactly)')
-    group.add_argument('--gpus', type=flags.int_list, default=None,
-                       help='list of gpus to run, e.g. 0 or 0,2,5; with --kv-store horovod each worker takes '
-                            'gpus[local rank] (default: every GPU this process sees, so one process with --kv-store '
-                            'device splits --batch-size over all of them; the CPU on a machine without GPUs). The '
-                            'log names the GPUs and the images per GPU')
-    group.add_argument('--kv-store', default='device', choices=['device', 'horovod'],
-                       help='horovod: one process per device (use the runner); device: one process drives '
-                            'every device in --gpus')
-    group.add_argument('--dtype', default=None, choices=['float32', 'float16'],
-                       help='precision of weights and data (default: float16 on GPU, float32 on CPU)')
-    group.add_argument('--amp', action='store_true',
-                       help='automatic mixed precision (mxnet.contrib.amp): float16 on GPU with dynamic loss '
-                            'scaling, bfloat16 on CPU; weights stay float32')
-    group.add_argument('--batch-size', type=flags.integer(minimum=1), default=192,
-                       help='the GLOBAL batch size (all workers)')
-    group.add_argument('--load', default=None,
-                       help='checkpoint to start from: a .params file (weights) or a .state file (exact '
-                            'resume); default: the workspace\'s last state, if any')
-    group.add_argument('--test-io', action='store_true', help='measure the data loader alone, images/s')
-    group.add_argument('--test-io-mode', default='train', choices=['train', 'val'],
-                       help='which data --test-io reads')
-    group.add_argument('--no-metrics', action='store_true',
-                       help='do not compute accuracy (for benchmarking)')
-    group.add_argument('--benchmark-iters', type=flags.integer(minimum=1), default=None,
-                       help='run only this many iterations per epoch, wrapping around the data if needed')
-    group.add_argument('--workspace', default='./', help='directory for checkpoints, logs and report.json')
-    group.add_argument('--log', default='log.log',
-                       help='human-readable log file (relative paths are in the workspace)')
-    group.add_argument('--dllogger-log', default='dllogger_log.log',
-                       help='DLLogger JSON-lines file (relative paths are in --logdir, else the workspace)')
-    group.add_argument('--logdir', default=None, help='directory for the DLLogger file')
-    return group
-
-
 def build_parser():
     parser = argparse.ArgumentParser(description='Train, validate or run ResNet-50 v1.5 and relatives',
                                      formatter_class=flags.HelpFormatter)
-    add_run_args(parser)
+    run_flags.add_args(parser)
     models.add_model_args(parser)
     fit.add_fit_args(parser)
     data.add_data_args(parser)
@@ -175,33 +129,13 @@ def run_mode(args, net, world, seed, dllogger, stop):
              logs.peak_memory_mb(), os.path.abspath(args.workspace))
 
 
-def check_weights_folder(args):
-    """val, pred and export without --load take their weights from --workspace: a mistyped one is an error, not
-    a new empty folder (a --no-metrics speed measurement may run on random weights, see inference.py)."""
-    speed_only = args.mode == 'val' and args.no_metrics
-    if args.mode in ('val', 'pred', 'export') and not (args.load or speed_only) and not os.path.isdir(args.workspace):
-        raise RecipeError(f'--workspace {args.workspace} does not exist, and --mode {args.mode} takes its weights '
-                          'from the workspace: give the folder of a training run, or --load a checkpoint')
-    # Before anything is written: a failed start leaves no log files behind.
-    if args.load and not os.path.isfile(args.load):
-        raise RecipeError(f'--load {args.load}: no such file')
-    if args.teacher is not None and args.mode not in ('train', 'train_val'):
-        raise RecipeError(f'--teacher distils while training: --mode {args.mode} does not train')
-    if args.teacher is not None and not os.path.isfile(args.teacher):
-        raise RecipeError(f'--teacher {args.teacher}: no such file')
-    if args.finetune and not args.load:
-        raise RecipeError('--finetune fine-tunes the weights of --load, and none was given: add --load WEIGHTS (see '
-                          'the README\'s "Bring your own weights" for where ImageNet weights come from), or leave '
-                          '--finetune out to train from scratch')
-
-
 def run(args, origin):
     """Everything after parsing: world, the flags resolved for it, hardware, checks, model, then the mode."""
     fit.check_schedule_flags(args, origin)
     # Training catches SIGTERM/SIGUSR1 from the start, so a signal during start-up stops it cleanly too.
     stop = StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
     world = workers.World(args.kv_store)
-    check_weights_folder(args)
+    resume.check_weights_source(args)
     logs.check_workspace(args.workspace)
     if args.logdir:
         logs.check_workspace(args.logdir, '--logdir')

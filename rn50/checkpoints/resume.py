@@ -1,6 +1,7 @@
 """Which checkpoint a run starts from, and which weights a mode uses: the resume policy. The files are the
 workspace's (workspace.py), their formats checkpoint.py's.
 
+    resume.check_weights_source(args)                # train.py, before anything is written: --load, --teacher
     path = resume.find_weights(args)                 # --load, else the best, else the last state
     path = resume.inference_weights(args)            # the same, logged with why: val, pred, INT8, export
     state = resume.agreed_training_start(args, net, world)   # fit.train: the State to resume (its weights
@@ -193,3 +194,23 @@ def training_start(args, net, set_aside=True):
         raise RecipeError(f'--load {args.load}: no such file')
     checkpoint.load_weights(net, args.load, args, finetune=args.finetune)
     return None
+
+
+def check_weights_source(args):
+    """val, pred and export without --load take their weights from --workspace: a mistyped one is an error, not
+    a new empty folder (a --no-metrics speed measurement may run on random weights, see inference.py)."""
+    speed_only = args.mode == 'val' and args.no_metrics
+    if args.mode in ('val', 'pred', 'export') and not (args.load or speed_only) and not os.path.isdir(args.workspace):
+        raise RecipeError(f'--workspace {args.workspace} does not exist, and --mode {args.mode} takes its weights '
+                          'from the workspace: give the folder of a training run, or --load a checkpoint')
+    # Before anything is written: a failed start leaves no log files behind.
+    if args.load and not os.path.isfile(args.load):
+        raise RecipeError(f'--load {args.load}: no such file')
+    if args.teacher is not None and args.mode not in ('train', 'train_val'):
+        raise RecipeError(f'--teacher distils while training: --mode {args.mode} does not train')
+    if args.teacher is not None and not os.path.isfile(args.teacher):
+        raise RecipeError(f'--teacher {args.teacher}: no such file')
+    if args.finetune and not args.load:
+        raise RecipeError('--finetune fine-tunes the weights of --load, and none was given: add --load WEIGHTS (see '
+                          'the README\'s "Bring your own weights" for where ImageNet weights come from), or leave '
+                          '--finetune out to train from scratch')

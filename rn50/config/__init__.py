@@ -1,3 +1,4 @@
-"""The flags' values: their types and ranges (flags), named recipes as data (recipes), and what val, pred,
-export and a continued run take from the run that trained the weights (trained_settings).
+"""The flags: their types and ranges (flags), train.py's Run group (run_flags), named recipes as data
+(recipes), what val, pred and export take from the run that trained the weights (trained_settings), and the
+one place that resolves them all, once (resolve).
 """
