@@ -20,6 +20,7 @@ THIS_CPU = cpu.cpu_flags()
 HAS_AMX = cpu.has_amx(THIS_CPU)
 
 
+@pytest.mark.unit
 def test_effective_isa_follows_onednn_dispatch_and_cap():
     assert cpu.effective_isa(EPYC_AVX2) == 'avx2'
     assert cpu.effective_isa(XEON_VNNI) == 'avx512_core_vnni'
@@ -44,10 +45,12 @@ def onednn_reported_isa(cap):
 
 
 @pytest.mark.parametrize('cap', [None, 'AVX2', 'SSE41'])
+@pytest.mark.unit
 def test_mirror_names_the_isa_onednn_runs_on_this_cpu(cap):
     assert onednn_reported_isa(cap) == cpu.ISA_NAMES[cpu.effective_isa(THIS_CPU, cap)]
 
 
+@pytest.mark.unit
 def test_amx_is_turned_on_only_with_the_kernels_permission():
     env = {}
     assert 'AMX on' in cpu.prepare_process(env, XEON_AMX, ask_permission=lambda: True, cores=2)
@@ -61,6 +64,7 @@ def test_amx_is_turned_on_only_with_the_kernels_permission():
     assert 'DNNL_MAX_CPU_ISA' not in env and not asked
 
 
+@pytest.mark.unit
 def test_the_users_isa_setting_wins_unless_the_kernel_refuses_amx(caplog):
     env = {'DNNL_MAX_CPU_ISA': 'AVX512_CORE_BF16'}
     cpu.prepare_process(env, XEON_AMX, ask_permission=lambda: pytest.fail('asked for AMX turned off'), cores=2)
@@ -73,6 +77,7 @@ def test_the_users_isa_setting_wins_unless_the_kernel_refuses_amx(caplog):
     assert env['DNNL_MAX_CPU_ISA'] == 'AVX512_CORE_BF16' and 'refused' in caplog.text
 
 
+@pytest.mark.unit
 def test_openmp_threads_are_the_cores_shared_by_the_local_workers():
     env = {}
     cpu.prepare_process(env, EPYC_AVX2, cores=8)
@@ -88,19 +93,25 @@ def test_openmp_threads_are_the_cores_shared_by_the_local_workers():
     assert env['OMP_NUM_THREADS'] == '3'
 
 
+@pytest.mark.unit
 def test_amp_says_why_bfloat16_is_slower_than_float32():
     assert cpu.bfloat16_speed_warning(XEON_AMX, {'DNNL_MAX_CPU_ISA': 'AVX512_CORE_AMX'}) is None
     assert 'AMX is off' in cpu.bfloat16_speed_warning(XEON_AMX, {})
     assert 'no AMX' in cpu.bfloat16_speed_warning(XEON_AMX - {'amx_tile', 'amx_bf16', 'amx_int8'}, {})
     assert 'emulates' in cpu.bfloat16_speed_warning(XEON_VNNI, {})
+    # val and pred run the converted, fused bfloat16 network: fast wherever avx512_bf16 is, emulated elsewhere
+    assert cpu.bfloat16_speed_warning(XEON_AMX - {'amx_tile', 'amx_bf16', 'amx_int8'}, {}, inference=True) is None
+    assert 'emulated bfloat16 inference' in cpu.bfloat16_speed_warning(XEON_VNNI, {}, inference=True)
 
 
+@pytest.mark.unit
 def test_the_amx_permission_request_matches_this_cpu():
     """Granted on a CPU with AMX (Linux 5.16 on), refused elsewhere, never a crash."""
     assert cpu.request_amx_permission() == HAS_AMX
 
 
 @pytest.mark.skipif(not HAS_AMX, reason='this CPU has no AMX (amx_tile, amx_bf16, amx_int8 not in /proc/cpuinfo)')
+@pytest.mark.unit
 def test_bfloat16_runs_amx_kernels_after_prepare_process():
     code = ('from rn50.world import cpu; cpu.prepare_process()\n'
             'import mxnet as mx\n'
@@ -113,6 +124,7 @@ def test_bfloat16_runs_amx_kernels_after_prepare_process():
     assert 'amx' in result.stdout
 
 
+@pytest.mark.integration
 def test_train_py_uses_every_core_and_names_the_isa(digits, tmp_path):
     """`python train.py` without OMP_NUM_THREADS: the cores of this process, said in the log with oneDNN's ISA."""
     env = {k: v for k, v in os.environ.items() if k not in ('OMP_NUM_THREADS', 'DNNL_MAX_CPU_ISA')}

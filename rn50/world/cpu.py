@@ -150,11 +150,13 @@ def describe(environ=os.environ, flags=None):
             f'OMP_NUM_THREADS={environ.get("OMP_NUM_THREADS", "unset")}')
 
 
-def bfloat16_speed_warning(flags, environ=os.environ):
-    """Why --amp (bfloat16) on this CPU is slower than float32, or None where it runs on AMX. Raises
-    nothing: whether bfloat16 runs at all is workers.check_cpu_bfloat16's question."""
+def bfloat16_speed_warning(flags, environ=os.environ, inference=False):
+    """Why --amp (bfloat16) on this CPU may be slower than float32, or None where it runs on AMX, or for
+    `inference` (val, pred: the converted, fused bfloat16 network) on a CPU with avx512_bf16, where it ran
+    twice as fast as float32 (docs/cpu.md). Raises nothing: whether bfloat16 runs at all is
+    workers.check_cpu_bfloat16's question."""
     isa = effective_isa(flags, environ.get(ISA_VARIABLE))
-    if isa == 'avx512_core_amx':
+    if isa == 'avx512_core_amx' or inference and 'avx512_bf16' in flags:
         return None
     if has_amx(flags):
         why = f'AMX is off ({_decision["amx"]})'
@@ -162,5 +164,7 @@ def bfloat16_speed_warning(flags, environ=os.environ):
         why = 'this CPU has no AMX'
     else:
         why = 'this CPU has neither AMX nor avx512_bf16, so oneDNN emulates bfloat16'
-    return (f'--amp: {why}; without AMX bfloat16 is slower than float32 (measured on an AVX-512 bfloat16 Xeon: '
-            f'training 0.8x, validation 0.57x float32): leave out --amp for speed')
+    if inference:
+        return f'--amp: {why}; emulated bfloat16 inference is slower than float32: leave out --amp for speed'
+    return (f'--amp: {why}; without AMX bfloat16 training can be slower than float32 (0.8x measured on an AVX-512 '
+            'bfloat16 Xeon; 1.5x faster on an AMD EPYC Zen 4): compare with scripts/benchmark_training.py --amp')

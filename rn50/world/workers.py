@@ -428,22 +428,23 @@ def start_amp(args, on_gpu):
         return None
     amp_dtype = 'float16' if on_gpu else 'bfloat16'
     if amp_dtype == 'bfloat16':
-        check_cpu_bfloat16()
+        check_cpu_bfloat16(inference=args.mode in ('val', 'pred'))
     if on_gpu or args.mode not in ('val', 'pred'):
         from mxnet.contrib import amp
         amp.init(target_dtype=amp_dtype)
     return amp_dtype
 
 
-def check_cpu_bfloat16():
-    """oneDNN runs bfloat16 fast on AMX, natively but slower than float32 with avx512_bf16 alone, emulated on
-    other AVX-512 CPUs, and not at all on AVX2-only CPUs (it fails deep inside with 'could not create a
-    primitive descriptor'). Slower than float32 is said once, with the reason."""
+def check_cpu_bfloat16(inference=False):
+    """oneDNN runs bfloat16 fast on AMX, natively with avx512_bf16 alone (training at a speed that depends on
+    the CPU, inference of the fused bfloat16 network fast), emulated on other AVX-512 CPUs, and not at all on
+    AVX2-only CPUs (it fails deep inside with 'could not create a primitive descriptor'). What may be slower
+    than float32 is said once, with the reason."""
     flags = cpu.cpu_flags()
     if 'avx512f' not in flags:
         raise RecipeError('--amp on the CPU means bfloat16, which needs an AVX-512 CPU (fast with AMX) and this '
                           'CPU has none: train in float32 (leave out --amp)')
-    warning = cpu.bfloat16_speed_warning(flags)
+    warning = cpu.bfloat16_speed_warning(flags, inference=inference)
     if warning:
         log.warning(warning)
 
