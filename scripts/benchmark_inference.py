@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Validation throughput and top-1 of one trained model in float32 MXNet, INT8 MXNet and onnxruntime, in
-one run on the same preprocessed batches.
+"""Validation throughput and top-1 of one trained model in float32 MXNet, bfloat16 MXNet, INT8 MXNet and
+onnxruntime, in one run on the same preprocessed batches.
 
     python scripts/benchmark_inference.py [--rounds 5] -- TRAIN_PY_FLAGS...
     python scripts/benchmark_inference.py -- --workspace runs/demo --data-train data/demo/rec/train.rec \\
@@ -12,8 +12,9 @@ The flags after `--` are train.py's and name the model and data as `--mode val` 
 After a warm-up pass each (which also measures top-1), the engines take turns, one pass over the set each
 per round, for `--rounds` rounds: a shared machine's slow spells then hit all of them, and the median
 round is reported. INT8 uses inference.py's cached calibration
-(--calib-batches, --calib-mode); onnxruntime runs the model `--mode export` writes. bfloat16 (--amp) is
-measured with `train.py --mode val --amp` on CPUs that have it (AVX-512). Prints one JSON object.
+(--calib-batches, --calib-mode); onnxruntime runs the model `--mode export` writes; bfloat16 is --amp's
+network (converted to bfloat16, then fused: inference.fused_bfloat16), on CPUs with avx512_bf16 or AMX.
+Prints one JSON object.
 """
 import argparse
 import functools
@@ -105,10 +106,17 @@ def main():
         results['onnxruntime'] = 'not installed'
     int8 = inference.int8_network(args, net, resume.find_weights(args), world, train.get_loaders)
     engines['int8'] = lambda x: int8(x).asnumpy()
+    if cpu.cpu_flags() & {'avx512_bf16', 'amx_bf16'}:    # --amp's network: converted to bfloat16, then fused
+        bfloat16 = inference.fused_bfloat16(args, net, world.devices)
+        engines['bfloat16'] = lambda x: bfloat16(x).astype('float32').asnumpy()
+    else:
+        results['bfloat16'] = 'this CPU has neither avx512_bf16 nor AMX'
     float32 = inference.inference_network(args, net, world, train.get_loaders)
     engines['float32'] = lambda x: float32(x).asnumpy()
     results.update(compare(engines, batches, options.rounds))
     results['int8_speedup'] = round(results['int8'][0] / results['float32'][0], 2)
+    if 'bfloat16' in engines:
+        results['bfloat16_speedup'] = round(results['bfloat16'][0] / results['float32'][0], 2)
     if 'onnxruntime' in engines:
         results['float32_vs_onnxruntime'] = round(results['float32'][0] / results['onnxruntime'][0], 3)
     results['format'] = '[images/s, top-1]'
