@@ -242,7 +242,7 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
     asked the run to stop."""
     training_extras.check(args)
     state = resume_policy.agreed_training_start(args, net, world)
-    seed = resumed_seed(state, seed)
+    seed = resumed_seed(state, seed)   # the run's from here on (report.json and its states record it)
     step = TrainingStep(args, net, world, seed, build_network)
     world.broadcast_parameters(step.params)
     step.average = training_extras.start_average(args, net, world, state)
@@ -259,6 +259,7 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
         meta = state.meta
         resume(args, net, step, world, state)
         dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': meta['iteration']})
+    meta['seed'] = seed   # as every state records it; report.json too
     mlperf = mlperf_log.start(args, world, seed, resumed=state is not None)   # run_start: before the data is touched
     train_loader, val_loader = get_loaders(args, world.rank, world.size, train=True, val=args.mode == 'train_val',
                                            contexts=world.devices.contexts, seed=seed)
@@ -316,7 +317,7 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
         write_state(args, net, step, meta, world)
         optimizer_state.check_replicas(net, step.gluon_trainer, world, epoch)
         logs.write_report(Workspace.of(args).report(args.mode), args, world, meta['history'],
-                          duration=meta['wall_seconds'])
+                          duration=meta['wall_seconds'], seed=seed)
         if training_extras.target_reached(args, meta):
             break
         if stop_agreed(stop, world, 0, 1):

@@ -106,7 +106,7 @@ def run_mode(args, net, world, seed, dllogger, stop):
         return
     if args.mode == 'export':
         summary = export.export(args, world, get_loaders, functools.partial(models.build, args, 'cpu'))
-        logs.write_report(Workspace.of(args).report(args.mode), args, world, [], summary)
+        logs.write_report(Workspace.of(args).report(args.mode), args, world, [], summary, seed=seed)
         return
     if args.mode in ('val', 'pred'):
         net = inference.inference_network(args, net, world, get_loaders)
@@ -118,11 +118,11 @@ def run_mode(args, net, world, seed, dllogger, stop):
     else:
         teacher_network = functools.partial(models.build, args, world.devices.kind)   # for a --teacher
         meta = fit.train(args, net, world, seed, get_loaders, teacher_network, dllogger, stop)
-        history, duration = meta['history'], meta['wall_seconds']
+        history, duration, seed = meta['history'], meta['wall_seconds'], meta['seed']
         summary = fit.training_summary(history, args.target_accuracy)
         summary.update(mlperf_log.summary(args))   # the MLPerf result log's status and time to train
     logs.write_report(Workspace.of(args).report(args.mode), args, world, history, summary,
-                      duration=duration if args.mode in ('train', 'train_val') else None)
+                      duration=duration if args.mode in ('train', 'train_val') else None, seed=seed)
     mx.nd.waitall()
     dllogger.log((), summary)
     log.info('Done in %.1f s; peak memory %.0f MB. Outputs in %s', time.time() - world.start_time,

@@ -361,14 +361,16 @@ def peak_memory_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def write_report(path, args, world, history, summary=None, duration=None):
+def write_report(path, args, world, history, summary=None, duration=None, seed=None):
     """The mode's report, `path` (Workspace.report: report.json, or report_<mode>.json), written by rank 0 only:
-    the resolved configuration, the world's workers and devices, versions, hardware, per-epoch metrics, the
-    summary and the duration so far (`duration`: training's, over all its resumes; else this process's)."""
+    the resolved configuration, the run's seed (given or drawn), the world's workers and devices, AMP's dtype,
+    versions, hardware, per-epoch metrics, the summary and the duration so far (`duration`: training's, over
+    all its resumes; else this process's)."""
     if world.rank != 0:
         return
-    report = {'model': args.arch, 'mode': args.mode, 'workers': world.size,
-              'devices': [str(c) for c in world.devices.contexts], 'cmd': sys.argv, 'config': vars(args),
+    report = {'model': args.arch, 'mode': args.mode, 'workers': world.size, 'seed': seed,
+              'devices': [str(c) for c in world.devices.contexts], 'amp_dtype': world.devices.amp_dtype,
+              'cmd': sys.argv, 'config': vars(args),
               'versions': library_versions(), 'hardware': hardware(), 'epochs': history,
               'total_duration': time.time() - world.start_time if duration is None else duration,
               'peak_memory_mb': peak_memory_mb()}
