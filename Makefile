@@ -1,6 +1,8 @@
 # Two commands do everything on a fresh clone:
-#   make demo   set up, build the digits demo dataset, train ResNet-50 v1.5 on it, report
-#   make test   set up, run the whole test suite
+#   make demo       set up, build the digits demo dataset, train ResNet-50 v1.5 on it, report
+#   make test       set up, run the whole test suite, in parallel on every core (pytest-xdist)
+# and one is for the edit loop:
+#   make test-fast  set up, run the unit tier alone (in process, seconds a test; the tiers are in pytest.ini)
 # `make setup` alone creates .venv with requirements.txt, requirements-dev.txt and Horovod (built from source
 # with MXNet and Gloo support when missing). Pick another MXNet wheel with e.g.
 #   make setup MXNET=mxnet-cu112==1.9.1
@@ -13,7 +15,7 @@ PY := $(VENV)/bin/python
 DEMO_DATA := data/demo
 DEMO_RUN := runs/demo
 
-.PHONY: setup test demo clean
+.PHONY: setup test test-fast demo clean
 
 setup: $(VENV)/.requirements $(VENV)/.horovod
 
@@ -49,8 +51,15 @@ $(VENV)/.horovod: $(VENV)/.requirements
 	$(PY) -m pip check | grep -v -e '^gluoncv ' -e '^onnxruntime ' | sed 's/^/pip check: /' || true
 	touch $@
 
+# One test process per core (-n auto), each with its share of the cores as OpenMP threads (tests/conftest.py);
+# --dist loadgroup runs the multi-worker tests one after another on one of them.
+PYTEST := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest tests -q -p no:cacheprovider -n auto --dist loadgroup
+
 test: setup
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest tests -q -p no:cacheprovider
+	$(PYTEST)
+
+test-fast: setup
+	$(PYTEST) -m unit
 
 demo: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHON=$(PY) ./scripts/demo.sh $(DEMO_DATA) $(DEMO_RUN)

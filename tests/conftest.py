@@ -1,7 +1,12 @@
-"""Shared test set-up: the repository on sys.path, MXNet kept to this machine's cores, and small real
-datasets built once per session with the recipe's own tools (the digits demo set, and a JPEG tree)."""
+"""Shared test set-up: the repository on sys.path, MXNet kept to this machine's cores (shared by the test
+processes under pytest-xdist), every test in one tier (pytest.ini: unit, integration, multiworker), small real
+datasets and trained workspaces built once per run with the recipe's own tools (the digits demo set, a
+ResNet-18 trained on it), and train.py's main in process for the runs that end in a user error."""
+import contextlib
 import functools
+import io
 import os
+import shutil
 import subprocess
 import sys
 
@@ -9,7 +14,19 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault('OMP_NUM_THREADS', str(os.cpu_count() or 1))
+
+
+def threads_per_process():
+    """OpenMP threads per test process: the cores shared by pytest-xdist's workers, which run at once (MXNet's
+    small networks here run several times slower with more threads than cores)."""
+    workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT') or 1)
+    return str(max(1, (os.cpu_count() or 1) // workers))
+
+
+# The user's OMP_NUM_THREADS wins; the default is marked as the tests' own, so that xdist's workers (which inherit
+# the controller's environment) set theirs.
+if 'OMP_NUM_THREADS' not in os.environ or os.environ.get('RN50_TESTS_OMP') == os.environ['OMP_NUM_THREADS']:
+    os.environ['OMP_NUM_THREADS'] = os.environ['RN50_TESTS_OMP'] = threads_per_process()
 
 
 def run_script(*argv, check=True, **kwargs):
@@ -24,6 +41,67 @@ def run_train_py(*argv, check=True):
     if check and result.returncode != 0:
         raise AssertionError(f'train.py failed ({result.returncode}):\n{result.stderr[-3000:]}')
     return result
+
+
+@contextlib.contextmanager
+def process_state_kept():
+    """What a run of train.main or the runner's main changes in this process, put back after: the root logger's
+    handlers and level (logs.setup_logging replaces them, with a file handler in the workspace), the signal
+    handlers (StopRequest catches SIGTERM, SIGUSR1 and SIGINT), the environment and the working directory."""
+    import logging
+    import signal
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    signals = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    environ, cwd = dict(os.environ), os.getcwd()
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+        for number, handler in signals.items():
+            signal.signal(number, handler)
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+
+
+def in_process(main, *argv):
+    """`main(argv)` (train.main, the runner's main) in this process, for runs that end before training (a user
+    error: `error: ...`, exit status 2): a CompletedProcess with its exit status and output, as run_train_py's,
+    without a new interpreter's start-up (MXNet's import alone takes seconds)."""
+    argv = [str(a) for a in argv]
+    out, err = io.StringIO(), io.StringIO()
+    with process_state_kept(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:          # argparse's errors and --help
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def train_main(*argv):
+    """train.py's main(argv) in this process (see in_process): for flags refused before any training."""
+    import train
+    return in_process(train.main, *argv)
+
+
+def runner_main(*argv):
+    """The runner's main(argv) in this process (see in_process), for a command refused before launch; a launch
+    (exec of train.py, or horovodrun) fails the test instead of replacing or outliving this process."""
+    from unittest import mock
+    runner = runner_module()
+
+    def launched(*args, **kwargs):
+        raise AssertionError(f'the runner launched {args[:2]} instead of refusing the command')
+    with mock.patch.object(runner.os, 'execvp', launched), mock.patch.object(runner, 'Supervisor', launched):
+        return in_process(runner.main, *argv)
 
 
 def gloo_workers(script, output):
@@ -89,14 +167,76 @@ def in_fresh_process(test):
     return isolated
 
 
+def built_once(tmp_path_factory, name, build):
+    """The folder `name`, which `build(folder)` fills once for the whole run: pytest-xdist's workers share it (the
+    first to ask builds it while the others wait), so a dataset or a trained workspace costs one build however the
+    tests are spread. Tests only read it; one that writes works on a copy (copy_workspace)."""
+    import fcntl
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get('PYTEST_XDIST_WORKER'):
+        root = root.parent               # the run's folder, above each worker's own
+    folder, done = root / name, root / f'{name}.done'
+    with open(root / f'{name}.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)             # released as the file closes
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)     # what a build that failed in another worker left
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
+def copy_workspace(source, destination):
+    """A copy of a shared workspace for a test that writes to it: a mode run in a workspace appends to its logs
+    and writes its reports, an INT8 model or an export beside the weights."""
+    shutil.copytree(source, destination)
+    return destination
+
+
 @pytest.fixture(scope='session')
 def digits(tmp_path_factory):
     """The demo dataset: digits as 32x32 JPEGs (images/) converted to RecordIO (rec/)."""
-    root = tmp_path_factory.mktemp('digits')
-    run_script('scripts/make_demo_dataset.py', root / 'images')
-    run_script('scripts/prepare_dataset.py', root / 'images', root / 'rec', '--names',
-               root / 'images' / 'names.txt', '--workers', '2')
-    return root
+    def build(root):
+        run_script('scripts/make_demo_dataset.py', root / 'images')
+        run_script('scripts/prepare_dataset.py', root / 'images', root / 'rec', '--names',
+                   root / 'images' / 'names.txt', '--workers', '2')
+    return built_once(tmp_path_factory, 'digits', build)
+
+
+# The ResNet-18 of trained_digits, after digits_flags(digits, batch=32): the flags a test gives to use its weights,
+# and those of its training run.
+TRAINED_NET = ['--num-layers', '18', '--seed', '4', '--data-backend', 'mxnet', '--data-val-resize', '36']
+TRAINED_RUN = ['--num-epochs', '4', '--lr', '0.2', '--warmup-epochs', '1', '--min-random-area', '0.5', '--mode',
+               'train_val']
+
+
+@pytest.fixture(scope='session')
+def trained_digits(digits, tmp_path_factory):
+    """The workspace of a ResNet-18 trained 4 epochs on the digits (TRAINED_NET; about 90% top-1), trained once
+    for the whole run and shared by every test that needs trained weights: read it, or copy_workspace it to run
+    a mode in it."""
+    return built_once(tmp_path_factory, 'trained_digits', lambda workspace: run_train_py(
+        *digits_flags(digits, batch=32), *TRAINED_NET, *TRAINED_RUN, '--workspace', workspace))
+
+
+# trained_apart's run, after its data flags (apart_data_flags): trained at 32x32, tested at 40x40 after a 46 resize.
+APART = ['--seed', '3', '--batch-size', '32', '--data-backend', 'mxnet', '--data-mxnet-threads', '2',
+         '--num-layers', '18', '--image-shape', '3,32,32', '--val-image-shape', '3,40,40', '--data-val-resize', '46',
+         '--num-epochs', '1', '--num-examples', '64', '--warmup-epochs', '0']
+
+
+def apart_data_flags(digits):
+    rec = digits / 'rec'
+    return ['--data-train', rec / 'train.rec', '--data-train-idx', rec / 'train.idx', '--data-val', rec / 'val.rec',
+            '--data-val-idx', rec / 'val.idx']
+
+
+@pytest.fixture(scope='session')
+def trained_apart(digits, tmp_path_factory):
+    """The workspace of a ResNet-18 trained 1 epoch (64 images) at 32x32 and tested at 40x40 after a 46 resize
+    (APART; the digits are 32x32 JPEGs), trained once for the whole run: read it, or copy_workspace it."""
+    return built_once(tmp_path_factory, 'trained_apart',
+                      lambda workspace: run_train_py(*apart_data_flags(digits), *APART, '--workspace', workspace))
 
 
 def train_args(extra=()):
@@ -126,3 +266,42 @@ def resolved(flags, **values):
         values = dict({'dtype': 'float16'}, **values)
     args = resolve.for_run(args, origin, on_gpu=False)[0]
     return resolve.replaced(args, **values) if values else args
+
+
+# ---- tiers ----------------------------------------------------------------------------------------------------
+
+TIERS = ('multiworker', 'integration', 'unit')     # pytest.ini says what each means; the costliest first
+# Two files their owners are rewriting now, whose tests get their tier here, test by test (a new test in them still
+# needs one): the marks move into the files once those settle.
+TIERS_GIVEN_HERE = {
+    'test_layout.py': dict.fromkeys([
+        'test_the_root_holds_the_entry_points_and_the_package_the_rest', 'test_no_import_cycle',
+        'test_cycle_finder_finds_a_cycle', 'test_the_package_never_imports_the_root',
+        'test_the_layout_test_sees_imports_both_ways', 'test_imports_run_one_way', 'test_every_folder_says_what_it_holds',
+        'test_the_design_document_lists_the_folders_there_are', 'test_modules_stay_readable'], 'unit'),
+    'test_readme.py': dict(dict.fromkeys([
+        'test_every_runner_command_of_the_readme_and_docs_is_accepted_as_printed',
+        'test_the_readme_is_short_and_indexes_every_document', 'test_every_link_leads_somewhere'], 'unit'),
+        test_the_quick_start_takes_a_folder_of_images_to_a_model_predictions_and_onnx='integration'),
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every test has exactly one tier, or the collection fails (before -m selects by them). Under pytest-xdist
+    (--dist loadgroup) the multi-worker tests run one after the other on one worker, and the tiers go out
+    costliest first, so that the unit tier's seconds fill the end of the run instead of a long run starting last."""
+    for item in items:
+        tier = TIERS_GIVEN_HERE.get(item.path.name, {}).get(item.originalname)
+        if tier:
+            item.add_marker(tier)
+    wrong = [f'{item.nodeid} ({", ".join(tiers) or "none"})' for item in items
+             for tiers in [sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})] if len(tiers) != 1]
+    if wrong:
+        raise pytest.UsageError('every test needs exactly one tier marker, unit, integration or multiworker (see '
+                                'pytest.ini); these have none or several:\n  ' + '\n  '.join(wrong))
+    for item in items:                  # one at a time (Horovod's collectives spin), scheduled first as a group
+        if item.get_closest_marker('multiworker'):
+            item.add_marker(pytest.mark.xdist_group('multiworker'))
+    if hasattr(config, 'workerinput'):
+        items.sort(key=lambda item: next(TIERS.index(mark.name) for mark in item.iter_markers() if mark.name in TIERS))

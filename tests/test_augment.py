@@ -28,6 +28,7 @@ def draws(policy_flags):
     return policy, policy.draw(np.random.default_rng(0), IMAGES)
 
 
+@pytest.mark.unit
 def test_trivial_augment_draws_every_operation_and_bin_uniformly():
     policy, (ops, bins, signs) = draws(['--auto-augment', 'ta_wide'])
     assert ops.shape == (IMAGES, 1) and len(policy.suite) == 14 and policy.num_bins == 31
@@ -36,6 +37,7 @@ def test_trivial_augment_draws_every_operation_and_bin_uniformly():
     assert within_binomial(np.sum(signs), IMAGES, 0.5) and set(np.unique(signs)) == {0, 1}
 
 
+@pytest.mark.unit
 def test_rand_augment_draws_its_count_of_operations_at_its_magnitude():
     """torchvision's RandAugment by default: magnitude 7 of its 31 bins is 7/30 of each range, always applied."""
     policy, (ops, bins, _) = draws(['--auto-augment', 'ra', '--ra-num-ops', '3', '--ra-magnitude', '7'])
@@ -59,6 +61,7 @@ DALI_NAMES = {'AutoContrast': 'auto_contrast', 'Equalize': 'equalize', 'Invert':
               'TranslateXRel': 'translate_x', 'TranslateYRel': 'translate_y'}
 
 
+@pytest.mark.unit
 def test_rsb_a3_rand_augment_draws_what_timm_draws():
     """Per application: applied with probability 0.5, one of timm's 15 operations uniformly, at a strength of
     0.6 of its range with a spread of 0.05 (before: always applied, 0.2 of the range, no spread)."""
@@ -76,6 +79,7 @@ def test_rsb_a3_rand_augment_draws_what_timm_draws():
     assert len(np.unique(strength)) > 40          # the bins are fine enough for the noise
 
 
+@pytest.mark.unit
 def test_the_noise_is_clipped_to_the_range_and_the_probability_is_a_flag():
     policy, (ops, bins, _) = draws(['--auto-augment', 'ra', '--ra-magnitude', '9', '--ra-magnitude-scale', '10',
                                     '--ra-magnitude-std', '2', '--ra-prob', '0.25'])
@@ -87,12 +91,14 @@ def test_the_noise_is_clipped_to_the_range_and_the_probability_is_a_flag():
 
 
 @pytest.mark.parametrize('fraction', [0, 0.1, 0.25, 0.49, 0.5, 0.6, 0.75, 0.9, 1])
+@pytest.mark.unit
 def test_timms_posterize_keeps_4_down_to_0_bits(fraction):
     kept = 4 - int(fraction * 4)                  # timm's _posterize_increasing_level_to_arg
     pil_mask = ~(2 ** (8 - kept) - 1) & 0xff        # PIL's ImageOps.posterize(image, kept)
     assert augment.timm_posterize_mask(np.float32(np.linspace(0, 4, 1001)[round(fraction * 1000)])) == pil_mask
 
 
+@pytest.mark.unit
 def test_ra_flags_out_of_range_are_errors():
     from rn50.errors import RecipeError
     args = resolved(['--auto-augment', 'ra', '--ra-magnitude', '11', '--ra-magnitude-scale', '10'])
@@ -104,6 +110,7 @@ def test_ra_flags_out_of_range_are_errors():
             resolved(['--auto-augment', 'ra', flag, value])
 
 
+@pytest.mark.unit
 def test_the_fill_is_torchvisions_zero_and_rsb_a3_fills_timms_mean_colour():
     timm_mean = tuple(round(255 * m) for m in (0.485, 0.456, 0.406))    # timm's img_mean from IMAGENET_DEFAULT_MEAN
     assert augment.fill_value(resolved(['--auto-augment', 'ta_wide'])) == 0
@@ -113,6 +120,7 @@ def test_the_fill_is_torchvisions_zero_and_rsb_a3_fills_timms_mean_colour():
     assert augment.fill_value(resolved(['--auto-augment', 'ra', '--auto-augment-fill', '7,7,7'])) == 7
 
 
+@pytest.mark.unit
 def test_auto_augment_runs_each_sub_policy_operation_with_its_probability_at_its_magnitude():
     from nvidia.dali.auto_aug import auto_augment
     policy, (ops, bins, _) = draws(['--auto-augment', 'imagenet'])
@@ -134,11 +142,17 @@ def test_auto_augment_runs_each_sub_policy_operation_with_its_probability_at_its
 
 TIMM_FLAGS = ['--ra-ops', 'timm-increasing', '--ra-magnitude', '6', '--ra-magnitude-scale', '10',
               '--ra-magnitude-std', '0.5', '--ra-prob', '0.5', '--auto-augment-fill', '124,116,104']
+# A RandAugment pipeline builds in seconds per 1,000 magnitude bins (DALI turns each bin's parameters into graph
+# nodes): where the test needs no particular scale, the same magnitudes as fractions of a scale of 1 (101 bins).
+SMALL_SCALE = {'torchvision': ['--ra-magnitude-scale', '1', '--ra-magnitude', '0.3'],            # 9 of 30
+               'timm': ['--ra-magnitude-scale', '1', '--ra-magnitude', '0.6', '--ra-magnitude-std', '0.05']}
 
 
-@pytest.mark.parametrize('flags', [['--auto-augment', 'ta_wide'], ['--auto-augment', 'ra', '--ra-num-ops', '1'],
+@pytest.mark.parametrize('flags', [['--auto-augment', 'ta_wide'],
+                                   ['--auto-augment', 'ra', '--ra-num-ops', '1'] + SMALL_SCALE['torchvision'],
                                    ['--auto-augment', 'ra', '--ra-num-ops', '1'] + TIMM_FLAGS,
                                    ['--auto-augment', 'imagenet']], ids=['ta_wide', 'ra', 'ra-timm', 'imagenet'])
+@pytest.mark.unit
 def test_each_image_gets_the_operation_drawn_for_it(tmp_path, flags):
     """Through the loader: images drawn the identity equal the images without --auto-augment (same crops),
     and the others (at bins that change an image) differ from them."""
@@ -160,13 +174,15 @@ WARPS = {'translate_x', 'translate_y', 'shear_x', 'shear_y', 'rotate'}
 
 
 @pytest.mark.parametrize('fill', ['0', '124,116,104', '9'])
+@pytest.mark.unit
 def test_what_a_warp_uncovers_has_the_fill_colour(tmp_path, fill):
     """Every image that a full-range translation, shear or rotation moved has pixels of exactly the fill
     colour (after normalisation): 0 is torchvision's, 124,116,104 timm's (DALI's warps take one value: a
     colour of unequal channels is filled around them); before, every fill was 128."""
     colour = np.array([float(v) for v in fill.split(',')] * (3 if ',' not in fill else 1))
     args = unique_label_args(tmp_path, 'dali-cpu', count=24, batch=24, extra=[
-        '--auto-augment', 'ra', '--ra-num-ops', '1', '--ra-magnitude', '30', '--auto-augment-fill', fill])
+        '--auto-augment', 'ra', '--ra-num-ops', '1', '--ra-magnitude-scale', '1', '--ra-magnitude', '1',
+        '--auto-augment-fill', fill])                           # the full range, as 30 of 30
     loader = get_loaders(args, 0, 1, val=False)[0]
     images = next(loader.epoch(1)).data[0].asnumpy()
     ops, _, _ = loader.extra_draws(1, 0, 0, 24)
@@ -176,6 +192,7 @@ def test_what_a_warp_uncovers_has_the_fill_colour(tmp_path, fill):
     assert len(warped) >= 3 and all(filled[i] > 0.05 for i in warped), (warped, filled)
 
 
+@pytest.mark.unit
 def test_erased_boxes_follow_torchvisions_rule():
     rng = np.random.default_rng(0)
     anchors, shapes = augment.erase_boxes(rng, IMAGES, 40, 60, 0.3)
@@ -193,6 +210,7 @@ def test_erased_boxes_follow_torchvisions_rule():
 
 @pytest.mark.parametrize('mode,dtype', [('const', 'float32'), ('const', 'float16'), ('pixel', 'float32'),
                                         ('pixel', 'float16')])
+@pytest.mark.unit
 def test_erased_boxes_hold_zeros_or_the_drawn_noise_and_nothing_else_changes(tmp_path, mode, dtype):
     plain = unique_label_args(tmp_path, 'dali-cpu', count=12, batch=12, extra=['--dtype', dtype])
     erase = unique_label_args(tmp_path, 'dali-cpu', count=12, batch=12,
@@ -213,6 +231,7 @@ def test_erased_boxes_hold_zeros_or_the_drawn_noise_and_nothing_else_changes(tmp
         np.testing.assert_array_equal(box, want)
 
 
+@pytest.mark.unit
 def test_an_augmentation_failure_is_not_blamed_on_the_data(tmp_path, monkeypatch):
     """A DALI error outside the decoder (here an erasing that cannot broadcast) says what DALI said, at which
     batch, and does not send the user to rebuild a dataset that is fine."""
@@ -229,6 +248,7 @@ def test_an_augmentation_failure_is_not_blamed_on_the_data(tmp_path, monkeypatch
 
 @pytest.mark.parametrize('mode', ['const', 'pixel'])
 @pytest.mark.parametrize('on_gpu', [False, True], ids=['dali-cpu', 'dali-gpu'])
+@pytest.mark.unit
 def test_every_erase_gets_float32_and_the_float16_cast_comes_after(tmp_path, monkeypatch, mode, on_gpu):
     """The graph of a float16 batch with erasing, for dali-cpu and for dali-gpu (built without a GPU; DALI
     checks devices only when a pipeline is built): crop_mirror_normalize emits float32, fn.erase takes that
@@ -278,6 +298,7 @@ class OldDali(types.ModuleType):
 @pytest.mark.parametrize('version,conditionals,lacks', [
     ('1.18.0', False, "nvidia.dali.auto_aug and pipeline_def's enable_conditionals"),
     ('1.23.0', True, 'nvidia.dali.auto_aug')])
+@pytest.mark.unit
 def test_auto_augment_on_a_dali_without_it_is_an_error_naming_the_version(monkeypatch, version, conditionals, lacks):
     from rn50.errors import RecipeError
     args = resolved(['--auto-augment', 'ta_wide', '--data-backend', 'dali-cpu'])
@@ -293,6 +314,7 @@ def test_auto_augment_on_a_dali_without_it_is_an_error_naming_the_version(monkey
     augment.check(resolved(['--random-erase', '0.5', '--data-backend', 'dali-cpu']), frozenset())
 
 
+@pytest.mark.integration
 def test_the_error_comes_before_anything_is_built(tmp_path):
     """train.py and the runner, on a DALI 1.18 (a stand-in package first on the path, whose pipeline_def
     fails): one error line, exit 2, no pipeline started."""
@@ -313,6 +335,7 @@ def test_the_error_comes_before_anything_is_built(tmp_path):
         assert [line for line in lines if 'error' in line.lower()] == lines[-1:], lines
 
 
+@pytest.mark.unit
 def test_without_auto_augment_no_pipeline_asks_for_conditionals(tmp_path, monkeypatch):
     """A DALI before 1.23 runs everything but --auto-augment: with the keyword rejected, the training pipeline
     (random erasing in float16, progressive size) and the validation one build and run (before, every
@@ -334,16 +357,19 @@ def test_without_auto_augment_no_pipeline_asks_for_conditionals(tmp_path, monkey
     assert next(val.epoch(0)).data[0].shape == (4, 3, 32, 32)
 
 
+@pytest.mark.unit
 def test_timms_rand_augment_resumes_exactly(tmp_path):
     """The noise and the probability are drawn in numpy from (seed, epoch, rank, batch) too: batches 2 and 3
     of an epoch resumed at 2 are those of the whole epoch."""
-    args = unique_label_args(tmp_path, 'dali-cpu', count=16, batch=4, extra=['--auto-augment', 'ra'] + TIMM_FLAGS)
+    args = unique_label_args(tmp_path, 'dali-cpu', count=16, batch=4,
+                             extra=['--auto-augment', 'ra'] + TIMM_FLAGS + SMALL_SCALE['timm'])
     train = get_loaders(args, 0, 1, val=False)[0]
     whole = [batch.data[0].asnumpy().copy() for batch in train.epoch(3)]
     resumed = [batch.data[0].asnumpy().copy() for batch in train.epoch(3, start=2)]
     np.testing.assert_array_equal(np.stack(resumed), np.stack(whole[2:]))
 
 
+@pytest.mark.unit
 def test_the_container_installs_and_checks_the_dali_the_recipe_is_tested_with():
     """requirements.txt, the container's pins and this machine have one DALI; the Dockerfile installs it and
     its build fails on a DALI without automatic augmentation (before: the base image's older DALI, unchecked)."""

@@ -33,6 +33,7 @@ def fake_runner(tmp_path):
     return str(path)
 
 
+@pytest.mark.unit
 def test_summary_drops_warmup_and_takes_harmonic_mean():
     records = [{'step': 'PARAMETER', 'data': {}}, {'step': [0, 20], 'data': {'train.ips': 1.0}},
                {'step': [0], 'data': {'train.ips': 10.0, 'val.latency_avg': 1.0}},
@@ -45,6 +46,7 @@ def test_summary_drops_warmup_and_takes_harmonic_mean():
         benchmark.summarise(records, ['train.ips'], warmup=3)
 
 
+@pytest.mark.unit
 def test_report_plots_and_failed_point(tmp_path, capsys):
     output = str(tmp_path / 'report.json')
     status = benchmark.main(['--executable', fake_runner(tmp_path), '-o', output, '-n', '1,2', '-b', '8,13',
@@ -67,6 +69,7 @@ def test_report_plots_and_failed_point(tmp_path, capsys):
     assert 'train.ips' in out and 'failed' in out
 
 
+@pytest.mark.unit
 def test_plots_only_what_can_be_shown(tmp_path, capsys):
     """One worker count: no scaling plot; every point failed: no plot at all; each said on stderr."""
     output = str(tmp_path / 'one.json')
@@ -81,6 +84,7 @@ def test_plots_only_what_can_be_shown(tmp_path, capsys):
     assert 'no plots: every point failed' in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_real_cpu_sweep(tmp_path):
     output = str(tmp_path / 'cpu.json')
     env_path = os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH']
@@ -95,6 +99,7 @@ def test_real_cpu_sweep(tmp_path):
     assert set(point) == set(benchmark.METRICS['val'])
 
 
+@pytest.mark.integration
 def test_val_sweep_with_int8(tmp_path):
     """benchmark.py forwards the inference options: each point calibrates its INT8 model and times it."""
     output = str(tmp_path / 'int8.json')
@@ -109,6 +114,7 @@ def test_val_sweep_with_int8(tmp_path):
     assert record['calib_batches'] == 2 and record['data'] == 'synthetic'
 
 
+@pytest.mark.unit
 def test_a_user_error_stops_the_sweep_and_an_earlier_sweeps_points_go(tmp_path, capsys):
     """Without ImageNet every point failed alike; now the first user error (exit status 2) ends the sweep. And
     a failed point of an earlier sweep left its folder behind."""

@@ -21,6 +21,8 @@ import models
 from conftest import ROOT
 from rn50.errors import RecipeError
 
+pytestmark = pytest.mark.unit
+
 
 def tiny_net():
     net = gluon.nn.HybridSequential()

@@ -2,16 +2,15 @@
 malformed file or a wrong class count is one `error:` line before anything starts."""
 import argparse
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from rn50.inference import inference
 import train
-from conftest import ROOT
+from conftest import runner_main
 from rn50.errors import RecipeError
+
+pytestmark = pytest.mark.unit
 
 NAMES = ['zero', 'one', 'two']
 
@@ -65,11 +64,9 @@ def test_a_malformed_file_or_a_wrong_count_is_a_clear_error(tmp_path, text, mess
 def test_a_bad_classes_file_stops_the_runner_before_launch(digits, tmp_path):
     bad = tmp_path / 'classes.json'
     bad.write_text('{"classes": [')
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'runner'), '--mode', 'pred', '--dtype', 'float32', '--num-classes', '10',
-         '--image-shape', '3,32,32', '--data-root', str(digits / 'rec'), '--workspace', str(tmp_path / 'w'),
-         '--data-pred', str(digits / 'images' / 'val' / 'digit_3'), '--classes', str(bad)],
-        capture_output=True, text=True, timeout=120)
+    result = runner_main('--mode', 'pred', '--dtype', 'float32', '--num-classes', '10', '--image-shape', '3,32,32',
+                         '--data-root', digits / 'rec', '--workspace', tmp_path / 'w', '--data-pred',
+                         digits / 'images' / 'val' / 'digit_3', '--classes', bad)
     assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(f'error: --classes {bad} is not valid JSON')
     assert not (tmp_path / 'w').exists()   # nothing started
@@ -89,10 +86,8 @@ def test_the_class_count_comes_from_the_datasets_classes_json(digits):
 
 
 def test_a_num_classes_that_contradicts_the_dataset_stops_the_runner_before_launch(digits, tmp_path):
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'runner'), '--dtype', 'float32', '--num-classes', '1000',
-         '--image-shape', '3,32,32', '--data-root', str(digits / 'rec'), '--workspace', str(tmp_path / 'w')],
-        capture_output=True, text=True, timeout=120)
+    result = runner_main('--dtype', 'float32', '--num-classes', '1000', '--image-shape', '3,32,32', '--data-root',
+                         digits / 'rec', '--workspace', tmp_path / 'w')
     assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f'error: --num-classes 1000 contradicts the dataset\'s {digits / "rec" / "classes.json"}, '

@@ -17,6 +17,8 @@ from rn50.config import resolve
 from rn50.data import contract
 from rn50.data import validation_resize
 
+pytestmark = pytest.mark.unit
+
 REAL = ['mxnet', 'dali-cpu']
 
 

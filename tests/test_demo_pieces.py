@@ -4,7 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
+
+pytestmark = pytest.mark.integration
 
 
 def test_demo_pieces_runs_the_pieces_and_tabulates_them(digits, tmp_path):

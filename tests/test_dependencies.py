@@ -12,7 +12,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
+
+pytestmark = pytest.mark.unit
 
 # What nvcr.io/nvidia/mxnet ships itself (the Dockerfile installs none of these): module prefixes.
 BASE_IMAGE_MODULES = ('mxnet', 'numpy', 'nvidia.dali', 'horovod')

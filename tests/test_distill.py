@@ -11,7 +11,7 @@ from mxnet import autograd
 from rn50.training import distill
 from rn50.training import losses
 import models
-from conftest import ROOT
+from conftest import ROOT, train_main
 from float16_twin import Float16Net, batch_of, step_for
 
 
@@ -21,6 +21,7 @@ def softmax(x, axis=1):
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'float16'])
+@pytest.mark.unit
 def test_the_loss_mixes_the_labels_and_the_teachers_softened_outputs(dtype):
     alpha, temperature = 0.3, 2.5
     step = step_for(Float16Net(), dtype, extra=['--label-smoothing', '0.1'])
@@ -52,25 +53,36 @@ def test_the_loss_mixes_the_labels_and_the_teachers_softened_outputs(dtype):
     np.testing.assert_array_equal(teacher_net.bn.running_mean.data().asnumpy(), running)   # inference mode
 
 
+FLAGS = ['--num-layers', '18', '--num-classes', '10', '--image-shape', '3,32,32', '--data-backend', 'synthetic',
+         '--batch-size', '8', '--num-examples', '32', '--num-epochs', '1', '--mode', 'train', '--seed', '2']
+
+
 def train_py(*argv):
-    return subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), '--num-layers', '18', '--num-classes',
-                           '10', '--image-shape', '3,32,32', '--data-backend', 'synthetic', '--batch-size', '8',
-                           '--num-examples', '32', '--num-epochs', '1', '--mode', 'train', '--seed', '2',
-                           *map(str, argv)], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), *FLAGS, *map(str, argv)],
+                          capture_output=True, text=True, timeout=600)
 
 
-def test_train_py_distils_from_saved_weights_and_refuses_what_cannot_work(tmp_path):
+def saved_teacher(tmp_path):
     teacher = models.get_model(num_layers=18, num_classes=10, image_shape=(3, 32, 32))
     teacher.initialize()
     teacher.save_parameters(str(tmp_path / 'teacher.params'))
-    plain = train_py('--workspace', tmp_path / 'plain')
-    distilled = train_py('--workspace', tmp_path / 'kd', '--teacher', tmp_path / 'teacher.params',
-                         '--kd-alpha', '0.9', '--kd-temperature', '4')
-    assert plain.returncode == 0 and distilled.returncode == 0, distilled.stderr[-3000:]
+    return tmp_path / 'teacher.params'
+
+
+@pytest.mark.integration
+def test_train_py_distils_from_saved_weights(tmp_path):
+    distilled = train_py('--workspace', tmp_path / 'kd', '--teacher', saved_teacher(tmp_path), '--kd-alpha', '0.9',
+                         '--kd-temperature', '4')
+    assert distilled.returncode == 0, distilled.stderr[-3000:]
     assert 'Distilling from' in distilled.stderr and 'resnetv15, 18 layers' in distilled.stderr
+
+
+@pytest.mark.unit
+def test_train_py_refuses_a_teacher_that_cannot_work(tmp_path):
+    teacher = saved_teacher(tmp_path)
     for argv, message in ((['--teacher', tmp_path / 'none.params'], 'no such file'),
-                          (['--teacher', tmp_path / 'teacher.params', '--teacher-num-layers', '34'],
+                          (['--teacher', teacher, '--teacher-num-layers', '34'],
                            'give --teacher-arch and --teacher-num-layers'),
-                          (['--teacher', tmp_path / 'teacher.params', '--mode', 'val'], 'does not train')):
-        result = train_py('--workspace', tmp_path / 'bad', *argv)
+                          (['--teacher', teacher, '--mode', 'val'], 'does not train')):
+        result = train_main(*FLAGS, '--workspace', tmp_path / 'bad', *argv)
         assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]

@@ -8,6 +8,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.integration
+
 ENTRY_POINTS = ['runner', 'train.py', 'benchmark.py', 'scripts/prepare_dataset.py', 'scripts/make_demo_dataset.py',
                 'scripts/gpu_check.py', 'scripts/benchmark_training.py', 'scripts/benchmark_inference.py']
 

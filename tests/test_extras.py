@@ -3,7 +3,6 @@ unit tests on small networks, then end to end through train.py on the digits set
 import json
 import os
 import subprocess
-import sys
 import threading
 from types import SimpleNamespace
 
@@ -17,13 +16,14 @@ from rn50.training import losses
 from rn50.reports import tensorboard_log
 import train
 from rn50.training import training_extras
-from conftest import ROOT
+from conftest import runner_main
 from float16_twin import Float16Net, batch_of, step_for
-from test_train import epoch_records, kill_once_logged, metrics_without_speed, run, train_cmd
+from test_train import epoch_records, kill_once_logged, metrics_without_speed, refused, run, train_cmd
 
 
 # ---- CutMix -----------------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_cutmix_box_is_clipped_and_targets_mixed_by_the_pasted_area():
     boxes = [tuple(losses.cutmix_boxes(1, 0, i, 0, 0, 1, 8, 6, 1.0)[0][0]) for i in range(50)]
     kept = [losses.cutmix_boxes(1, 0, i, 0, 0, 1, 8, 6, 1.0)[1][0] for i in range(50)]
@@ -45,12 +45,14 @@ def test_cutmix_box_is_clipped_and_targets_mixed_by_the_pasted_area():
         np.testing.assert_allclose(mixed_targets.asnumpy(), [[0.5, 0.5], [0.5, 0.5]])
 
 
+@pytest.mark.unit
 def test_switch_prob_chooses_cutmix_per_batch():
     draws = [losses.cutmix_uses(1, 0, i, 0, 0, 0.3) for i in range(2000)]
     assert 0.25 < np.mean(draws) < 0.35
     assert not any(losses.cutmix_uses(1, 0, i, 0, 0, 0.0) for i in range(100))
 
 
+@pytest.mark.unit
 def test_training_step_pastes_boxes_with_cutmix():
     step = step_for(Float16Net(), extra=['--cutmix', '1.0', '--mixup-mode', 'batch'])
     images = mx.nd.array(np.random.default_rng(0).normal(size=(8, 4, 6, 6)))
@@ -63,6 +65,7 @@ def test_training_step_pastes_boxes_with_cutmix():
 
 # ---- gradient accumulation --------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_accumulated_micro_batches_update_as_one_large_batch():
     """Without batchnorm a network cannot tell 2 batches of 8 from one of 16: after each step of
     --grad-accum-steps 2 the weights equal those of batch 16, the second micro-batch alone steps, and the
@@ -85,6 +88,7 @@ def test_accumulated_micro_batches_update_as_one_large_batch():
     assert small.accumulation.group_start(5) == 4 and small.accumulation.at_step(6)
 
 
+@pytest.mark.unit
 def test_an_overflow_in_one_micro_batch_skips_the_whole_step():
     step = step_for(Float16Net(batchnorm=False), 'float16', extra=['--grad-accum-steps', '2'])
     step.loss_scale = losses.DynamicLossScale(scale=8.0)
@@ -103,17 +107,19 @@ def test_an_overflow_in_one_micro_batch_skips_the_whole_step():
     assert step.loss_scale.skipped == 1 and not np.array_equal(step.net.weight.data().asnumpy(), before)
 
 
+@pytest.mark.unit
 def test_runner_scales_the_learning_rate_by_the_effective_batch():
     def lr(*argv):
-        out = subprocess.run([sys.executable, os.path.join(ROOT, 'runner'), '--dry-run', '--data-backend',
-                              'synthetic', *argv], capture_output=True, text=True, check=True).stdout
-        words = out.split()
+        result = runner_main('--dry-run', '--data-backend', 'synthetic', *argv)
+        assert result.returncode == 0, result.stderr
+        words = result.stdout.split()
         return float(words[words.index('--lr') + 1])
     assert lr('-n', '1', '-b', '192', '--grad-accum-steps', '8') == lr('-n', '8', '-b', '192') == 1.536
 
 
 # ---- the weight average -----------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_weight_average_follows_the_weights_and_swaps_in_and_out():
     mx.random.seed(1)
     step = step_for(Float16Net(), 'float16')
@@ -137,6 +143,7 @@ def test_weight_average_follows_the_weights_and_swaps_in_and_out():
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'float16'])
+@pytest.mark.unit
 def test_the_average_every_n_steps_with_warm_up_follows_the_formula(dtype):
     """--model-ema-steps 3 --model-ema-warmup over 7 steps, against the formula written out here: after steps 3
     and 6 only, a = d * a + (1 - d) * w with d = min(0.9, 1 - (1 + step)^(-2/3)) ** 3 (float16 weights go
@@ -159,6 +166,7 @@ def test_the_average_every_n_steps_with_warm_up_follows_the_formula(dtype):
         np.testing.assert_allclose(step.average.average[name].asnumpy(), value, rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.unit
 def test_torchvisions_adjusted_decay():
     args = train.build_parser().parse_args(['--model-ema', '--model-ema-decay', '0.99998', '--model-ema-steps',
                                             '32', '--model-ema-adjust', '--batch-size', '1024', '--num-epochs',
@@ -176,6 +184,7 @@ class TwoWorkers:
         return np.stack([row + 1, row])
 
 
+@pytest.mark.unit
 def test_every_worker_resumes_its_own_averaged_batchnorm_statistics():
     mx.random.seed(1)
     step = step_for(Float16Net())
@@ -196,12 +205,14 @@ def test_every_worker_resumes_its_own_averaged_batchnorm_statistics():
                                   ['--target-accuracy', '1.5'], ['--target-accuracy', '0'],
                                   ['--model-ema-decay', '1.1'], ['--model-ema-steps', '0'], ['--cutmix', '-1'],
                                   ['--mixup-switch-prob', '2']])
+@pytest.mark.unit
 def test_new_flags_are_range_checked(flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
         train.parse_flags(flag)[0]
     assert exit_info.value.code == 2 and 'out of range' in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_tensorboard_flag_defaults_to_the_workspace_folder():
     parser = train.build_parser()
     assert parser.parse_args(['--tensorboard']).tensorboard == 'tensorboard'
@@ -211,6 +222,7 @@ def test_tensorboard_flag_defaults_to_the_workspace_folder():
 
 # ---- end to end on the digits set -------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_keep_checkpoints_keeps_the_newest(digits, tmp_path):
     ws = tmp_path / 'ws'
     run(digits, ws, '--num-epochs', '3', '--save-frequency', '1', '--keep-checkpoints', '2', '--mode', 'train',
@@ -218,6 +230,7 @@ def test_keep_checkpoints_keeps_the_newest(digits, tmp_path):
     assert sorted(n for n in os.listdir(ws) if n.endswith('.params')) == ['model_0001.params', 'model_0002.params']
 
 
+@pytest.mark.integration
 def test_target_accuracy_stops_and_reports(digits, tmp_path):
     ws = tmp_path / 'ws'
     result = run(digits, ws, '--num-epochs', '5', '--target-accuracy', '0.01', '--data-backend', 'synthetic',
@@ -234,6 +247,7 @@ def test_target_accuracy_stops_and_reports(digits, tmp_path):
     assert again.returncode == 0 and len(epoch_records(ws)) == 1                 # no more epochs
 
 
+@pytest.mark.integration
 def test_sparse_evaluation_validates_only_its_epochs_and_the_last(digits, tmp_path):
     """--eval-period 3 --eval-offset 1 over 4 epochs: validated after epochs 1 and 3 (the last); the best
     checkpoint (and --target-accuracy, which reads the same history) see those only; the summary lists them."""
@@ -247,14 +261,17 @@ def test_sparse_evaluation_validates_only_its_epochs_and_the_last(digits, tmp_pa
     assert (ws / 'model_best.params').exists()
 
 
+@pytest.mark.unit
 def test_target_accuracy_needs_validation(digits, tmp_path):
-    result = run(digits, tmp_path / 'ws', '--mode', 'train', '--target-accuracy', '0.5', check=False)
+    result = refused(digits, tmp_path / 'ws', '--mode', 'train', '--target-accuracy', '0.5')
     assert result.returncode == 2 and 'error: --target-accuracy needs a validation' in result.stderr
 
 
+@pytest.mark.integration
 def test_weight_average_is_validated_saved_and_loadable(digits, tmp_path):
     ws = tmp_path / 'ws'
-    run(digits, ws, '--num-epochs', '2', '--data-backend', 'mxnet', '--model-ema', '--model-ema-decay', '0.8')
+    run(digits, ws, '--num-epochs', '2', '--data-backend', 'mxnet', '--model-ema', '--model-ema-decay', '0.8',
+        '--num-examples', '64')
     epochs = epoch_records(ws)
     assert {'val.ema.loss', 'val.ema.accuracy', 'val.ema.top_k_accuracy_5'} <= set(epochs[1]['data'])
     assert epochs[1]['data']['val.ema.loss'] != epochs[1]['data']['val.loss']
@@ -287,6 +304,7 @@ class RecordsOnly:
         self.records.append((step, data))
 
 
+@pytest.mark.unit
 def test_tensorboard_scalars_are_on_disk_when_the_record_is_logged(tmp_path):
     """No writer thread between a record and the file: tensorboardX's SummaryWriter queued events for one, and
     its flush() wrote only what the thread had taken, so a run killed right after an epoch's validation once
@@ -302,6 +320,7 @@ def test_tensorboard_scalars_are_on_disk_when_the_record_is_logged(tmp_path):
     assert len(dllogger.records) == 2
 
 
+@pytest.mark.integration
 def test_resume_after_kill_is_exact_with_every_feature(digits, tmp_path):
     """--model-ema, CutMix with mixup, --grad-accum-steps and --tensorboard: a run killed (-9) in its second
     epoch and resumed gives the metrics of an uninterrupted run, and TensorBoard's reader sees every step

@@ -35,6 +35,7 @@ def trained(tmp_path_factory):
     return ws
 
 
+@pytest.mark.unit
 def test_bad_inputs_are_one_error_line_and_touch_nothing(trained, tmp_path, capsys):
     (tmp_path / 'text.params').write_text('not weights\n')
     (tmp_path / 'text.jpg').write_text('not an image\n')
@@ -62,6 +63,7 @@ def test_bad_inputs_are_one_error_line_and_touch_nothing(trained, tmp_path, caps
         assert files(trained) == before, extra
 
 
+@pytest.mark.unit
 def test_restart_after_a_kill_before_the_first_state_logs_each_step_once(tmp_path):
     ws = tmp_path / 'ws'
     assert train.main(TINY + ['--workspace', str(ws)]) == 0
@@ -75,6 +77,7 @@ def test_restart_after_a_kill_before_the_first_state_logs_each_step_once(tmp_pat
     assert [r['data'] for r in records if r['step'] == 'RESUME'] == [{'epoch': 0, 'iteration': 0}]
 
 
+@pytest.mark.unit
 def test_optimizer_state_temporary_failure_is_a_clear_error(tmp_path, monkeypatch):
     import tempfile
     import mxnet as mx
@@ -93,6 +96,7 @@ def test_optimizer_state_temporary_failure_is_a_clear_error(tmp_path, monkeypatc
     assert mx.nd.zeros(1).asnumpy()[0] == 0
 
 
+@pytest.mark.unit
 def test_resuming_from_the_previous_state_keeps_it_as_the_fallback(tmp_path, capsys):
     """After `error: model_last.state is damaged ... --load model_prev.state`, the damaged file must not
     replace the good previous state when the resumed run writes its next state."""
@@ -110,6 +114,7 @@ def test_resuming_from_the_previous_state_keeps_it_as_the_fallback(tmp_path, cap
     assert checkpoint.read_state(str(previous)).meta['epoch'] == 1     # still the good fallback
 
 
+@pytest.mark.unit
 def test_logdir_that_cannot_be_written_is_named_as_such(tmp_path, capsys):
     (tmp_path / 'plain').write_text('x')
     assert train.main(TINY + ['--workspace', str(tmp_path / 'ws'), '--logdir', str(tmp_path / 'plain' / 'logs')]) == 2
@@ -120,6 +125,7 @@ UNSHARE = shutil.which('unshare') and subprocess.run(['unshare', '-m', 'true'], 
 
 
 @pytest.mark.skipif(not UNSHARE, reason='needs unshare -m (root or user namespaces)')
+@pytest.mark.unit
 def test_disk_full_and_read_only_workspace_are_one_clear_error(tmp_path):
     """A 1 MB tmpfs (full disk) and one remounted read-only, both in a private mount namespace."""
     mount = tmp_path / 'mnt'
@@ -149,6 +155,7 @@ print(open({str(mount / 'model_last.state')!r}, 'rb').read(), sorted(__import__(
 
 
 @pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+@pytest.mark.multiworker
 def test_a_lost_worker_ends_the_job_with_nothing_left_running(tmp_path):
     import psutil
     argv = [sys.executable, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '16', '-e', '5', '--data-backend',
@@ -175,6 +182,7 @@ def test_a_lost_worker_ends_the_job_with_nothing_left_running(tmp_path):
     assert not [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.unit
 def test_the_campaign_copies_a_workspace_with_a_tensorboard_folder(tmp_path):
     """scripts/fault_tools.link_copy, the campaign's copy of a baseline workspace: files hard-linked (the
     recipe replaces them), logs and folders copied (--tensorboard's event files grow in place). It hard-linked

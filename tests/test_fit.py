@@ -28,12 +28,14 @@ def lr(progress, **kw):
     return fit.learning_rate(progress, **options)
 
 
+@pytest.mark.unit
 def test_warmup_is_linear_from_zero():
     assert lr(0) == 0
     assert lr(2.5) == pytest.approx(0.5)
     assert lr(5 - 1e-9) == pytest.approx(1.0)
 
 
+@pytest.mark.unit
 def test_cosine_known_points():
     assert lr(5) == pytest.approx(1.0)
     assert lr(47.5) == pytest.approx(0.5)                      # half way through the cosine span
@@ -41,6 +43,7 @@ def test_cosine_known_points():
     assert lr(90) == 0 and lr(100) == 0
 
 
+@pytest.mark.unit
 def test_cosine_segments_restart_scaled():
     kw = dict(steps=[30, 60], factor=0.5)
     assert lr(30, **kw) == pytest.approx(0.5)                  # segment 1 restarts at base * factor
@@ -48,6 +51,7 @@ def test_cosine_segments_restart_scaled():
     assert lr(45, **kw) == pytest.approx(0.25)                 # middle of segment 1: half of 0.5
 
 
+@pytest.mark.unit
 def test_poly_boundaries_as_mlperf_configures_it():
     """MLPerf's 8-GPU ResNet-50: learning rate 11.0, 2 warm-up epochs, power 2 down to 0.0001 at epoch 37."""
     kw = dict(base_lr=11.0, num_epochs=37, warmup_epochs=2, schedule='poly', power=2.0, end_lr=0.0001)
@@ -58,6 +62,7 @@ def test_poly_boundaries_as_mlperf_configures_it():
     assert lr(36, power=1.0, **{k: v for k, v in kw.items() if k != 'power'}) == pytest.approx(0.0001 + 10.9999 / 35)
 
 
+@pytest.mark.unit
 def test_multistep_known_points():
     kw = dict(schedule='multistep', steps=[30, 60], factor=0.1)
     assert lr(10, **kw) == pytest.approx(1.0)
@@ -67,12 +72,14 @@ def test_multistep_known_points():
     assert lr(2.5, **kw) == pytest.approx(0.5)
 
 
+@pytest.mark.unit
 def test_no_warmup():
     assert lr(0, warmup_epochs=0) == pytest.approx(1.0)
 
 
 # ---- targets ----------------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_label_smoothing_targets():
     targets = losses.smoothed_one_hot(mx.nd.array([2, 0]), 1000, 0.1).asnumpy()
     assert targets[0, 2] == pytest.approx(0.9001)
@@ -80,6 +87,7 @@ def test_label_smoothing_targets():
     assert targets.sum(axis=1) == pytest.approx([1, 1])
 
 
+@pytest.mark.unit
 def test_mixup_pairs_reversed_batch():
     images = mx.nd.array(np.arange(3 * 2).reshape(3, 2, 1, 1))
     targets = losses.smoothed_one_hot(mx.nd.array([0, 1, 2]), 3, 0.0)
@@ -90,6 +98,7 @@ def test_mixup_pairs_reversed_batch():
     np.testing.assert_allclose(mixed_targets.asnumpy(), [[1, 0, 0], [0, 1, 0], [0.75, 0, 0.25]])
 
 
+@pytest.mark.unit
 def test_mixup_weights_are_a_function_of_position():
     a = losses.mixup_weights(7, 3, 11, 0, 0, 8, 0.2)
     assert np.array_equal(a, losses.mixup_weights(7, 3, 11, 0, 0, 8, 0.2))
@@ -99,6 +108,7 @@ def test_mixup_weights_are_a_function_of_position():
 
 # ---- loss scaling -----------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_dynamic_loss_scale_halves_on_overflow_and_grows():
     param = gluon.Parameter('w', shape=(3,))
     param.initialize()
@@ -112,6 +122,7 @@ def test_dynamic_loss_scale_halves_on_overflow_and_grows():
 
 # ---- the training step with float16 and several devices, on the CPU (twins of the GPU paths) ---------------
 
+@pytest.mark.unit
 def test_float16_step_with_loss_scaling_skips_overflows_and_grows():
     """The GPU default (--dtype float16 without AMP): float16 and float32 gradients side by side (they
     crashed multi_all_finite before), float32 master weights, growth after clean steps, a skipped step on an
@@ -155,6 +166,7 @@ class RecordingLoader:
             yield self.batches[index]
 
 
+@pytest.mark.unit
 def test_float16_step_fetches_the_next_batch_before_its_host_synchronisation():
     """The host waits for the overflow flag once per float16 step; batch i+1 (DALI's external source and
     copy on a GPU node) must be fetched before that wait of step i, not after it while the device idles.
@@ -186,6 +198,7 @@ def test_float16_step_fetches_the_next_batch_before_its_host_synchronisation():
     np.testing.assert_array_equal(step.net.weight.data().asnumpy(), plain.net.weight.data().asnumpy())
 
 
+@pytest.mark.unit
 def test_two_devices_in_one_process_follow_one_device():
     """--kv-store device over two CPU contexts: each takes half the batch, gradients are summed over the
     devices; without batchnorm (whose statistics are per device) the losses equal one device's."""
@@ -200,6 +213,7 @@ def test_two_devices_in_one_process_follow_one_device():
     assert trajectories[0][-1] < trajectories[0][0]
 
 
+@pytest.mark.unit
 def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
     """--kv-store device with DALI on several devices (the dali-cpu pipelines run per CPU context here, as
     dali-gpu's run per GPU): each slice stays on its device and is the very array the network gets on that
@@ -232,6 +246,7 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
 
 
 @pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+@pytest.mark.multiworker
 def test_an_overflow_on_one_worker_skips_the_step_on_every_worker(tmp_path):
     """2 Gloo workers in float16: rank 1 alone meets an inf; after the all-reduce both skip that step, halve
     the same scale and keep identical weights; the gradients are pre-divided by sqrt(2)."""
@@ -242,6 +257,7 @@ def test_an_overflow_on_one_worker_skips_the_step_on_every_worker(tmp_path):
     assert [r['predivide'] for r in ranks] == pytest.approx([2 ** 0.5] * 2, rel=1e-6)
 
 
+@pytest.mark.unit
 def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself(monkeypatch):
     """The handler runs between two bytecodes of the main thread, possibly inside a write to the log's stream
     (in CPython, a blocked write that a signal interrupts runs the handler inside the buffered writer); the
@@ -300,6 +316,7 @@ def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself(monkeypa
             signal.signal(sig, old)
 
 
+@pytest.mark.unit
 def test_the_default_warm_up_is_shortened_to_fit_a_short_run(caplog):
     """-e 3 with the default 5-epoch warm-up was all warm-up: the rate peaked at 60% of --lr, never decayed."""
     import train
@@ -316,6 +333,7 @@ def test_the_default_warm_up_is_shortened_to_fit_a_short_run(caplog):
 
 @pytest.mark.parametrize('threshold', [None, 0.2])
 @pytest.mark.parametrize('dtype', ['float32', 'float16'])
+@pytest.mark.unit
 def test_bce_loss_is_the_mean_binary_cross_entropy_of_each_class(dtype, threshold):
     """--bce-loss: the step's loss is timm's BinaryCrossEntropy, written out here: the mean over the classes of
     -t log sigmoid(z) - (1 - t) log(1 - sigmoid(z)), with t the label-smoothed targets, made 0/1 by
@@ -341,6 +359,7 @@ def test_bce_loss_is_the_mean_binary_cross_entropy_of_each_class(dtype, threshol
     assert step.loss_scale is None or step.loss_scale.skipped == 0
 
 
+@pytest.mark.unit
 def test_bce_target_threshold_without_bce_loss_is_refused():
     from rn50.training import training_extras
     with pytest.raises(RecipeError, match='add --bce-loss'):

@@ -1,18 +1,17 @@
 """flags.py: every numeric flag has its range checked at parse time, with argparse's `error:` line and exit 2;
 the schedule's flags are checked together before anything starts."""
 import argparse
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 import fit
 from rn50.config import flags
 import train
-from conftest import ROOT
+from conftest import in_process, runner_main, train_main
 from rn50.errors import RecipeError
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -95,15 +94,16 @@ def test_schedules_that_can_be_meant_pass():
 def test_train_py_and_the_runner_refuse_them_before_anything_starts(argv, message, tmp_path):
     common = ['--data-backend', 'synthetic', '--num-layers', '18', '--image-shape', '3,32,32', '--num-examples', '64',
               '--workspace', str(tmp_path / 'w')]
-    for command in ([sys.executable, os.path.join(ROOT, 'train.py'), '--batch-size', '8'],
-                    [sys.executable, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '8']):
-        result = subprocess.run(command + common + argv, capture_output=True, text=True, timeout=120)
+    for main, command in ((train_main, ['--batch-size', '8']), (runner_main, ['-n', '2', '-b', '8'])):
+        result = main(*command, *common, *argv)
         assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]
         assert result.stderr.strip().splitlines()[-1].startswith(f'error: {message}'), result.stderr[-2000:]
         assert not (tmp_path / 'w').exists()   # nothing started, nothing written
 
 
-def test_help_says_each_default_once_and_where_other_flags_go():
+def test_help_says_each_default_once_and_where_other_flags_go(monkeypatch):
+    import benchmark
+    monkeypatch.setenv('COLUMNS', '80')         # the width of a help printed to a pipe
     parser = train.build_parser()
     text = parser.format_help()
     assert '(default: None)' not in text and '(default: False)' not in text
@@ -111,8 +111,7 @@ def test_help_says_each_default_once_and_where_other_flags_go():
     for action in parser._actions:      # argparse's "(default: X)" only where the text names no default itself
         said = formatter._get_help_string(action)
         assert said == action.help or 'default' not in (action.help or '').lower(), said
-    runner_help = subprocess.run([sys.executable, 'runner', '--help'], cwd=ROOT, capture_output=True, text=True).stdout
-    assert 'Every other flag goes to train.py' in runner_help
-    benchmark_help = subprocess.run([sys.executable, 'benchmark.py', '--help'], cwd=ROOT, capture_output=True,
-                                    text=True).stdout
-    assert 'Every other flag goes to' in benchmark_help
+    runner_help = runner_main('--help')
+    assert runner_help.returncode == 0 and 'Every other flag goes to train.py' in runner_help.stdout
+    benchmark_help = in_process(benchmark.main, '--help')
+    assert benchmark_help.returncode == 0 and 'Every other flag goes to' in benchmark_help.stdout

@@ -4,11 +4,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 SCRIPT = os.path.join(ROOT, 'scripts', 'gpu_check.py')
 
 
+@pytest.mark.integration
 def test_without_a_gpu_it_asks_for_the_cpu_twins():
     result = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True)
     assert result.returncode == 2
@@ -16,6 +19,7 @@ def test_without_a_gpu_it_asks_for_the_cpu_twins():
                                      '--device cpu for their CPU twins')
 
 
+@pytest.mark.multiworker
 def test_cpu_twins_pass_are_reported_and_leave_nothing_behind(tmp_path):
     """Four of the twins end to end (the others are tests of their own): the float16 step on 2 Gloo workers,
     DALI with the augmentations of augment.py and resolution.py, a 2-worker resume from a CPU-only state, and
@@ -39,6 +43,7 @@ def test_cpu_twins_pass_are_reported_and_leave_nothing_behind(tmp_path):
     assert list(scratch.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_dali_copy_twin_reads_complete_copies(tmp_path):
     """The dali-copy check on CPU outputs: what MXNet reads right after dali.copy_output is DALI's output."""
     result = subprocess.run([sys.executable, SCRIPT, '--device', 'cpu', '--only', 'dali-copy', '--workdir',
@@ -48,6 +53,7 @@ def test_dali_copy_twin_reads_complete_copies(tmp_path):
     assert 'max |MXNet - DALI| 0.0 (MXNET_ASYNC_GPU_ENGINE=1, CUDA graphs on)' in result.stdout
 
 
+@pytest.mark.unit
 def test_a_multi_worker_check_passes_only_when_the_workers_said_they_hold_one_model():
     sys.path.insert(0, os.path.join(ROOT, 'scripts'))
     try:

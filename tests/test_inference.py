@@ -17,11 +17,11 @@ from rn50.reports import logs
 import models
 import train
 from rn50.world import workers
-from conftest import digits_flags, resolved, run_train_py
+from conftest import TRAINED_NET, copy_workspace, digits_flags, resolved, run_train_py, train_main
 from rn50.errors import RecipeError
 from rn50.data import validation_resize
 
-MODEL = ['--num-layers', '18', '--seed', '4', '--data-backend', 'mxnet', '--data-val-resize', '36']
+MODEL = TRAINED_NET
 
 
 def train_py(digits, workspace, *extra, check=True):
@@ -33,16 +33,16 @@ def summary(workspace):
                 if r['step'] == [])
 
 
-@pytest.fixture(scope='module')
-def model(digits, tmp_path_factory):
-    """A workspace with a ResNet-18 that classifies the digits well (about 90% top-1)."""
-    workspace = tmp_path_factory.mktemp('model')
-    train_py(digits, workspace, '--num-epochs', '4', '--lr', '0.2', '--warmup-epochs', '1',
-             '--min-random-area', '0.5', '--mode', 'train_val')
-    return workspace
+@pytest.fixture
+def model(trained_digits):
+    """conftest's trained_digits: a ResNet-18 (MODEL) that classifies the digits well (about 90% top-1), trained
+    once for the run; a test that runs a mode in it (INT8 calibration, pred) works on a copy."""
+    return trained_digits
 
 
+@pytest.mark.integration
 def test_int8_is_within_a_point_of_float32_and_calibrates_once(digits, model, tmp_path):
+    model = copy_workspace(model, tmp_path / 'model')
     train_py(digits, tmp_path / 'fp32', '--mode', 'val', '--load', model / 'model_best.params')
     float32 = summary(tmp_path / 'fp32')['val.accuracy']
     assert float32 > 0.8
@@ -64,9 +64,11 @@ def test_int8_is_within_a_point_of_float32_and_calibrates_once(digits, model, tm
     assert abs(summary(model)['val.accuracy'] - float32) <= 0.01
 
 
-def test_int8_network_runs_in_int8_from_input_to_logits(digits, model):
+@pytest.mark.integration
+def test_int8_network_runs_in_int8_from_input_to_logits(digits, model, tmp_path):
     """One quantize at the input, then only fused INT8 oneDNN operators: a float ReLU or a dequantize between
     convolutions would halve INT8 speed (as F.relu did before models.py used Activation)."""
+    model = copy_workspace(model, tmp_path / 'model')
     train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4')
     graph = json.loads((model / 'model_int8-symbol.json').read_text())
     operators = [node['op'] for node in graph['nodes'] if node['op'] != 'null']
@@ -76,6 +78,7 @@ def test_int8_network_runs_in_int8_from_input_to_logits(digits, model):
     assert operators.count('_sg_mkldnn_conv') == 20          # ResNet-18: every convolution, batchnorm folded
 
 
+@pytest.mark.integration
 def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_path):
     """--mode val/pred in float32 on the CPU run oneDNN's fused graph: same logits as the trained network."""
     args = resolved(digits_flags(digits) + MODEL + ['--mode', 'val', '--load', str(model / 'model_best.params')])
@@ -96,9 +99,11 @@ def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_pat
     assert '_sg_mkldnn_conv' in operators and 'BatchNorm' not in operators and 'Activation' not in operators
 
 
+@pytest.mark.integration
 def test_int8_prediction(digits, model, tmp_path):
     """--mode pred with INT8 names the classes float32 names (on the 36 sevens of the validation set; the
     model gets about 9 in 10 right, so a single image proves little)."""
+    model = copy_workspace(model, tmp_path / 'model')
     folder = digits / 'images' / 'val' / 'digit_7'
     named = {}
     for precision, flags in (('float32', []), ('int8', ['--quantize', 'int8', '--calib-batches', '4'])):
@@ -111,6 +116,7 @@ def test_int8_prediction(digits, model, tmp_path):
     assert named['int8'].count('seven') > 36 / 2
 
 
+@pytest.mark.integration
 def test_bfloat16_inference_or_a_clear_error(digits, model, tmp_path):
     result = train_py(digits, tmp_path, '--mode', 'val', '--amp', '--load', model / 'model_best.params',
                       check=False)
@@ -124,6 +130,7 @@ def test_bfloat16_inference_or_a_clear_error(digits, model, tmp_path):
 
 @pytest.mark.skipif('avx512_bf16' not in cpu.cpu_flags() and 'amx_bf16' not in cpu.cpu_flags(),
                     reason='this CPU has no bfloat16 instructions (avx512_bf16 or AMX)')
+@pytest.mark.integration
 def test_bfloat16_inference_is_one_fused_bfloat16_graph(digits, model, tmp_path):
     """--amp val/pred on the CPU convert the network to bfloat16 first and then fuse: every convolution is one
     oneDNN operator with its batchnorm, residual addition and ReLU, on bfloat16 weights, and the only cast is
@@ -149,6 +156,7 @@ def test_bfloat16_inference_is_one_fused_bfloat16_graph(digits, model, tmp_path)
     assert fused(images).argmax(axis=1).asnumpy().tolist().count(4) >= 6
 
 
+@pytest.mark.integration
 def test_export_to_symbol_and_onnx_matches_on_real_images(digits, model, tmp_path):
     onnx = pytest.importorskip('onnx')
     onnxruntime = pytest.importorskip('onnxruntime')
@@ -174,6 +182,7 @@ def test_export_to_symbol_and_onnx_matches_on_real_images(digits, model, tmp_pat
     assert (onnx_logits.argmax(1) == 2).mean() >= 0.6
 
 
+@pytest.mark.integration
 def test_val_pred_int8_and_export_of_foreign_formats(digits, model, tmp_path):
     """The trained model rewritten as NVIDIA's original recipe (float32 fused names; float16 `_net.` OHWI with
     a 4-channel stem) and as torchvision .safetensors: each evaluates like the recipe's own file, INT8 and
@@ -205,12 +214,13 @@ def test_val_pred_int8_and_export_of_foreign_formats(digits, model, tmp_path):
         'onnxruntime_max_difference'] < 1e-4
 
 
-def test_inference_flags_are_checked(digits, model, tmp_path):
+@pytest.mark.unit
+def test_inference_flags_are_checked(digits, tmp_path):
     for flags, message in ((['--mode', 'train', '--quantize', 'int8'], 'is for --mode val and pred'),
                            (['--mode', 'export', '--quantize', 'int8'], 'is for --mode val and pred'),
                            (['--mode', 'val', '--quantize', 'int8', '--calib-batches', '0'], 'at least 1'),
                            (['--mode', 'export'], 'refuses to run on random weights')):
-        result = train_py(digits, tmp_path / 'w', *flags, check=False)
+        result = train_main(*digits_flags(digits, batch=32), *MODEL, '--workspace', tmp_path / 'w', *flags)
         assert result.returncode == 2 and message in result.stderr, result.stderr[-1500:]
 
 
@@ -229,6 +239,7 @@ def gpu_checkpoint(path):
     net.save_parameters(str(path))
 
 
+@pytest.mark.unit
 def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
     """Export of a GPU run's configuration and checkpoint writes the portable network: float32, NCHW, 3 input
     channels, computing what the float32 network with the same weights computes."""
@@ -248,6 +259,7 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
                                                        'model.preprocessing.json']
 
 
+@pytest.mark.unit
 def test_failed_export_writes_nothing(tmp_path, monkeypatch):
     gpu_checkpoint(tmp_path / 'model_best.params')
 
@@ -260,6 +272,7 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / 'export') == []
 
 
+@pytest.mark.unit
 def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images(monkeypatch):
     """Batch i+1 is fetched (DALI's decode and copy on a GPU node) before batch i's outputs are waited for,
     the metrics are those of the plain loop, and val.ips counts real images, not the padding of the last
@@ -290,6 +303,7 @@ def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images
 
 
 @pytest.mark.parametrize('layout', ['NCHW', 'NHWC'])
+@pytest.mark.unit
 def test_flip_tta_scores_the_mean_of_the_logits_of_each_image_and_its_mirror(layout):
     """--tta flip: validation's accuracy and loss are those of (logits(x) + logits(x mirrored)) / 2, the
     mirror taken along the width, computed here in numpy; they differ from those without it."""
@@ -316,9 +330,11 @@ def test_flip_tta_scores_the_mean_of_the_logits_of_each_image_and_its_mirror(lay
     assert found['flip']['val.loss'] != pytest.approx(found[None]['val.loss'], rel=1e-3)
 
 
+@pytest.mark.integration
 def test_flip_tta_prediction_gives_the_probabilities_of_the_mean_logits(digits, model, tmp_path):
     """--mode pred --tta flip: each listed probability is that of softmax((logits(x) + logits(x mirrored)) / 2),
     computed here with the trained network; without --tta the probabilities differ from those."""
+    model = copy_workspace(model, tmp_path / 'model')
     args = resolved(digits_flags(digits) + MODEL + ['--mode', 'pred'])
     files = sorted((digits / 'images' / 'val' / 'digit_4').iterdir())[:3]
     (tmp_path / 'in').mkdir()
@@ -338,6 +354,7 @@ def test_flip_tta_prediction_gives_the_probabilities_of_the_mean_logits(digits, 
         assert len(listed) == 15 and (max(differences) < 1e-4) == bool(tta), (tta, max(differences))
 
 
+@pytest.mark.unit
 def test_a_validation_of_two_batches_is_timed_whole(monkeypatch):
     """With two batches the second computes while the first is waited for, so its finish-to-finish time (0 s
     here) would give any images/s: the whole pass is timed (3 clock readings of 1 s apart: 2 s for 5 images)."""

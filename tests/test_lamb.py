@@ -13,6 +13,8 @@ from rn50.optim import lamb
 from rn50.training import losses
 from float16_twin import Float16Net, batch_of, step_for
 
+pytestmark = pytest.mark.unit
+
 LR, WD, BETA1, BETA2, EPS = 0.05, 0.02, 0.9, 0.999, 1e-6
 
 

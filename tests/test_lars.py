@@ -43,6 +43,7 @@ def snapshot(params, rescale=1.0, grads=False):
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'float16'])
+@pytest.mark.unit
 def test_one_lars_step_of_every_parameter_follows_the_formula(dtype):
     mx.random.seed(3)
     step = step_for(Float16Net(), dtype, extra=FLAGS)
@@ -80,6 +81,7 @@ def local_gradients(before, rank):
 
 
 @pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+@pytest.mark.multiworker
 def test_two_workers_take_the_trust_ratio_of_the_averaged_gradient(tmp_path):
     """2 Gloo workers, each with its own batch: the gradient the optimizer saw is the mean of the workers'
     gradients (not one worker's, not their sum) on both, and each parameter moved by the formula above with
@@ -106,6 +108,7 @@ def test_two_workers_take_the_trust_ratio_of_the_averaged_gradient(tmp_path):
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'float16'])
+@pytest.mark.unit
 def test_the_second_lars_step_carries_the_momentum(dtype):
     """Two steps on different batches: the second adds momentum x the first step's velocity to its own."""
     mx.random.seed(3)
@@ -125,6 +128,7 @@ def test_the_second_lars_step_carries_the_momentum(dtype):
                                    err_msg=name)
 
 
+@pytest.mark.unit
 def test_every_array_of_a_resnet_follows_the_formula():
     """ResNet-18's 62 trained arrays: more than one multi-tensor call (60 arrays each), weights of 4 and 2
     dimensions among batchnorm and bias vectors, each updated by its own trust ratio."""
@@ -141,6 +145,7 @@ def test_every_array_of_a_resnet_follows_the_formula():
                                    err_msg=name)
 
 
+@pytest.mark.unit
 def test_the_rates_stay_on_the_device_between_steps(monkeypatch):
     """The learning rates and weight decays of a step are made on the device from copies made once: no
     blocking host-to-device copy per update once the first step has made them (the rate changes every step
@@ -171,6 +176,7 @@ def test_the_rates_stay_on_the_device_between_steps(monkeypatch):
     assert copies
 
 
+@pytest.mark.unit
 def test_a_state_of_the_first_lars_resumes_with_its_momentum(tmp_path):
     """The first version of lars.py kept the momentum's negation: its state, loaded, continues the same run."""
     mx.random.seed(6)
@@ -197,6 +203,7 @@ def test_a_state_of_the_first_lars_resumes_with_its_momentum(tmp_path):
         np.testing.assert_allclose(got, snapshot(trained(running))[name], rtol=1e-6, err_msg=name)
 
 
+@pytest.mark.unit
 def test_a_state_written_before_the_modules_moved_into_rn50_resumes(tmp_path, monkeypatch):
     """A .state of a LARS run written before the layout change pickled its optimizer as lars.MLPerfLARS (module
     `lars`, which no longer exists): it loads, and the run continues exactly."""

@@ -2,9 +2,12 @@
 import json
 import os
 
+import pytest
+
 from rn50.reports import logs
 
 
+@pytest.mark.unit
 def test_dllogger_records(tmp_path, capsys):
     path = tmp_path / 'dll.log'
     logger = logs.DLLogger(str(path))
@@ -31,6 +34,7 @@ def test_dllogger_records(tmp_path, capsys):
     assert out[3].endswith('- Summary: val.accuracy : 0.5')
 
 
+@pytest.mark.unit
 def test_steady_durations_drop_warmup():
     assert logs.steady_durations([9.0]) == [9.0]
     assert logs.steady_durations([9.0, 1, 1]) == [1, 1]
@@ -38,11 +42,13 @@ def test_steady_durations_drop_warmup():
     assert len(logs.steady_durations([1.0] * 5000)) == 4900
 
 
+@pytest.mark.unit
 def test_duration_text_reads_at_a_glance():
     assert [logs.duration_text(s) for s in (7.4, 250, 3900, 36000)] == ['7 s', '4 min 10 s', '1 h 05 min',
                                                                          '10 h 00 min']
 
 
+@pytest.mark.integration
 def test_lines_never_land_on_the_progress_bar(digits, tmp_path):
     """On a terminal (a pseudo-terminal here) the DLL and log lines start on lines of their own, not after
     the text of the bar, which tqdm draws without a newline."""

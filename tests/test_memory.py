@@ -26,6 +26,7 @@ def limit_address_space():
     resource.setrlimit(resource.RLIMIT_AS, (8 * GB, 8 * GB))
 
 
+@pytest.mark.integration
 def test_a_batch_that_cannot_fit_is_one_error_line_with_both_figures(tmp_path):
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, 'train.py'), '--data-backend', 'synthetic', '--num-layers', '18',
@@ -48,6 +49,7 @@ def small_run(flags=()):
     return args, models.get_model(**models.model_options(args, 'cpu'))
 
 
+@pytest.mark.unit
 def test_the_estimate_grows_with_the_batch_and_the_image_area():
     args, net = small_run()
     need_8, per_image = memory.batch_need(args, net, 8)
@@ -63,6 +65,7 @@ def test_the_estimate_grows_with_the_batch_and_the_image_area():
     assert memory.batch_need(val, val_net, 1)[1] < per_image / 5   # no activations kept for a backward pass
 
 
+@pytest.mark.unit
 def test_a_batch_that_fits_passes_and_pred_is_not_checked(monkeypatch):
     args, net = small_run(['--batch-size', '64'])
     world = types.SimpleNamespace(size=1, horovod=None, devices=workers.Devices())
@@ -73,6 +76,7 @@ def test_a_batch_that_fits_passes_and_pred_is_not_checked(monkeypatch):
     memory.check_batch_fits(resolve.replaced(args, mode='pred'), net, world)
 
 
+@pytest.mark.unit
 def test_several_workers_of_a_node_share_its_memory(monkeypatch):
     args, net = small_run(['--batch-size', '64'])
     need, _ = memory.batch_need(args, net, 32)
@@ -85,6 +89,7 @@ def test_several_workers_of_a_node_share_its_memory(monkeypatch):
         memory.check_batch_fits(args, net, together)
 
 
+@pytest.mark.unit
 def test_gpu_path_on_cpu_contexts(monkeypatch):
     """Two CPU contexts stand for two GPUs: each device's batch against its own free memory."""
     args, net = small_run(['--batch-size', '64'])
@@ -104,6 +109,7 @@ def test_gpu_path_on_cpu_contexts(monkeypatch):
     memory.check_batch_fits(args, net, world)   # MXNet cannot tell: no check
 
 
+@pytest.mark.unit
 def test_a_batch_far_larger_than_the_set_is_said(caplog):
     import types
     loader = types.SimpleNamespace(batch_size=192, num_examples=32)

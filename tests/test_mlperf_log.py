@@ -280,6 +280,7 @@ def good_log(tmp_path):
     return simulated_run(mlperf_args(tmp_path), reaches_at_6)
 
 
+@pytest.mark.unit
 def test_a_run_that_reaches_the_target_writes_a_log_the_rules_accept(good_log, tmp_path):
     assert compliance(good_log) == [] and issue_rules(good_log) == []
     keys = [line['key'] for line in good_log]
@@ -301,6 +302,7 @@ def keys_time(lines, key):
     return next(line['time_ms'] for line in lines if line['key'] == key)
 
 
+@pytest.mark.unit
 def test_a_run_that_misses_the_target_or_is_stopped_ends_aborted_with_every_interval_closed(tmp_path):
     missed = simulated_run(mlperf_args(tmp_path, ['--num-epochs', '8']), lambda epoch: 0.5)
     assert missed[-1]['metadata']['status'] == 'aborted' and issue_rules(missed) == []
@@ -310,6 +312,7 @@ def test_a_run_that_misses_the_target_or_is_stopped_ends_aborted_with_every_inte
     assert stopped[-1]['metadata']['status'] == 'aborted' and issue_rules(stopped) == [] and compliance(stopped) == []
 
 
+@pytest.mark.unit
 def test_the_sgd_keys_and_an_open_division(tmp_path):
     args = mlperf_args(tmp_path, ['--optimizer', 'sgd', '--lr', '0.128', '--warmup-epochs', '2'])
     log = simulated_run(args, reaches_at_6)
@@ -328,12 +331,14 @@ def test_the_sgd_keys_and_an_open_division(tmp_path):
                                  'lars_opt_learning_rate_decay_poly_power', 'lars_opt_learning_rate_decay_steps',
                                  'lars_epsilon', 'lars_opt_learning_rate_warmup_epochs', 'lars_opt_momentum',
                                  'lars_opt_weight_decay'])
+@pytest.mark.unit
 def test_a_missing_key_fails(good_log, key):
     assert key in {line['key'] for line in good_log}
     assert compliance([line for line in good_log if line['key'] != key]) + \
         issue_rules([line for line in good_log if line['key'] != key])
 
 
+@pytest.mark.unit
 def test_every_key_of_the_log_is_one_the_rules_ask_for(good_log):
     """Nothing in the log is there for nothing: each key is in a rule file, or is the seed."""
     asked = {key for config in CONFIGS.values() for key in config} | {'seed'}
@@ -351,12 +356,14 @@ def moved(lines, key, after):
 @pytest.mark.parametrize('key,after', [('init_stop', 'run_start'), ('init_start', 'init_stop'),
                                        ('run_start', 'run_stop'), ('eval_accuracy', 'run_stop'),
                                        ('epoch_start', 'epoch_stop'), ('init_start', 'run_start')])
+@pytest.mark.unit
 def test_a_key_out_of_order_fails(good_log, key, after):
     changed = moved(good_log, key, after)
     assert compliance(changed) + issue_rules(changed)
 
 
 @pytest.mark.parametrize('key,epoch_num', [('epoch_stop', 3), ('eval_stop', 3), ('eval_stop', 7), ('run_stop', None)])
+@pytest.mark.unit
 def test_an_interval_not_closed_fails(good_log, key, epoch_num):
     changed = [line for line in good_log if not (line['key'] == key and line['metadata'].get('epoch_num') == epoch_num)]
     assert len(changed) == len(good_log) - 1
@@ -370,11 +377,13 @@ def test_an_interval_not_closed_fails(good_log, key, epoch_num):
     ('lars_opt_end_learning_rate', 0.001), ('lars_opt_learning_rate_decay_poly_power', 1.0),
     ('lars_opt_learning_rate_decay_steps', 0), ('lars_epsilon', 1e-9), ('lars_opt_learning_rate_warmup_epochs', 0),
     ('lars_opt_momentum', 0.95), ('lars_opt_weight_decay', 3e-5), ('eval_accuracy', 1.0)])
+@pytest.mark.unit
 def test_a_value_outside_the_rules_fails(good_log, key, value):
     changed = [dict(line, value=value) if line['key'] == key else line for line in good_log]
     assert compliance(changed)
 
 
+@pytest.mark.unit
 def test_a_wrong_status_a_long_init_or_an_evaluation_off_the_period_fail(good_log):
     late = [dict(line, metadata=dict(line['metadata'], status='aborted')) if line['key'] == 'run_stop' else line
             for line in good_log]
@@ -387,6 +396,7 @@ def test_a_wrong_status_a_long_init_or_an_evaluation_off_the_period_fail(good_lo
     assert issue_rules(off)
 
 
+@pytest.mark.unit
 def test_lines_name_the_hook_that_wrote_them(good_log):
     """metadata file and lineno: the call in the recipe (the simulated run here), not mlperf_log.py's own."""
     assert {line['metadata']['file'] for line in good_log} == {os.path.join('tests', 'test_mlperf_log.py')}
@@ -400,6 +410,7 @@ def check(*argv):
     return args
 
 
+@pytest.mark.unit
 def test_the_mlperf_recipe_writes_the_log_in_the_workspace_and_stops_at_the_target(tmp_path):
     args = check('--recipe', 'mlperf', '--workspace', str(tmp_path))
     assert (args.mlperf_log, args.target_accuracy) == ('mlperf.log', 0.759)
@@ -412,6 +423,7 @@ def test_the_mlperf_recipe_writes_the_log_in_the_workspace_and_stops_at_the_targ
 
 
 @pytest.mark.parametrize('flag', ['--submission-org', '--submission-platform'])
+@pytest.mark.unit
 def test_submission_keys_are_never_empty(flag, capsys):
     with pytest.raises(SystemExit):
         train_args([flag, ' '])
@@ -443,12 +455,14 @@ def test_submission_keys_are_never_empty(flag, capsys):
     (['--optimizer', 'sgd', '--warmup-epochs', '2.5'], '--warmup-epochs 2.5'),
     (['--optimizer', 'sgd', '--lr', '0.1234'], '--lr 0.1234'),
 ])
+@pytest.mark.unit
 def test_a_run_the_log_cannot_record_is_one_error_before_it_starts(argv, said):
     with pytest.raises(RecipeError, match='cannot record this run') as error:
         check('--recipe', 'mlperf', *argv)
     assert said in str(error.value) and '--mlperf-log none writes no log' in str(error.value)
 
 
+@pytest.mark.unit
 def test_closed_rules_do_not_bind_the_open_division_and_its_flags_alone_are_errors():
     check('--recipe', 'mlperf', '--submission-division', 'open', '--target-accuracy', '0.5', '--wd', '3e-5',
           '--eval-period', '1', '--warmup-prefix', '0')
@@ -463,6 +477,7 @@ def test_closed_rules_do_not_bind_the_open_division_and_its_flags_alone_are_erro
     check('--recipe', 'mlperf', '--mode', 'val')     # the recipe's log is no flag given: val writes none, silently
 
 
+@pytest.mark.unit
 def test_a_log_evaluates_on_its_period_alone():
     """The recipe's extra validation after the last epoch is off the MLPerf period: a run with a result log does
     not make it (it could stop the clock at an epoch MLPerf would not evaluate)."""
@@ -472,6 +487,7 @@ def test_a_log_evaluates_on_its_period_alone():
     assert [e for e in range(8) if fit.evaluated(without, e)] == [2, 6, 7]
 
 
+@pytest.mark.unit
 def test_a_resumed_run_or_weights_to_start_from_write_no_log(tmp_path, caplog):
     args = mlperf_args(tmp_path)
     result = mlperf_log.start(args, one_worker(), 3, resumed=True)
@@ -483,6 +499,7 @@ def test_a_resumed_run_or_weights_to_start_from_write_no_log(tmp_path, caplog):
         mlperf_log.start(args, one_worker(), 3, resumed=False)
 
 
+@pytest.mark.unit
 def test_only_rank_0_writes(tmp_path):
     args = mlperf_args(tmp_path, ['--mlperf-log', str(tmp_path / 'rank1.log')])
     result = mlperf_log.start(args, one_worker(rank=1, size=2), 3, resumed=False)
@@ -491,6 +508,7 @@ def test_only_rank_0_writes(tmp_path):
     assert not (tmp_path / 'rank1.log').exists()
 
 
+@pytest.mark.unit
 def test_the_page_cache_is_dropped_where_allowed_and_said_where_not(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(mlperf_log, 'DROP_CACHES', str(tmp_path / 'drop_caches'))
     assert mlperf_log.drop_page_cache() is None and (tmp_path / 'drop_caches').read_text() == '3\n'
@@ -515,6 +533,7 @@ def run(digits, workspace, workers, extra, batch=32):
     return result
 
 
+@pytest.mark.integration
 def test_a_closed_run_of_the_digits_reaches_the_target_and_its_log_passes(digits, tmp_path):
     """--recipe mlperf shortened to 3 epochs (ResNet-18 at 32x32, 1 worker): validated after its third epoch
     only, at 79% top-1 (seed 1), past MLPerf's 75.9%: run_stop success, the time to train in report.json."""
@@ -535,6 +554,7 @@ def test_a_closed_run_of_the_digits_reaches_the_target_and_its_log_passes(digits
 
 
 @HOROVOD
+@pytest.mark.multiworker
 def test_two_workers_write_one_log_that_evaluates_on_the_period_and_ends_aborted(digits, tmp_path):
     """2 workers, 4 epochs of 128 images, an unreachable target (open division): rank 0 alone writes; epoch 3
     (epoch_num) is evaluated, the last one (4) not, and the run ends aborted."""
@@ -550,6 +570,7 @@ def test_two_workers_write_one_log_that_evaluates_on_the_period_and_ends_aborted
     assert lines[-1]['metadata']['status'] == 'aborted'
 
 
+@pytest.mark.integration
 def test_a_resumed_run_leaves_the_first_parts_log_as_it_was(digits, tmp_path):
     """--run-epochs 1 ends the first invocation (run_stop aborted); the same command again resumes the state and
     writes nothing to the log, and says why."""

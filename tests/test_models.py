@@ -16,6 +16,8 @@ import models
 from conftest import in_fresh_process, randomise_batchnorm, train_args
 from rn50.errors import RecipeError
 
+pytestmark = pytest.mark.unit
+
 # --------------------------------------------------------------------------------------------------------
 # Helpers
 

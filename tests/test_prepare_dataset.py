@@ -9,6 +9,8 @@ from PIL import Image
 
 from conftest import run_script
 
+pytestmark = pytest.mark.integration
+
 IM2REC = os.path.join(os.path.dirname(mx.__file__), 'tools', 'im2rec.py')
 
 

@@ -19,7 +19,7 @@ from rn50.checkpoints import checkpoint
 import dali
 import models
 import train
-from conftest import digits_flags, resolved, run_train_py
+from conftest import built_once, digits_flags, resolved, run_train_py, train_main
 from rn50.errors import RecipeError
 from test_readme import README, code_blocks
 from rn50.data import contract
@@ -37,26 +37,31 @@ def train_py(digits, workspace, *extra, check=True):
 
 @pytest.fixture(scope='module', params=['dali-cpu', 'mxnet'])
 def run(request, digits, tmp_path_factory):
-    """(backend, workspace) of a ResNet-18 trained 3 epochs on the digits with that backend (about 90% top-1)."""
-    workspace = tmp_path_factory.mktemp(f'run-{request.param}')
-    train_py(digits, workspace, '--data-backend', request.param, '--batch-size', '32', '--num-epochs', '3',
-             '--lr', '0.2', '--warmup-epochs', '1', '--min-random-area', '0.5', '--mode', 'train_val')
-    return request.param, workspace
+    """(backend, workspace) of a ResNet-18 trained 3 epochs on the digits with that backend (about 90% top-1),
+    trained once for the whole run (conftest.built_once): tests read it."""
+    def train(workspace):
+        train_py(digits, workspace, '--data-backend', request.param, '--batch-size', '32', '--num-epochs', '3',
+                 '--lr', '0.2', '--warmup-epochs', '1', '--min-random-area', '0.5', '--mode', 'train_val')
+    return request.param, built_once(tmp_path_factory, f'preprocessing-{request.param}', train)
 
 
 @pytest.fixture(scope='module')
 def predictions(run, digits, tmp_path_factory):
-    """--mode pred over the validation folder: {file: probabilities of the 10 classes}, and its log."""
+    """--mode pred of the run's weights over the validation folder, made once for the whole run: {file:
+    probabilities of the 10 classes}, and its log."""
     backend, workspace = run
-    output = tmp_path_factory.mktemp('pred') / 'pred.json'
-    result = train_py(digits, workspace, '--mode', 'pred', '--data-pred', digits / 'images' / 'val', '--topk', '10',
-                      '--pred-output', output)
+
+    def predict(folder):
+        result = train_py(digits, folder, '--mode', 'pred', '--load', workspace / 'model_best.params', '--data-pred',
+                          digits / 'images' / 'val', '--topk', '10', '--pred-output', folder / 'pred.json')
+        (folder / 'stderr.txt').write_text(result.stderr)
+    folder = built_once(tmp_path_factory, f'preprocessing-{backend}-pred', predict)
     found = {}
-    for prediction in json.loads(output.read_text())['predictions']:
+    for prediction in json.loads((folder / 'pred.json').read_text())['predictions']:
         found[prediction['image']] = np.zeros(10)
         for entry in prediction['top']:
             found[prediction['image']][entry['class']] = entry['probability']
-    return found, result.stderr
+    return found, (folder / 'stderr.txt').read_text()
 
 
 def labels_of(digits, files):
@@ -90,6 +95,7 @@ def clear(probabilities, margin):
     return top[-1] - top[-2] > margin
 
 
+@pytest.mark.integration
 def test_pred_over_the_validation_folder_gives_val_s_top1(digits, run, predictions, tmp_path):
     """--mode val (on the run's backend, which it chooses) and --mode pred over the same 359 images: image by
     image the same probabilities (within the network's rounding) and the same top class, hence val's top-1."""
@@ -123,13 +129,17 @@ def test_pred_over_the_validation_folder_gives_val_s_top1(digits, run, predictio
     assert f'{recorded} interpolation, centre 24x24 crop' in log
 
 
+@pytest.mark.integration
 def test_a_dali_run_is_not_validated_by_imagerecorditer(digits, run, tmp_path):
     """ImageRecordIter cannot antialias: --mode val --data-backend mxnet on a run that validated with DALI is one
     error line; a run that validated with ImageRecordIter is validated by DALI, when asked, without antialiasing."""
     backend, workspace = run
     other = 'dali-cpu' if backend == 'mxnet' else 'mxnet'
-    result = train_py(digits, tmp_path, '--mode', 'val', '--load', workspace / 'model_best.params',
-                      '--data-backend', other, check=False)
+    flags = ['--mode', 'val', '--load', workspace / 'model_best.params', '--data-backend', other]
+    if backend == 'mxnet':
+        result = train_py(digits, tmp_path, *flags, check=False)
+    else:                                       # refused before anything runs: in this process
+        result = train_main(*digits_flags(digits, batch=64), *MODEL, '--workspace', tmp_path, *flags)
     if backend == 'mxnet':
         assert result.returncode == 0, result.stderr[-2000:]
         assert 'Validation with DALI: shorter side to 28 (the longer rounded down), linear interpolation' in \
@@ -146,6 +156,7 @@ def snippet_bound():
         return float(re.search(r"probabilities differ from `--mode pred`'s by at most ([0-9.]+)", f.read()).group(1))
 
 
+@pytest.mark.integration
 def test_export_writes_its_preprocessing_and_the_readme_snippet_gives_pred_s_probabilities(
         digits, run, predictions, tmp_path, monkeypatch):
     """Export writes what the model expects beside it and in report_export.json; the README's own snippet,
@@ -170,8 +181,10 @@ def test_export_writes_its_preprocessing_and_the_readme_snippet_gives_pred_s_pro
     import onnxruntime
     sessions = {}
     session = onnxruntime.InferenceSession
-    # The snippet loads the model for each image: the same file, loaded once here.
-    monkeypatch.setattr(onnxruntime, 'InferenceSession', lambda path: sessions.setdefault(path, session(path)))
+    # The snippet loads the model for each image: the same file, loaded once here (setdefault(path, session(path))
+    # loaded it again for every image, two minutes of the test).
+    monkeypatch.setattr(onnxruntime, 'InferenceSession',
+                        lambda path: sessions[path] if path in sessions else sessions.setdefault(path, session(path)))
     found, _ = predictions
     names = [c['name'] for c in json.loads((digits / 'rec' / 'classes.json').read_text())['classes']]
     bound, differences = snippet_bound(), []
@@ -207,6 +220,7 @@ def non_square_images(digits, folder):
 
 
 @pytest.mark.parametrize('interpolation', ['linear-antialias', 'linear'])
+@pytest.mark.unit
 def test_every_backend_and_pred_compute_the_same_input(digits, tmp_path, interpolation):
     """On non-square images at 24x24 after a 28 resize: pred's input is the very input of the run's validation
     backend (DALI's graph, or ImageRecordIter's OpenCV), and DALI validates a 'linear' run within one grey level
@@ -235,6 +249,7 @@ def test_every_backend_and_pred_compute_the_same_input(digits, tmp_path, interpo
         assert np.abs(batches['dali-cpu'] - pred).max() <= 1.01 / 57.12    # one grey level over the smallest std
 
 
+@pytest.mark.unit
 def test_pred_reports_an_unreadable_image_and_goes_on(digits, tmp_path):
     """DALI's prediction pipeline after a file it cannot decode: one error for that file, the next decoded."""
     paths = non_square_images(digits, tmp_path / 'images')

@@ -12,11 +12,14 @@ import fit
 import train
 from rn50.config import recipes
 from rn50.optim import schedule
-from conftest import ROOT, runner_module, train_args
+from conftest import ROOT, copy_workspace, runner_module, train_args, train_main
 from rn50.errors import RecipeError
 
 TINY = ['--seed', '3', '--batch-size', '32', '--data-mxnet-threads', '2', '--dali-threads', '1',
         '--dali-validation-threads', '1', '--num-layers', '18', '--num-examples', '64']
+# rsb-a3's RandAugment (6 of 10, noise 0.5) as fractions of a scale of 1: 101 magnitude bins instead of 1,001, whose
+# DALI pipeline builds in a second instead of ten (the recipe's warm-up is the point here).
+RA_SMALL_SCALE = ['--ra-magnitude-scale', '1', '--ra-magnitude', '0.6', '--ra-magnitude-std', '0.05']
 
 
 def train_py(*argv):
@@ -36,17 +39,14 @@ def val_report(workspace):
 
 # ---- 1. testing at another size than the run's ----------------------------------------------------------------
 
-@pytest.fixture(scope='module')
-def apart(digits, tmp_path_factory):
-    """A ResNet-18 trained 1 epoch at 32x32 and tested at 40x40 after a 46 resize (the digits are 32x32 JPEGs)."""
-    workspace = tmp_path_factory.mktemp('apart')
-    result = train_py(*data_flags(digits), '--data-backend', 'mxnet', '--image-shape', '3,32,32',
-                      '--val-image-shape', '3,40,40', '--data-val-resize', '46', '--num-epochs', '1',
-                      '--warmup-epochs', '0', '--workspace', workspace)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workspace
+@pytest.fixture
+def apart(trained_apart, tmp_path):
+    """conftest's trained_apart, a ResNet-18 trained 1 epoch at 32x32 and tested at 40x40 after a 46 resize (the
+    digits are 32x32 JPEGs), copied: the tests validate and predict in it."""
+    return copy_workspace(trained_apart, tmp_path / 'apart')
 
 
+@pytest.mark.integration
 def test_another_test_size_resizes_at_the_runs_ratio(apart, digits):
     """--val-image-shape 3,32,32 on a run tested at 40 after 46: the resize follows (37, not a 32-px patch of a
     46-px image), logged, and validates as the same command with --data-val-resize 37 given; 48 (larger than
@@ -67,6 +67,7 @@ def test_another_test_size_resizes_at_the_runs_ratio(apart, digits):
     assert val_report(apart)['config']['data_val_resize'] == 55
 
 
+@pytest.mark.integration
 def test_a_resize_given_with_another_test_size_wins(apart, digits):
     """--val-image-shape 3,32,32 --data-val-resize 34: the user's resize, logged as given (it was refused as
     'trained with other settings'); pred takes it too. The run's own test size with another resize stays a
@@ -80,9 +81,9 @@ def test_a_resize_given_with_another_test_size_wins(apart, digits):
                     digits / 'images' / 'val' / 'digit_3')
     assert pred.returncode == 0 and '1. ' in pred.stdout, pred.stderr[-3000:]
     assert '--data-val-resize 37, the run\'s resize at the same ratio' in pred.stderr
-    same = train_py(*data, '--mode', 'val', '--data-val-resize', '50')
+    same = train_main(*TINY, *data, '--mode', 'val', '--data-val-resize', '50')        # refusals: in process
     assert same.returncode == 2 and '--data-val-resize 50 (trained with 46)' in same.stderr
-    small = train_py(*data, '--mode', 'val', '--val-image-shape', '3,48,48', '--data-val-resize', '40')
+    small = train_main(*TINY, *data, '--mode', 'val', '--val-image-shape', '3,48,48', '--data-val-resize', '40')
     assert small.returncode == 2 and small.stderr.count('error:') == 1
     assert 'error: --data-val-resize 40 is smaller than the image (48x48)' in small.stderr
 
@@ -95,6 +96,7 @@ def test_a_resize_given_with_another_test_size_wins(apart, digits):
     ('rsb-a3', 192, 269, 283),
     ('torchvision-v2', 176, 224, 232),   # the recipe's own
 ])
+@pytest.mark.unit
 def test_a_recipes_test_size_and_resize_follow_the_training_size(name, size, tested, resize):
     """By the recipe's own ratios, in train.py's resolution and through the runner (whose --image-shape is the
     recipe's training size unless the user gives one)."""
@@ -109,6 +111,7 @@ def test_a_recipes_test_size_and_resize_follow_the_training_size(name, size, tes
         ((size, size), (tested, tested), resize)
 
 
+@pytest.mark.unit
 def test_sizes_the_command_gives_win_and_the_rest_follows():
     """A given test size takes the recipe's resize ratio (288 -> 298 at torchvision's 232/224); a given resize
     stays; both given, nothing follows; recipes without a test size of their own set none."""
@@ -124,6 +127,7 @@ def test_sizes_the_command_gives_win_and_the_rest_follows():
     assert (args.val_image_shape, args.data_val_resize) == (None, 73) and recipes.size_words(args, origin.from_recipe) is None
 
 
+@pytest.mark.integration
 def test_a_recipe_shrunk_to_the_digits_validates_at_its_ratios(digits, tmp_path):
     """./runner --recipe torchvision-v2 --image-shape 3,32,32 on the 32x32 digits: validation at 41x41 after a 42
     resize (it was 224 after 232, the digits blown up 7 times), said in the log; --mode val at 32 on that run
@@ -148,6 +152,7 @@ def test_a_recipe_shrunk_to_the_digits_validates_at_its_ratios(digits, tmp_path)
 
 # ---- 7. a recipe's warm-up on a short run ----------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_a_recipes_warm_up_is_shortened_to_fit_a_short_run(caplog):
     """Half of a run shorter than twice the recipe's warm-up (5 epochs: -e 3 gives 1.5), as the default's; a
     --warmup-epochs the command gives stays an error when longer than the run."""
@@ -167,19 +172,20 @@ def test_a_recipes_warm_up_is_shortened_to_fit_a_short_run(caplog):
     assert schedule.default_warmup(args, 'warmup_epochs' in origin.from_recipe) == 2
 
 
+@pytest.mark.integration
 def test_a_recipe_trains_one_epoch_on_the_digits_with_its_warm_up_shortened(digits, tmp_path):
     """--recipe rsb-a3 -e 1 on the digits (refused before: its 5 warm-up epochs are longer than the run): half an
     epoch of warm-up, logged and recorded; the same with --warmup-epochs 5 given is one error line."""
     sizes = ['--image-shape', '3,32,32', '--val-image-shape', '3,32,32', '--data-val-resize', '36']
     workspace = tmp_path / 'short'
     result = train_py(*data_flags(digits), *sizes, '--recipe', 'rsb-a3', '--num-epochs', '1', '--data-backend',
-                      'dali-cpu', '--workspace', workspace)
+                      'dali-cpu', '--workspace', workspace, *RA_SMALL_SCALE)
     assert result.returncode == 0, result.stderr[-3000:]
     assert ("--warmup-epochs not given: 0.5 epochs of warm-up, half of the 1-epoch run (--recipe rsb-a3's 5 would "
             'leave less than half of it to the decay)') in (workspace / 'log.log').read_text()
     assert json.loads((workspace / 'report.json').read_text())['config']['warmup_epochs'] == 0.5
-    given = train_py(*data_flags(digits), *sizes, '--recipe', 'rsb-a3', '--num-epochs', '1', '--warmup-epochs', '5',
-                     '--workspace', tmp_path / 'given')
+    given = train_main(*TINY, *data_flags(digits), *sizes, '--recipe', 'rsb-a3', '--num-epochs', '1',
+                       '--warmup-epochs', '5', '--workspace', tmp_path / 'given')
     assert given.returncode == 2 and given.stderr.count('error:') == 1
     assert 'error: --warmup-epochs 5 is longer than the 1-epoch schedule' in given.stderr
 
@@ -189,6 +195,7 @@ def test_a_recipe_trains_one_epoch_on_the_digits_with_its_warm_up_shortened(digi
                                           (['--image-shape', '3,32,32', '--val-image-shape', '3,64,64'], 73),
                                           (['--image-shape', '3,64,64', '--data-val-resize', '100'], 100),
                                           (['--recipe', 'nvidia', '--image-shape', '3,128,128'], 146)])
+@pytest.mark.unit
 def test_a_plain_run_at_another_size_tests_after_the_originals_resize_ratio(flags, resize):
     """The original recipe's 256 is its resize for a test at 224: a run at 64 kept 256 and tested the centre
     64 pixels of a 256-pixel image (a quarter of its side), without a word. Not given, the resize is the test
@@ -196,6 +203,7 @@ def test_a_plain_run_at_another_size_tests_after_the_originals_resize_ratio(flag
     assert train_args(flags).data_val_resize == resize
 
 
+@pytest.mark.integration
 def test_the_derived_resize_is_logged(digits, tmp_path):
     result = train_py(*data_flags(digits), '--mode', 'train_val', '--num-epochs', '1', '--workspace', tmp_path,
                       '--image-shape', '3,32,32', '--num-classes', '10', '--data-backend', 'dali-cpu')

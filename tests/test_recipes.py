@@ -3,9 +3,6 @@ batch (--mixup-mode), MLPerf's crop area and initialisation (--init, --zero-gamm
 weights into the average during the warm-up, timm's cosine over all epochs (--warmup-prefix 0), and the
 square-root scaling of rsb-a3's learning rate with the batch; each recipe sets what its source does."""
 import math
-import os
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
@@ -17,8 +14,10 @@ from rn50.training import losses
 import models
 from rn50.config import recipes
 from rn50.optim import schedule
-from conftest import ROOT, digits_flags, report_gpus, runner_module, train_args
+from conftest import digits_flags, report_gpus, runner_module, train_args, train_main
 from float16_twin import Float16Net, batch_of, step_for
+
+pytestmark = pytest.mark.unit
 
 runner = runner_module()
 
@@ -215,11 +214,11 @@ def test_rsb_a3_scales_its_learning_rate_by_the_square_root_of_the_batch_as_timm
 
 
 def test_train_py_logs_the_rule_a_recipes_learning_rate_took(digits, tmp_path):
-    """train.py resolving --lr from the recipe says so in its log (reading one validation batch is enough)."""
-    cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + digits_flags(digits, 32) + [
-        '--recipe', 'rsb-a3', '--test-io', '--test-io-mode', 'val', '--benchmark-iters', '1', '--num-layers', '18',
-        '--val-image-shape', '3,32,32', '--workspace', str(tmp_path)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    """train.py resolving --lr from the recipe says so in its log (reading one validation batch is enough, in
+    this process)."""
+    result = train_main(*digits_flags(digits, 32), '--recipe', 'rsb-a3', '--test-io', '--test-io-mode', 'val',
+                        '--benchmark-iters', '1', '--num-layers', '18', '--val-image-shape', '3,32,32', '--workspace',
+                        tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     log = (tmp_path / 'log.log').read_text()
     assert ('Recipe rsb-a3 scales its learning rate (0.008 at 2048 images) by the square root of the batch ratio '

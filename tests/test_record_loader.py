@@ -11,11 +11,14 @@ import weakref
 
 import mxnet as mx
 import numpy as np
+import pytest
 
 import data
 from conftest import resolved
 from test_data import training_loader, write_rec
 from train import get_loaders
+
+pytestmark = pytest.mark.unit
 
 CHUNK_IMAGES = 16           # chunks of 2 batches of 8: 7 chunks in an epoch of 100 records
 RECORDS, BATCH = 100, 8

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, report_gpus, runner_module
+from conftest import ROOT, report_gpus, runner_main, runner_module
 
 runner = runner_module()
 
@@ -32,12 +32,14 @@ def command(argv, gpus=0, fused=False):
 
 
 @pytest.mark.parametrize('n,b,lr', [(8, 192, 1.536), (8, 512, 4.096), (8, 96, 0.768), (1, 512, 0.512)])
+@pytest.mark.unit
 def test_global_batch_and_lr_scaling(n, b, lr):
     _, flags, _ = command(['-n', str(n), '-b', str(b)], gpus=8)
     assert int(flags['--batch-size']) == n * b
     assert float(flags['--lr']) == pytest.approx(lr)
 
 
+@pytest.mark.unit
 def test_seed_readme_training_on_gpus():
     prefix, flags, _ = command(['-n', '8', '-b', '192'], gpus=8, fused=True)
     assert prefix == ['horovodrun', '-np', '8']
@@ -50,12 +52,14 @@ def test_seed_readme_training_on_gpus():
     assert '--num-epochs' not in flags and '--data-backend' not in flags
 
 
+@pytest.mark.unit
 def test_float16_without_fused_kernels_and_mxnet_backend():
     _, flags, _ = command(['-n', '2', '--data-backend', 'mxnet'], gpus=2, fused=False)
     assert flags['--image-shape'] == '3,224,224' and '--fuse-bn-relu' not in flags
     assert flags['--data-backend'] == 'mxnet'
 
 
+@pytest.mark.unit
 def test_float32_commands_and_forwarding():
     _, flags, raw = command(['-n', '8', '-b', '96', '--dtype', 'float32', '--num-epochs', '250', '--mixup', '0.2',
                              '--data-root', '/d'], gpus=8)
@@ -67,6 +71,7 @@ def test_float32_commands_and_forwarding():
     assert raw.index('3,224,224') < raw.index('3,32,32')
 
 
+@pytest.mark.unit
 def test_val_and_pred_commands():
     prefix, flags, _ = command(['-n', '1', '-b', '192', '--load', 'm.params', '--mode', 'val'], gpus=1)
     assert prefix == [] and flags['--mode'] == 'val' and flags['--load'] == 'm.params'
@@ -74,12 +79,14 @@ def test_val_and_pred_commands():
     assert flags['--data-pred'] == 'cat.jpg' and flags['--batch-size'] == '192'
 
 
+@pytest.mark.unit
 def test_cpu_machine_defaults():
     prefix, flags, _ = command(['-n', '2', '-b', '32'], gpus=0)
     assert prefix == ['horovodrun', '-np', '2', '--gloo']
     assert '--gpus' not in flags and flags['--dtype'] == 'float32' and flags['--image-shape'] == '3,224,224'
 
 
+@pytest.mark.unit
 def test_multi_node_and_slurm_launchers():
     prefix, _, _ = command(['-n', '16', '-H', 'host1:8,host2:8'], gpus=8)
     assert prefix == ['horovodrun', '-np', '16', '-H', 'host1:8,host2:8']
@@ -91,6 +98,7 @@ def test_multi_node_and_slurm_launchers():
     assert prefix == [] and flags['--gpus'] == '0,1,2,3' and flags['--kv-store'] == 'device'
 
 
+@pytest.mark.unit
 def test_environment(monkeypatch):
     args, _ = runner.parse_args(['-n', '2'])
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
@@ -103,14 +111,16 @@ def test_environment(monkeypatch):
     assert gpu['MXNET_ENABLE_CUDA_GRAPHS'] == '1' and gpu['OMP_NUM_THREADS'] == '1'
 
 
+@pytest.mark.unit
 def test_dry_run_prints_command():
-    result = subprocess.run([sys.executable, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '8', '--dry-run'],
-                            capture_output=True, text=True, check=True)
+    result = runner_main('-n', '2', '-b', '8', '--dry-run')
+    assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert 'MXNET_UPDATE_ON_KVSTORE=0' in lines and lines[-1].split()[0] == 'horovodrun'
 
 
 @pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+@pytest.mark.multiworker
 def test_two_cpu_workers_on_one_node_and_on_two_nodes_train_alike(digits, tmp_path):
     """Two workers on this machine, then the same two as two "nodes": horovodrun takes localhost and
     127.0.0.1 for two hosts, so each worker has local rank 0 (the multi-node path, per-node GPU ids) and the
@@ -120,7 +130,7 @@ def test_two_cpu_workers_on_one_node_and_on_two_nodes_train_alike(digits, tmp_pa
         result = subprocess.run(
             [sys.executable, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '16', '-e', '1', *hosts, '--data-root',
              str(digits / 'rec'), '--data-backend', 'dali-cpu', '--image-shape', '3,32,32', '--num-classes', '10',
-             '--data-val-resize', '32', '--num-layers', '18', '--num-examples', '256', '--seed', '5',
+             '--data-val-resize', '32', '--num-layers', '18', '--num-examples', '64', '--seed', '5',
              '--workspace', str(tmp_path / name), '--dali-threads', '1', '--dali-validation-threads', '1'],
             capture_output=True, text=True, env=dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' +
                                                      os.environ['PATH']))
@@ -156,6 +166,7 @@ RUN_ENV = dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' + os.envir
 
 @pytest.mark.parametrize('argv', [['-n', '0'], ['-n', '-2'], ['-l', '-1'], ['-l', '0'], ['-l', 'nan'], ['-b', '0'],
                                   ['-e', '0'], ['--stop-timeout', '0']])
+@pytest.mark.unit
 def test_numeric_flags_are_range_checked_at_parse_time(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         runner.parse_args(argv)
@@ -180,6 +191,7 @@ def dry_run(monkeypatch, capsys, argv, gpus=8, fused=True):
     (['-n', '8', '-b', '192'], {}, 'horovodrun -np 8 '),
     (['-n', '16', '-H', 'a:8,b:8'], {}, 'horovodrun -np 16 -H a:8,b:8 '),
     (['-n', '16', '--launcher', 'slurm'], {'SLURM_NTASKS': '16', 'SLURM_NTASKS_PER_NODE': '8'}, sys.executable)])
+@pytest.mark.unit
 def test_the_whole_gpu_plan_with_mxnet_reporting_gpus(monkeypatch, capsys, argv, env, prefix, fused):
     """The runner's GPU branch end to end (main, --dry-run) with nothing of the runner mocked: MXNet reports 8
     GPUs, with or without NVIDIA's fused kernels. It used to end in an AttributeError (the probe of the fused
@@ -204,6 +216,7 @@ def test_the_whole_gpu_plan_with_mxnet_reporting_gpus(monkeypatch, capsys, argv,
             f'RN50_WORKERS={argv[1]}'} <= set(variables)
 
 
+@pytest.mark.unit
 def test_gpu_ids_are_per_node(monkeypatch, capsys, tmp_path):
     for name in ('SLURM_NTASKS_PER_NODE', 'SLURM_TASKS_PER_NODE', 'SLURM_LOCALID'):
         monkeypatch.delenv(name, raising=False)
@@ -225,6 +238,7 @@ def test_gpu_ids_are_per_node(monkeypatch, capsys, tmp_path):
     assert dry_run(monkeypatch, capsys, ['-n', '16', '--launcher', 'slurm'])[1]['--gpus'] == eight
 
 
+@pytest.mark.unit
 def test_a_launch_from_a_machine_without_gpus_plans_for_the_workers_nodes(monkeypatch, capsys):
     """A login node has no GPU: the plan used to be float32 on the CPU (no --gpus, Gloo) for GPU workers."""
     code, _, err = dry_run(monkeypatch, capsys, ['-n', '16', '-H', 'node1:8,node2:8'], gpus=0)
@@ -241,6 +255,7 @@ def test_a_launch_from_a_machine_without_gpus_plans_for_the_workers_nodes(monkey
     assert code == 0 and flags['--dtype'] == 'float32' and '--gpus' not in flags
 
 
+@pytest.mark.unit
 def test_gpu_runs_get_the_engine_variables_of_the_original_runner(monkeypatch, capsys):
     for name in ('MXNET_ASYNC_GPU_ENGINE', 'MXNET_EXEC_ENABLE_ADDTO'):
         monkeypatch.delenv(name, raising=False)
@@ -260,6 +275,7 @@ def test_gpu_runs_get_the_engine_variables_of_the_original_runner(monkeypatch, c
     (['-n', '16', '--hostfile', '/nonexistent/hosts'], {}, '--hostfile /nonexistent/hosts'),
     (['-n', '32', '--launcher', 'slurm'], {'SLURM_TASKS_PER_NODE': '16(x2)'}, 'SLURM runs 16 tasks on this node'),
     (['-n', '9'], {}, '-n 9 but this machine has 8 GPUs')])
+@pytest.mark.unit
 def test_node_requests_beyond_the_gpus_are_refused(monkeypatch, capsys, argv, env, message):
     for name in ('SLURM_NTASKS_PER_NODE', 'SLURM_TASKS_PER_NODE', 'SLURM_LOCALID'):
         monkeypatch.delenv(name, raising=False)
@@ -273,6 +289,7 @@ SLURM_PLAN = ('SLURM_NTASKS', 'SLURM_STEP_NUM_TASKS', 'SLURM_NTASKS_PER_NODE', '
               'SLURM_LOCALID', 'SLURM_GPUS_PER_TASK', 'SLURM_GPU_BIND', 'CUDA_VISIBLE_DEVICES')
 
 
+@pytest.mark.unit
 def test_slurm_task_count_other_than_n_is_refused(monkeypatch, capsys):
     for name in SLURM_PLAN:
         monkeypatch.delenv(name, raising=False)
@@ -286,6 +303,7 @@ def test_slurm_task_count_other_than_n_is_refused(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize('binding', [{'SLURM_GPUS_PER_TASK': '1'}, {'SLURM_GPU_BIND': 'single:1'}])
+@pytest.mark.unit
 def test_slurm_per_task_gpu_binding_gives_every_task_device_0(monkeypatch, capsys, binding):
     """srun --gpus-per-task 1 (or --gpu-bind): each of a node's 8 tasks sees only its own GPU, as device 0.
     Tasks that see the same one (a job-wide --gres=gpu:1) are refused by the workers, which compare their
@@ -310,6 +328,7 @@ def run_runner(argv, timeout=120):
                           env=RUN_ENV, timeout=timeout)
 
 
+@pytest.mark.unit
 def test_user_errors_before_launch_come_out_once(digits):
     rec = str(digits / 'rec')
     for argv, message in [(['--data-root', '/nonexistent'], "training data '/nonexistent/train.rec' not found"),
@@ -317,11 +336,11 @@ def test_user_errors_before_launch_come_out_once(digits):
                           (['--data-root', rec, '--num-layers', 'x'], "argument --num-layers"),
                           (['--data-root', rec, '--mode', 'val', '--data-val', '/nonexistent/v.rec'],
                            "validation data '/nonexistent/v.rec' not found")]:
-        result = run_runner(['-n', '2', '-b', '16', '--image-shape', '3,32,32', '--data-val-resize', '32'] + argv)
+        result = runner_main('-n', '2', '-b', '16', '--image-shape', '3,32,32', '--data-val-resize', '32', *argv)
         output = result.stdout + result.stderr
         assert result.returncode == 2 and output.count('error:') == 1 and message in result.stderr, output
         assert 'Traceback' not in output and 'horovodrun' not in output   # nothing was launched
-    result = run_runner(['-n', '2', '--data-root', '/nonexistent', '--dry-run'])   # a dry run reads no files
+    result = runner_main('-n', '2', '--data-root', '/nonexistent', '--dry-run')   # a dry run reads no files
     assert result.returncode == 0 and result.stdout.splitlines()[-1].startswith('horovodrun')
 
 
@@ -333,6 +352,7 @@ def demo_argv(digits, workspace, examples=256, extra=()):
 
 
 @HOROVOD
+@pytest.mark.multiworker
 def test_a_worker_user_error_after_launch_comes_out_once(digits, tmp_path):
     result = run_runner(demo_argv(digits, tmp_path, extra=['--optimizer', 'nosuch']))
     output = result.stdout + result.stderr
@@ -367,6 +387,7 @@ def interrupted_run(argv, signum, timeout=90):
 
 @HOROVOD
 @pytest.mark.parametrize('signum', [signal.SIGTERM])   # SIGUSR1 and SIGINT take the same handler (supervisor.py)
+@pytest.mark.multiworker
 def test_signal_to_the_runner_stops_every_worker_with_the_state_written(digits, tmp_path, signum):
     import psutil
     from rn50.checkpoints import checkpoint
@@ -404,6 +425,7 @@ sys.exit(1)
 '''
 
 
+@pytest.mark.unit
 def test_a_crashed_worker_is_one_error_line_instead_of_horovodruns_traceback():
     """What horovodrun prints when a worker dies of SIGSEGV (as Horovod 0.28.1's broadcast did, about one
     start in 25): the workers' lines pass, horovodrun's traceback becomes one line naming the worker."""
@@ -419,6 +441,7 @@ def test_a_crashed_worker_is_one_error_line_instead_of_horovodruns_traceback():
     assert sum(line.startswith('error:') for line in lines) == 1
 
 
+@pytest.mark.unit
 def test_missing_validation_data_points_to_mode_train(monkeypatch, capsys, tmp_path):
     (tmp_path / 'train.rec').write_bytes(b'')
     (tmp_path / 'train.idx').write_text('')
@@ -428,6 +451,7 @@ def test_missing_validation_data_points_to_mode_train(monkeypatch, capsys, tmp_p
     assert 'val.rec\' not found' in err and 'train with --mode train (prepare_dataset.py --splits train' in err
 
 
+@pytest.mark.unit
 def test_the_mlperf_recipe_sets_its_values_for_the_global_batch_and_flags_win(monkeypatch, capsys):
     """MLPerf's 8-GPU configuration: 400 images per GPU, 11.0 at 3,200 images, LARS, poly decay over 37 epochs,
     evaluation every 4 epochs from epoch 2; a flag given on the command line wins."""
@@ -451,6 +475,7 @@ def test_the_mlperf_recipe_sets_its_values_for_the_global_batch_and_flags_win(mo
 
 
 @pytest.mark.parametrize('gpus', [8, 0])
+@pytest.mark.unit
 def test_the_torchvision_and_timm_recipes_set_their_published_values(gpus):
     """torchvision-v2: 0.5 at 1,024 images, 600 epochs, TrivialAugment, random erasing, mixup/CutMix, 4 repeats,
     the weight average every 32 steps, trained at 176 (the runner's --image-shape follows the recipe, with 4
@@ -479,12 +504,16 @@ def test_the_torchvision_and_timm_recipes_set_their_published_values(gpus):
 
 @HOROVOD
 @pytest.mark.parametrize('recipe', ['torchvision-v2', 'rsb-a3'])
+@pytest.mark.multiworker
 def test_the_torchvision_and_timm_recipes_train_on_two_cpu_workers(digits, tmp_path, recipe):
     """Each recipe, at the digits' sizes, for one epoch on 2 workers: every piece it sets runs (automatic
     augmentation, erasing, repeats, the weight average, BCE, LAMB) and validation tests at its own size."""
+    # rsb-a3's RandAugment (6 of 10, noise 0.5) in 101 magnitude bins instead of 1,001: DALI builds its pipeline in
+    # a second instead of ten
+    small_scale = ['--ra-magnitude-scale', '1', '--ra-magnitude', '0.6', '--ra-magnitude-std', '0.05']
     result = run_runner(demo_argv(digits, tmp_path, examples=64, extra=[
         '--recipe', recipe, '-b', '8', '-e', '1', '--warmup-epochs', '0', '--image-shape', '3,32,32',
-        '--val-image-shape', '3,40,40', '--data-val-resize', '46']))
+        '--val-image-shape', '3,40,40', '--data-val-resize', '46'] + (small_scale if recipe == 'rsb-a3' else [])))
     assert result.returncode == 0, result.stderr[-3000:]
     log = (tmp_path / 'log.log').read_text()
     assert f'Recipe {recipe}: ' in log and 'Validation' in log
@@ -496,6 +525,7 @@ def test_the_torchvision_and_timm_recipes_train_on_two_cpu_workers(digits, tmp_p
 
 
 @HOROVOD
+@pytest.mark.multiworker
 def test_the_mlperf_recipe_on_two_cpu_workers_evaluates_on_its_period_and_stops_at_the_target(digits, tmp_path):
     """--recipe mlperf (LARS, poly decay, evaluation every 4 epochs from epoch 2) shortened to 7 epochs on the
     digits: epochs 0 and 1 are not validated, epoch 2 is and reaches the target, the run stops there (no epoch

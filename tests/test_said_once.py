@@ -7,9 +7,13 @@ import re
 import subprocess
 from types import SimpleNamespace
 
+import pytest
+
 import data
 from rn50.reports import tensorboard_log
 from conftest import ROOT, digits_flags, resolved
+
+pytestmark = pytest.mark.unit
 
 
 def makefile_commands():

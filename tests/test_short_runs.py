@@ -14,6 +14,7 @@ import fit
 from rn50.reports import logs
 from rn50.training import training_extras
 from float16_twin import Float16Net, step_for
+from conftest import built_once, copy_workspace
 from test_train import epoch_records, run
 
 # Two validations of the same weights may round one near tie differently: one of the 359 validation digits.
@@ -29,6 +30,7 @@ def log_text(workspace):
 
 # ---- the weight average -----------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_a_run_shorter_than_the_average_period_warns_and_never_judges_the_untrained_average(digits, tmp_path):
     """-e 1 of 2 steps with --model-ema-steps 3: the average would first move after step 3. The start says so
     with the numbers; the epoch's validation leaves the average out (once, said), and no model_ema_best.params
@@ -46,6 +48,7 @@ def test_a_run_shorter_than_the_average_period_warns_and_never_judges_the_untrai
     assert not any(key.startswith('val.ema.') for key in json.loads((ws / 'report.json').read_text())['summary'])
 
 
+@pytest.mark.integration
 def test_the_average_is_judged_from_the_epoch_of_its_first_update(digits, tmp_path):
     """-e 2 of 2 steps with --model-ema-steps 3: epoch 0 (steps 1-2) has no update, epoch 1 (step 3) one: only
     epoch 1 has val.ema.* and writes model_ema_best.params; the state counts the update; no start warning."""
@@ -63,6 +66,7 @@ def test_the_average_is_judged_from_the_epoch_of_its_first_update(digits, tmp_pa
     assert state.extra[ema.UPDATES_NAME].asnumpy().tolist() == [1.0]
 
 
+@pytest.mark.unit
 def test_the_update_count_survives_a_resume():
     step = step_for(Float16Net())
     average = ema.WeightAverage(step.net, 0.5, mx.cpu(), every=2)
@@ -78,6 +82,7 @@ def test_the_update_count_survives_a_resume():
     assert resumed.restore(older) and resumed.updates == 1       # a state of an earlier version: taken as updated
 
 
+@pytest.mark.unit
 def test_an_average_that_would_only_copy_the_weights_is_warned(caplog):
     """--model-ema-adjust copies the weights at every update made within the warm-up (torchvision's rule): with 4
     steps, an update every 2 and 1 warm-up epoch of 2 steps, the last update (step 4) follows one at step 2,
@@ -110,17 +115,20 @@ def doctor_best(state_path, accuracy):
 
 @pytest.fixture(scope='module')
 def continued(digits, tmp_path_factory):
-    """A 1-epoch run whose state says top-1 0.999, continued to 2 epochs in another workspace."""
-    root = tmp_path_factory.mktemp('continued')
-    old, new = root / 'old', root / 'new'
-    run(digits, old, *SHORT, '--num-epochs', '1')
-    doctor_best(old / 'model_last.state', 0.999)
-    result = run(digits, new, *SHORT, '--num-epochs', '2', '--load', old / 'model_last.state')
-    return old, new, result
+    """A 1-epoch run whose state says top-1 0.999, continued to 2 epochs in another workspace (made once for the
+    whole run: tests read it), and the continued run's standard output."""
+    def build(root):
+        run(digits, root / 'old', *SHORT, '--num-epochs', '1')
+        doctor_best(root / 'old' / 'model_last.state', 0.999)
+        result = run(digits, root / 'new', *SHORT, '--num-epochs', '2', '--load', root / 'old' / 'model_last.state')
+        (root / 'stdout.txt').write_text(result.stdout)
+    root = built_once(tmp_path_factory, 'short-runs-continued', build)
+    return root / 'old', root / 'new', (root / 'stdout.txt').read_text()
 
 
+@pytest.mark.integration
 def test_a_continued_run_summarises_the_epochs_of_its_own_workspace(continued):
-    old, new, result = continued
+    old, new, stdout = continued
     report = json.loads((new / 'report.json').read_text())
     own = report['epochs'][1]
     assert report['epochs'][0]['inherited_from'] == str(old) and 'inherited_from' not in own
@@ -128,12 +136,13 @@ def test_a_continued_run_summarises_the_epochs_of_its_own_workspace(continued):
     assert summary['val.accuracy'] == own['val.accuracy'] < 0.999 and summary['val.accuracy.epoch'] == 1
     assert summary['train.loss.epoch'] == 1 and summary['inherited_epochs'] == 1
     assert 'best_accuracy' not in summary
-    assert f'val.accuracy : {logs.format_value(own["val.accuracy"])}' in result.stdout.split('Summary:')[1]
+    assert f'val.accuracy : {logs.format_value(own["val.accuracy"])}' in stdout.split('Summary:')[1]
     assert (f'The summary is of the epochs trained in this workspace, as its model_best.params: epochs 0-0 were '
             f'trained in {old}') in log_text(new)
     assert checkpoint.read_state(str(new / 'model_last.state')).meta['best_accuracy'] == own['val.accuracy']
 
 
+@pytest.mark.unit
 def test_the_summary_leaves_inherited_epochs_out():
     history = [{'epoch': 0, 'train.loss': 1.0, 'val.accuracy': 0.9, 'inherited_from': '/old'},
                {'epoch': 1, 'train.loss': 2.0, 'val.accuracy': 0.5}]
@@ -145,10 +154,11 @@ def test_the_summary_leaves_inherited_epochs_out():
 
 # ---- --mode val on a small set ----------------------------------------------------------------------------
 
-def test_validation_of_a_small_set_takes_a_batch_of_its_size(continued, digits):
+@pytest.mark.integration
+def test_validation_of_a_small_set_takes_a_batch_of_its_size(continued, digits, tmp_path):
     """--batch-size 1024 on the 359 validation digits: one batch of 359, said once, no padding warning; the
     same top-1 as the run's own validation of those weights."""
-    _, new, _ = continued
+    new = copy_workspace(continued[1], tmp_path / 'new')
     result = run(digits, new, '--mode', 'val', '--data-backend', 'mxnet', batch=1024)
     text = log_text(new)
     assert ('--batch-size 1024 is over twice the 359 validation images: validating with a batch of 359 instead '

@@ -12,7 +12,7 @@ import pytest
 from rn50.checkpoints import checkpoint
 from rn50.world import cpu
 from rn50.reports import logs
-from conftest import ROOT, digits_flags
+from conftest import ROOT, copy_workspace, digits_flags, train_main
 
 SMALL = ['--num-layers', '18', '--num-examples', '256', '--lr', '0.1', '--warmup-epochs', '1', '--seed', '3',
          '--disp-batches', '2']
@@ -30,6 +30,15 @@ def run(digits, workspace, *extra, check=True, batch=32):
     return result
 
 
+def refused(digits, workspace, *extra, batch=32):
+    """train.py's main in this process with run's flags, for a command refused before training (conftest.train_main)."""
+    return train_main(*train_cmd(digits, workspace, *extra, batch=batch)[2:])
+
+
+# The weights of conftest's trained_digits were validated after a 36 resize: a mode that uses them says so.
+TRAINED_RESIZE = ['--data-val-resize', '36']
+
+
 def epoch_records(workspace):
     return [r for r in logs.read_dllogger(os.path.join(workspace, 'dllogger_log.log'))
             if isinstance(r['step'], list) and len(r['step']) == 1]
@@ -40,6 +49,7 @@ def metrics_without_speed(records):
             for r in records]
 
 
+@pytest.mark.integration
 def test_train_val_outputs(digits, tmp_path):
     ws = tmp_path / 'ws'
     result = run(digits, ws, '--num-epochs', '2', '--save-frequency', '1', '--data-backend', 'mxnet')
@@ -68,8 +78,9 @@ def test_train_val_outputs(digits, tmp_path):
 
 
 @pytest.mark.parametrize('backend, stop_signal', [('dali-cpu', signal.SIGTERM), ('synthetic', signal.SIGINT)])
+@pytest.mark.integration
 def test_exact_resume_after_sigterm_or_ctrl_c(digits, tmp_path, backend, stop_signal):
-    flags = ['--num-epochs', '3', '--data-backend', backend, '--mixup', '0.2']
+    flags = ['--num-epochs', '2', '--data-backend', backend, '--mixup', '0.2']
     run(digits, tmp_path / 'whole', *flags)
     ws = tmp_path / 'parts'
     process = subprocess.Popen(train_cmd(digits, ws, *flags), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -101,6 +112,7 @@ def kill_once_logged(digits, workspace, flags, step='"step": [1, 2]'):
     return log_file
 
 
+@pytest.mark.integration
 def test_exact_resume_after_kill(digits, tmp_path):
     flags = ['--num-epochs', '3', '--data-backend', 'synthetic']
     run(digits, tmp_path / 'whole', *flags)
@@ -115,22 +127,19 @@ def test_exact_resume_after_kill(digits, tmp_path):
     assert len(steps) == len({tuple(s) for s in steps})        # the killed run's epoch-1 records superseded
 
 
-@pytest.fixture(scope='module')
-def trained(digits, tmp_path_factory):
-    """A workspace with one epoch of training on the digits."""
-    ws = tmp_path_factory.mktemp('trained')
-    run(digits, ws, '--num-epochs', '1', '--data-backend', 'mxnet')
-    return ws
-
-
-def test_val_refuses_random_weights_then_evaluates_checkpoint(digits, trained, tmp_path):
-    result = run(digits, tmp_path / 'mistyped', '--mode', 'val', check=False)
+@pytest.mark.unit
+def test_val_refuses_a_missing_workspace_and_random_weights(digits, tmp_path):
+    result = refused(digits, tmp_path / 'mistyped', '--mode', 'val')
     assert result.returncode == 2 and 'does not exist' in result.stderr and not (tmp_path / 'mistyped').exists()
     (tmp_path / 'empty').mkdir()
-    result = run(digits, tmp_path / 'empty', '--mode', 'val', check=False)
+    result = refused(digits, tmp_path / 'empty', '--mode', 'val')
     assert result.returncode == 2 and 'refuses to run on random weights' in result.stderr
-    ws = trained
-    flags = [f for f in digits_flags(digits) if f not in ()]
+
+
+@pytest.mark.integration
+def test_val_evaluates_a_checkpoint_without_training_data(digits, trained_digits, tmp_path):
+    ws = trained_digits
+    flags = digits_flags(digits) + TRAINED_RESIZE
     no_train = [x for i, x in enumerate(flags) if not (x.startswith('--data-train') or
                                                        (i and flags[i - 1].startswith('--data-train')))]
     cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + no_train + SMALL + [
@@ -140,11 +149,12 @@ def test_val_refuses_random_weights_then_evaluates_checkpoint(digits, trained, t
     assert result.returncode == 0, result.stderr[-2000:]
     passes = epoch_records(tmp_path / 'eval')
     assert len(passes) == 1                         # one pass by default, and no training data needed
-    trained = epoch_records(ws)[0]['data']
-    assert passes[0]['data']['val.accuracy'] == pytest.approx(trained['val.accuracy'])
+    best = max(r['data']['val.accuracy'] for r in epoch_records(ws))     # model_best.params's epoch
+    assert passes[0]['data']['val.accuracy'] == pytest.approx(best)
     assert {'val.latency_50', 'val.latency_99', 'val.latency_100'} <= set(passes[0]['data'])
 
 
+@pytest.mark.integration
 def test_nan_loss_stops_with_clear_error_and_keeps_last_good_state(digits, tmp_path):
     ws = tmp_path / 'ws'
     run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
@@ -156,6 +166,7 @@ def test_nan_loss_stops_with_clear_error_and_keeps_last_good_state(digits, tmp_p
     assert (ws / 'model_last.state').read_bytes() == before
 
 
+@pytest.mark.integration
 def test_diverged_parameters_never_overwrite_checkpoints(digits, tmp_path):
     """A huge learning rate can leave the loss finite while the weights turn NaN: the run stops with a clear
     error naming the epoch, and the last good state and best weights stay as they were."""
@@ -171,6 +182,7 @@ def test_diverged_parameters_never_overwrite_checkpoints(digits, tmp_path):
     assert not (ws / 'model_prev.state').exists() or checkpoint.read_state(str(ws / 'model_prev.state'))
 
 
+@pytest.mark.integration
 def test_test_io_reports_images_per_second(digits, tmp_path):
     result = run(digits, tmp_path / 'io', '--test-io', '--data-backend', 'dali-cpu')
     summary = logs.read_dllogger(str(tmp_path / 'io' / 'dllogger_log.log'))[-1]
@@ -178,15 +190,17 @@ def test_test_io_reports_images_per_second(digits, tmp_path):
     assert 'train.ips' in result.stdout
 
 
+@pytest.mark.unit
 def test_bad_flags_are_clear_errors(digits, tmp_path):
-    result = run(digits, tmp_path / 'a', '--gpus', '0', check=False)
+    result = refused(digits, tmp_path / 'a', '--gpus', '0')
     if result.returncode == 2:
         assert 'asks for GPUs this machine does not have' in result.stderr
-    result = run(digits, tmp_path / 'b', '--batch-size', '30', '--kv-store', 'device', '--data-train',
-                 str(tmp_path / 'missing.rec'), check=False)
+    result = refused(digits, tmp_path / 'b', '--batch-size', '30', '--kv-store', 'device', '--data-train',
+                     str(tmp_path / 'missing.rec'))
     assert result.returncode == 2 and 'not found' in result.stderr and 'Traceback' not in result.stderr
 
 
+@pytest.mark.integration
 def test_amp_is_bfloat16_on_cpu_or_a_clear_error(digits, tmp_path):
     result = run(digits, tmp_path / 'amp', '--amp', '--num-epochs', '1', '--data-backend', 'synthetic',
                  check=False)
@@ -203,6 +217,7 @@ def horovod_workers(root):
 
 
 @pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+@pytest.mark.multiworker
 def test_two_workers_follow_one_worker_and_resume_exactly(digits, tmp_path):
     """Synthetic data gives worker r slice r of one global batch, so 1 and 2 workers see the same global
     batches; only batchnorm statistics (per worker) and summation order differ. Each worker keeps its own
@@ -243,18 +258,21 @@ def test_two_workers_follow_one_worker_and_resume_exactly(digits, tmp_path):
     assert resumed.stderr.count('All 2 workers hold the same weights, batchnorm statistics and optimizer') == 2
 
 
-def test_predict_image_and_folder(digits, trained, tmp_path):
+@pytest.mark.integration
+def test_predict_image_and_folder(digits, trained_digits, tmp_path):
+    trained = copy_workspace(trained_digits, tmp_path / 'trained')
     folder = tmp_path / 'images'
     (folder / 'more').mkdir(parents=True)
     for name in ('a.jpg', 'more/b.jpg'):          # subfolders are looked into
         shutil.copy(next((digits / 'images' / 'val' / 'digit_3').iterdir()), folder / name)
     (folder / 'c.png').write_bytes(b'not a png')
     output = tmp_path / 'pred.json'
-    result = run(digits, trained, '--mode', 'pred', '--data-pred', folder, '--pred-output', output, '--topk', '3')
+    result = run(digits, trained, '--mode', 'pred', '--data-pred', folder, '--pred-output', output, '--topk', '3',
+                 *TRAINED_RESIZE)
     assert 'cannot read image' in result.stderr and 'c.png' in result.stderr
     assert result.stdout.count('%') == 6 and ' 1. ' in result.stdout
     assert 'DLL' not in result.stdout                # stdout holds the predictions alone
-    alone = run(digits, trained, '--mode', 'pred', '--data-pred', folder / 'c.png', check=False)
+    alone = refused(digits, trained, '--mode', 'pred', '--data-pred', folder / 'c.png', *TRAINED_RESIZE)
     assert alone.returncode == 2 and alone.stderr.count('cannot read image') == 1
     predictions = json.loads(output.read_text())
     assert predictions['checkpoint'].endswith('model_best.params')
@@ -268,11 +286,12 @@ def test_predict_image_and_folder(digits, trained, tmp_path):
     assert by_image['a.jpg']['top'] == by_image['b.jpg']['top']
 
 
-def test_finetuning_from_a_checkpoint_of_other_classes(digits, trained, tmp_path):
-    weights = trained / 'model_best.params'
+@pytest.mark.integration
+def test_finetuning_from_a_checkpoint_of_other_classes(digits, trained_digits, tmp_path):
+    weights = trained_digits / 'model_best.params'
     flags = ['--load', weights, '--num-classes', '2', '--data-backend', 'synthetic', '--num-epochs', '1']
-    refused = run(digits, tmp_path / 'refused', *flags, check=False)
-    assert refused.returncode == 2 and '10-class classifier, the network 2 classes' in refused.stderr
+    without = refused(digits, tmp_path / 'refused', *flags)
+    assert without.returncode == 2 and '10-class classifier, the network 2 classes' in without.stderr
     result = run(digits, tmp_path / 'tuned', *flags, '--finetune', '--backbone-lr-mult', '0.1')
     assert 'classifier left out for a new one (10 -> 2 classes)' in result.stderr
     assert [r['step'] for r in epoch_records(tmp_path / 'tuned')] == [[0]]       # a new run: epoch 0
@@ -280,23 +299,26 @@ def test_finetuning_from_a_checkpoint_of_other_classes(digits, trained, tmp_path
     assert meta['preprocessing']['rgb_mean'] == [123.68, 116.779, 103.939]
 
 
-def test_load_over_an_interrupted_run_resumes_it(digits, trained, tmp_path):
+@pytest.mark.integration
+def test_load_over_an_interrupted_run_resumes_it(digits, trained_digits, tmp_path):
     """The same command after an interruption continues the run, with --load of weights as without; only
     --load of a .state resumes that state instead."""
-    flags = ['--load', trained / 'model_best.params', '--data-backend', 'synthetic', '--num-epochs', '2']
+    flags = ['--load', trained_digits / 'model_best.params', '--data-backend', 'synthetic', '--num-epochs', '2']
     run(digits, tmp_path / 'w', *flags, '--run-epochs', '1')
     again = run(digits, tmp_path / 'w', *flags)
     assert 'Resuming from' in again.stderr and 'wins over --load' in again.stderr
     assert [r['step'] for r in epoch_records(tmp_path / 'w')] == [[0], [1]]   # epoch 0 is not trained again
 
 
+@pytest.mark.unit
 def test_predict_refuses_random_weights(digits, tmp_path):
     image = next((digits / 'images' / 'val' / 'digit_1').iterdir())
     (tmp_path / 'nothing').mkdir()
-    result = run(digits, tmp_path / 'nothing', '--mode', 'pred', '--data-pred', image, check=False)
+    result = refused(digits, tmp_path / 'nothing', '--mode', 'pred', '--data-pred', image)
     assert result.returncode == 2 and 'refuses to run on random weights' in result.stderr
 
 
+@pytest.mark.integration
 def test_training_report_survives_other_modes_and_adds_up_resumes(digits, tmp_path):
     ws = tmp_path / 'run'
     run(digits, ws, '--num-epochs', '2', '--run-epochs', '1', '--data-backend', 'synthetic')
@@ -311,6 +333,7 @@ def test_training_report_survives_other_modes_and_adds_up_resumes(digits, tmp_pa
     assert json.loads((ws / 'report_val.json').read_text())['mode'] == 'val'
 
 
+@pytest.mark.integration
 def test_a_measurement_measures_afresh_and_writes_no_state(digits, tmp_path):
     """--benchmark-iters runs in one folder (a sweep, benchmark.py rerun) each train and report their own
     figures; none resumes the other's state, and none leaves checkpoints behind."""
@@ -321,13 +344,14 @@ def test_a_measurement_measures_afresh_and_writes_no_state(digits, tmp_path):
     assert not [name for name in os.listdir(tmp_path / 'w') if name.endswith(('.state', '.params'))]
 
 
+@pytest.mark.integration
 def test_a_workspace_resumes_only_its_own_run(digits, tmp_path):
     ws = tmp_path / 'w'
     run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
     finished = run(digits, ws, '--num-epochs', '1', '--data-backend', 'synthetic')
     assert 'This run is finished (1 of 1 epochs)' in finished.stderr
-    other = run(digits, ws, '--num-epochs', '2', '--mixup', '0.2', '--end-lr', '0.001', '--data-backend', 'synthetic',
-                check=False)
+    other = refused(digits, ws, '--num-epochs', '2', '--mixup', '0.2', '--end-lr', '0.001', '--data-backend',
+                    'synthetic')
     assert other.returncode == 2 and 'Traceback' not in other.stderr, other.stderr[-2000:]
     error = other.stderr.strip().splitlines()[-1]
     assert error.startswith('error: ') and '--num-epochs 1 in the saved run, 2 now' in error and '--mixup 0' in error
@@ -338,14 +362,16 @@ def test_a_workspace_resumes_only_its_own_run(digits, tmp_path):
 @pytest.mark.parametrize('flags,message', [
     (['--load', 'nosuch.safetensors'], 'error: --load nosuch.safetensors: no such file'),
     (['--finetune'], 'error: --finetune fine-tunes the weights of --load, and none was given')])
+@pytest.mark.unit
 def test_a_start_without_its_weights_is_one_error_and_writes_nothing(digits, tmp_path, flags, message):
     """--finetune without --load trained from scratch without a word; a missing --load file left log.log and
     dllogger_log.log behind, without the error in them."""
-    result = run(digits, tmp_path / 'ws', *flags, check=False)
+    result = refused(digits, tmp_path / 'ws', *flags)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(message)
     assert not (tmp_path / 'ws').exists() or os.listdir(tmp_path / 'ws') == []
 
 
+@pytest.mark.integration
 def test_an_epoch_shorter_than_disp_batches_still_logs_its_learning_rate(digits, tmp_path):
     run(digits, tmp_path, '--num-examples', '64', '--num-epochs', '1', '--mode', 'train', '--warmup-epochs', '0')
     records = [r for r in logs.read_dllogger(str(tmp_path / 'dllogger_log.log'))

@@ -2,8 +2,12 @@
 class folders and `--val-fraction 0` each write train.* from every readable image in one command."""
 import json
 
+import pytest
+
 from conftest import run_script
 from test_prepare_dataset import read_records, tree  # noqa: F401 (tree is a fixture)
+
+pytestmark = pytest.mark.integration
 
 
 def test_splits_train_on_class_folders_takes_every_image(tree, tmp_path):  # noqa: F811

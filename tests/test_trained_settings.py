@@ -1,6 +1,6 @@
 """val, pred and export take the image size, validation resize and class count of the run that trained their
 weights (trained_settings.py): a model trained at 32x32 after a 36 resize is validated, asked and exported so,
-and a contradicting flag is one error line."""
+and a contradicting flag is one error line. The trained workspaces are conftest's, copied."""
 import json
 import os
 import subprocess
@@ -8,7 +8,10 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import (ROOT, TRAINED_NET, TRAINED_RUN, apart_data_flags, copy_workspace, digits_flags, run_train_py,
+                      train_main)
+
+pytestmark = pytest.mark.integration
 
 # Two validations of the same weights may round one near tie differently (another process, another plan of
 # oneDNN's kernels): a top-1 is compared within one of the 359 validation digits.
@@ -23,23 +26,16 @@ def train_py(*argv):
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope='module')
-def trained(digits, tmp_path_factory):
-    """A ResNet-18 trained 1 epoch at 3,32,32 with --data-val-resize 36 (the class count from classes.json)."""
-    workspace = tmp_path_factory.mktemp('trained')
-    rec = digits / 'rec'
-    data = ['--data-train', rec / 'train.rec', '--data-train-idx', rec / 'train.idx', '--data-val', rec / 'val.rec',
-            '--data-val-idx', rec / 'val.idx']
-    result = train_py(*data, '--num-layers', '18', '--image-shape', '3,32,32', '--data-val-resize', '36',
-                      '--num-epochs', '1',
-                      '--num-examples', '256', '--warmup-epochs', '0', '--workspace', workspace)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workspace, data
+@pytest.fixture
+def trained(trained_digits, digits, tmp_path):
+    """A copy of conftest's trained_digits, a ResNet-18 trained 4 epochs at 3,32,32 with --data-val-resize 36 (the
+    tests validate, export and continue it in place), and the digits' data flags."""
+    return copy_workspace(trained_digits, tmp_path / 'trained'), apart_data_flags(digits)
 
 
 def test_val_pred_and_export_take_the_trained_size(trained, digits, tmp_path):
     workspace, data = trained
-    trained_top1 = json.loads((workspace / 'report.json').read_text())['epochs'][-1]['val.accuracy']
+    trained_top1 = max(epoch['val.accuracy'] for epoch in json.loads((workspace / 'report.json').read_text())['epochs'])
     val = train_py(*data, '--mode', 'val', '--workspace', workspace)
     assert val.returncode == 0, val.stderr[-3000:]
     log = (workspace / 'log.log').read_text()
@@ -58,47 +54,38 @@ def test_val_pred_and_export_take_the_trained_size(trained, digits, tmp_path):
 
 def test_a_contradicting_flag_is_one_error(trained):
     workspace, data = trained
-    result = train_py(*data, '--mode', 'val', '--workspace', workspace, '--image-shape', '3,64,64')
+    result = train_main(*TINY, *data, '--mode', 'val', '--workspace', workspace, '--image-shape', '3,64,64')
     assert result.returncode == 2 and result.stderr.count('error:') == 1
     assert 'was trained with other settings than this command gives: --image-shape 3,64,64 (trained at 32x32)' \
         in result.stderr
 
 
-def test_a_finished_run_continued_in_a_new_workspace_has_its_own_best_and_says_which(trained, tmp_path):
-    """-e 2 over a finished 1-epoch run: the error names the --load way; continued so, the new workspace gets a
-    model_best.params of its own epochs (the inherited best was never beaten, so there was none and pred took
-    the last state without a word), the summary says the epoch of each figure, pred names its weights."""
+def test_a_finished_run_continued_in_a_new_workspace_has_its_own_best_and_says_which(trained, digits, tmp_path):
+    """-e 5 over a finished 4-epoch run: the error names the --load way; continued so (one more epoch, of 256
+    images), the new workspace gets a model_best.params of its own epochs (the inherited best was never beaten,
+    so there was none and pred took the last state without a word), the summary says the epoch of each figure,
+    pred names its weights."""
     workspace, data = trained
-    again = train_py(*data, '--num-layers', '18', '--image-shape', '3,32,32', '--data-val-resize', '36',
-                     '--num-epochs', '2',
-                     '--num-examples', '256', '--warmup-epochs', '0', '--workspace', workspace)
+    command = [*digits_flags(digits, batch=32), *TRAINED_NET, *TRAINED_RUN, '--num-epochs', '5']
+    again = train_main(*command, '--workspace', workspace)          # refused before training: in process
     assert again.returncode == 2 and f'--load {workspace / "model_last.state"} --workspace NEW_FOLDER' in again.stderr
     new = tmp_path / 'continued'
-    result = train_py(*data, '--num-layers', '18', '--image-shape', '3,32,32', '--data-val-resize', '36',
-                      '--num-epochs', '2',
-                      '--num-examples', '256', '--warmup-epochs', '0', '--workspace', new,
-                      '--load', workspace / 'model_last.state')
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_train_py(*command, '--num-examples', '256', '--workspace', new, '--load', workspace / 'model_last.state')
     assert (new / 'model_best.params').exists() and 'Continuing the run of' in (new / 'log.log').read_text()
     summary = json.loads((new / 'report.json').read_text())['summary']
-    assert summary['val.accuracy.epoch'] in (0, 1) and summary['train.loss.epoch'] in (0, 1)
+    assert summary['val.accuracy.epoch'] in (3, 4) and summary['train.loss.epoch'] in (3, 4)
     pred = train_py('--mode', 'pred', '--workspace', new, '--data-pred', data[1].parent.parent / 'images' / 'val')
     assert pred.returncode == 0, pred.stderr[-3000:]
     assert f'Weights: {new / "model_best.params"} (the best validated weights of the workspace)' in \
         (new / 'log.log').read_text()
 
 
-def test_trained_at_one_size_and_tested_at_another(digits, tmp_path):
-    """--image-shape 3,32,32 --val-image-shape 3,40,40 --data-val-resize 46: validation during training, --mode
-    val, pred and export all test at 40x40 (taken from the run); the top-1 of --mode val is the run's own."""
-    rec = digits / 'rec'
-    data = ['--data-train', rec / 'train.rec', '--data-train-idx', rec / 'train.idx', '--data-val', rec / 'val.rec',
-            '--data-val-idx', rec / 'val.idx']
-    workspace = tmp_path / 'apart'
-    result = train_py(*data, '--num-layers', '18', '--image-shape', '3,32,32', '--val-image-shape', '3,40,40',
-                      '--data-val-resize', '46', '--num-epochs', '1', '--num-examples', '256', '--warmup-epochs', '0',
-                      '--workspace', workspace)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_trained_at_one_size_and_tested_at_another(digits, trained_apart, tmp_path):
+    """--image-shape 3,32,32 --val-image-shape 3,40,40 --data-val-resize 46 (conftest's trained_apart, copied):
+    validation during training, --mode val, pred and export all test at 40x40 (taken from the run); the top-1 of
+    --mode val is the run's own."""
+    data = apart_data_flags(digits)
+    workspace = copy_workspace(trained_apart, tmp_path / 'apart')
     trained_top1 = json.loads((workspace / 'report.json').read_text())['epochs'][-1]['val.accuracy']
     val = train_py(*data, '--mode', 'val', '--workspace', workspace)
     assert val.returncode == 0, val.stderr[-3000:]

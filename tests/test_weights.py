@@ -21,6 +21,8 @@ from rn50.checkpoints import weights
 from conftest import randomise_batchnorm
 from rn50.errors import RecipeError
 
+pytestmark = pytest.mark.unit
+
 # --------------------------------------------------------------------------------------------------------
 # Helpers
 

@@ -10,6 +10,8 @@ from mxnet import gluon
 
 from rn50.world import workers
 
+pytestmark = pytest.mark.unit
+
 
 class TwoWorkerHorovod:
     """What Horovod's sums give rank 1 of 2 when rank 0 holds `rank0` (a list of arrays, in call order)."""

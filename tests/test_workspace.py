@@ -2,7 +2,11 @@
 fault tools look for), the placing of a flag's output path, and --keep-checkpoints' pruning."""
 import argparse
 
+import pytest
+
 from rn50.checkpoints.workspace import Workspace
+
+pytestmark = pytest.mark.unit
 
 
 def test_the_workspace_names_its_files_as_the_recipe_always_has():

@@ -51,6 +51,7 @@ SRUN_TASK_1_OF_2 = {'SLURM_JOB_ID': '77', 'SLURM_STEP_ID': '0', 'SLURM_NTASKS': 
     # --kv-store device is one process, but srun started two
     (world(horovod=False), dict(SRUN_TASK_1_OF_2, RN50_WORKERS='1'), '--kv-store device (one process) formed'),
 ])
+@pytest.mark.unit
 def test_a_world_other_than_the_announced_one_is_refused(formed, environ, message):
     with pytest.raises(RecipeError) as error:
         workers.check_world(formed, environ)
@@ -70,6 +71,7 @@ def test_a_world_other_than_the_announced_one_is_refused(formed, environ, messag
                          'SLURM_TASKS_PER_NODE': '4,2'}),
     (world(horovod=False), {'RN50_WORKERS': '1'}),
 ])
+@pytest.mark.unit
 def test_the_announced_world_is_accepted(formed, environ):
     workers.check_world(formed, environ)
 
@@ -96,6 +98,7 @@ def gpu_choice(monkeypatch, gpus_on_node, local_rank, local_size, environ=None, 
     return [(ctx.device_type, ctx.device_id) for ctx in devices.contexts]
 
 
+@pytest.mark.unit
 def test_a_horovod_worker_without_gpus_flag_takes_the_gpu_of_its_local_rank(monkeypatch):
     assert gpu_choice(monkeypatch, 8, 5, 8) == [('gpu', 5)]
     assert gpu_choice(monkeypatch, 8, 0, 1) == [('gpu', 0)]
@@ -108,11 +111,13 @@ def test_a_horovod_worker_without_gpus_flag_takes_the_gpu_of_its_local_rank(monk
 
 @pytest.mark.parametrize('binding', [{'SLURM_GPUS_PER_TASK': '1'}, {'SLURM_GPU_BIND': 'single:1'},
                                      {'CUDA_VISIBLE_DEVICES': '5'}])
+@pytest.mark.unit
 def test_a_worker_bound_to_one_gpu_takes_device_0(monkeypatch, binding):
     assert gpu_choice(monkeypatch, 1, 7, 8, binding) == [('gpu', 0)]
     assert gpu_choice(monkeypatch, 1, 7, 8, binding, flags=['--gpus', '0']) == [('gpu', 0)]
 
 
+@pytest.mark.unit
 def test_one_process_takes_every_gpu_and_says_so(monkeypatch, caplog):
     monkeypatch.setattr(mx.context, 'num_gpus', lambda: 8)
     args = train_args(['--batch-size', '32'])
@@ -123,6 +128,7 @@ def test_one_process_takes_every_gpu_and_says_so(monkeypatch, caplog):
             'statistics over 4 images)') in caplog.messages
 
 
+@pytest.mark.unit
 def test_tasks_bound_to_their_own_gpus_by_cuda_visible_devices_train(monkeypatch):
     """srun --gpus-per-task 1: each task's CUDA_VISIBLE_DEVICES names another GPU."""
     assert gpu_choice(monkeypatch, 1, 1, 2, {'CUDA_VISIBLE_DEVICES': '1'},
@@ -130,6 +136,7 @@ def test_tasks_bound_to_their_own_gpus_by_cuda_visible_devices_train(monkeypatch
 
 
 @pytest.mark.parametrize('environ', [{}, {'CUDA_VISIBLE_DEVICES': '0'}, {'CUDA_VISIBLE_DEVICES': 'GPU-8f3a'}])
+@pytest.mark.unit
 def test_workers_sharing_one_gpu_are_refused(monkeypatch, environ):
     """srun --ntasks-per-node 2 --gres=gpu:1 sets one CUDA_VISIBLE_DEVICES for the job: both tasks see the same
     GPU as device 0 (it used to be taken for per-task binding, and both trained on it without a word)."""
@@ -152,6 +159,7 @@ def fresh_args(workspace):
     return train_args(['--workspace', str(workspace)])
 
 
+@pytest.mark.unit
 def test_a_worker_that_sees_no_state_while_rank_0_resumes_stops_every_worker(tmp_path):
     rank0_resumes = [[0, 1, 3, 0, 8, 12345], [0]]     # no failure; resumes at epoch 3 iteration 0; agrees
     with pytest.raises(RecipeError, match='worker 0 resumes from its model_last.state or --load state at epoch 3, '
@@ -160,16 +168,19 @@ def test_a_worker_that_sees_no_state_while_rank_0_resumes_stops_every_worker(tmp
         resume.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2(rank0_resumes))
 
 
+@pytest.mark.unit
 def test_a_worker_that_fails_alone_stops_every_worker(tmp_path):
     rank0_failed = [[1, 0, 0, 0, 0, 0]]
     with pytest.raises(RecipeError, match='1 of 2 workers could not open the checkpoint this run starts from'):
         resume.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2(rank0_failed))
 
 
+@pytest.mark.unit
 def test_workers_that_agree_start(tmp_path):
     assert resume.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2([[0] * 6, [0]])) is None
 
 
+@pytest.mark.unit
 def test_a_damaged_state_set_aside_by_another_worker_meanwhile_is_no_failure(tmp_path, monkeypatch):
     """Two workers find the same damaged file: the other one moves it between this one's read and rename."""
     path = tmp_path / 'model_last.state'
@@ -215,6 +226,7 @@ def synthetic_argv(workspace, n=2):
             '--workspace', str(workspace)]
 
 
+@pytest.mark.multiworker
 def test_tasks_whose_world_does_not_form_stop_at_once_writing_nothing(tmp_path):
     """The issue's reproduction: two tasks with only SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID,
     SLURM_NTASKS_PER_NODE, SLURM_NODEID and SLURM_JOB_ID (no srun step to join over Gloo): each finds a world
@@ -232,6 +244,7 @@ def test_tasks_whose_world_does_not_form_stop_at_once_writing_nothing(tmp_path):
 
 
 @HOROVOD
+@pytest.mark.multiworker
 def test_srun_tasks_form_a_gloo_world_and_train_like_horovodrun(tmp_path):
     """Two tasks of a real srun step (its SLURM_STEP_* variables) with this Horovod without MPI: task 0 serves
     the rendezvous, both join one world of 2 and train exactly as horovodrun's two workers do."""
@@ -252,6 +265,7 @@ def test_srun_tasks_form_a_gloo_world_and_train_like_horovodrun(tmp_path):
         assert abs(states[0].params[name].asnumpy() - value.asnumpy()).max() <= 1e-5, name
 
 
+@pytest.mark.unit
 def test_srun_variables_become_horovods_gloo_world(monkeypatch):
     """Task 5 of 8 on the second of two nodes of 4 tasks each, as horovodrun's gloo_run would set it up."""
     served = []
@@ -275,6 +289,7 @@ def test_srun_variables_become_horovods_gloo_world(monkeypatch):
 
 
 @HOROVOD
+@pytest.mark.multiworker
 def test_node_local_workspaces_stop_a_resume_instead_of_training_on(digits, tmp_path):
     """Two workers whose --workspace differs by rank, as node-local ones do: the first run trains (rank 0
     writes the state in its own), the second must not train rank 0 from epoch 1 and rank 1 from scratch."""
