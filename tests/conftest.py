@@ -271,6 +271,9 @@ def resolved(flags, **values):
 # ---- tiers ----------------------------------------------------------------------------------------------------
 
 TIERS = ('multiworker', 'integration', 'unit')     # pytest.ini says what each means; the costliest first
+# Fixtures that train once for the whole run (built_once; run, continued and one_epoch are test_preprocessing's,
+# test_short_runs' and test_train's): under pytest-xdist the tests of each run on one worker, the one that trains it.
+SHARED_BUILDS = ('trained_digits', 'trained_apart', 'run', 'continued', 'one_epoch')
 # Two files their owners are rewriting now, whose tests get their tier here, test by test (a new test in them still
 # needs one): the marks move into the files once those settle.
 TIERS_GIVEN_HERE = {
@@ -289,8 +292,9 @@ TIERS_GIVEN_HERE = {
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Every test has exactly one tier, or the collection fails (before -m selects by them). Under pytest-xdist
-    (--dist loadgroup) the multi-worker tests run one after the other on one worker, and the tiers go out
-    costliest first, so that the unit tier's seconds fill the end of the run instead of a long run starting last."""
+    (--dist loadgroup) the multi-worker tests run one after the other on one worker, the tests of a trained
+    workspace on the worker that trains it, and the tiers go out costliest first, so that the unit tier's seconds
+    fill the end of the run instead of a long run starting last."""
     for item in items:
         tier = TIERS_GIVEN_HERE.get(item.path.name, {}).get(item.originalname)
         if tier:
@@ -300,8 +304,12 @@ def pytest_collection_modifyitems(config, items):
     if wrong:
         raise pytest.UsageError('every test needs exactly one tier marker, unit, integration or multiworker (see '
                                 'pytest.ini); these have none or several:\n  ' + '\n  '.join(wrong))
-    for item in items:                  # one at a time (Horovod's collectives spin), scheduled first as a group
-        if item.get_closest_marker('multiworker'):
+    for item in items:
+        if item.get_closest_marker('multiworker'):      # one at a time (Horovod's collectives spin), first
             item.add_marker(pytest.mark.xdist_group('multiworker'))
+            continue
+        shared = next((name for name in SHARED_BUILDS if name in item.fixturenames), None)
+        if shared:          # on the worker that builds it, instead of another waiting for the build
+            item.add_marker(pytest.mark.xdist_group(shared))
     if hasattr(config, 'workerinput'):
         items.sort(key=lambda item: next(TIERS.index(mark.name) for mark in item.iter_markers() if mark.name in TIERS))

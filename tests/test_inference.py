@@ -43,8 +43,9 @@ def model(trained_digits):
 @pytest.mark.integration
 def test_int8_is_within_a_point_of_float32_and_calibrates_once(digits, model, tmp_path):
     model = copy_workspace(model, tmp_path / 'model')
-    train_py(digits, tmp_path / 'fp32', '--mode', 'val', '--load', model / 'model_best.params')
-    float32 = summary(tmp_path / 'fp32')['val.accuracy']
+    # model_best.params's top-1 in float32, as its run validated it (a validation of its own would round one near
+    # tie differently at most: 1/359, within the point)
+    float32 = max(epoch['val.accuracy'] for epoch in json.loads((model / 'report.json').read_text())['epochs'])
     assert float32 > 0.8
     first = train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4')
     assert 'Calibrating INT8 ranges (naive) on 4 batches of 64 training images' in first.stderr
