@@ -203,18 +203,20 @@ def digits(tmp_path_factory):
     return built_once(tmp_path_factory, 'digits', build)
 
 
-# The ResNet-18 of trained_digits, after digits_flags(digits, batch=32): the flags a test gives to use its weights,
+# The ResNet-18 of trained_digits, after digits_flags(digits, batch=32): the flags a test gives to use its weights
+# (trained at 24x24 after a 28 resize: the resize shrinks the 32x32 digits, as tests/test_preprocessing.py needs),
 # and those of its training run.
-TRAINED_NET = ['--num-layers', '18', '--seed', '4', '--data-backend', 'mxnet', '--data-val-resize', '36']
-TRAINED_RUN = ['--num-epochs', '4', '--lr', '0.2', '--warmup-epochs', '1', '--min-random-area', '0.5', '--mode',
+TRAINED_NET = ['--num-layers', '18', '--seed', '4', '--data-backend', 'mxnet', '--image-shape', '3,24,24',
+               '--data-val-resize', '28']
+TRAINED_RUN = ['--num-epochs', '3', '--lr', '0.2', '--warmup-epochs', '1', '--min-random-area', '0.5', '--mode',
                'train_val']
 
 
 @pytest.fixture(scope='session')
 def trained_digits(digits, tmp_path_factory):
-    """The workspace of a ResNet-18 trained 4 epochs on the digits (TRAINED_NET; about 90% top-1), trained once
-    for the whole run and shared by every test that needs trained weights: read it, or copy_workspace it to run
-    a mode in it."""
+    """The workspace of a ResNet-18 trained 3 epochs on the digits with --data-backend mxnet (TRAINED_NET; about
+    90% top-1), trained once for the whole run and shared by every test that needs trained weights: read it, or
+    copy_workspace it to run a mode in it."""
     return built_once(tmp_path_factory, 'trained_digits', lambda workspace: run_train_py(
         *digits_flags(digits, batch=32), *TRAINED_NET, *TRAINED_RUN, '--workspace', workspace))
 

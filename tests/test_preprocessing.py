@@ -19,13 +19,15 @@ from rn50.checkpoints import checkpoint
 import dali
 import models
 import train
-from conftest import built_once, digits_flags, resolved, run_train_py, train_main
+from conftest import TRAINED_NET, TRAINED_RUN, built_once, digits_flags, resolved, run_train_py, train_main
 from rn50.errors import RecipeError
 from test_readme import README, code_blocks
 from rn50.data import contract
 from rn50.data import validation_resize
 
-MODEL = ['--num-layers', '18', '--seed', '4', '--image-shape', '3,24,24', '--data-val-resize', '28']
+# conftest's TRAINED_NET but for its backend: the runs here are of both; [--num-layers 18, --seed 4, --image-shape
+# 3,24,24, --data-val-resize 28]
+MODEL = [flag for flag in TRAINED_NET if flag not in ('--data-backend', 'mxnet')]
 # pred and validation compute the same input: their probabilities differ by the network's rounding alone
 # (one image at a time against batches of 64, oneDNN's fused graph against the plain one).
 SAME_INPUT = 1e-4
@@ -36,12 +38,14 @@ def train_py(digits, workspace, *extra, check=True):
 
 
 @pytest.fixture(scope='module', params=['dali-cpu', 'mxnet'])
-def run(request, digits, tmp_path_factory):
+def run(request, digits, trained_digits, tmp_path_factory):
     """(backend, workspace) of a ResNet-18 trained 3 epochs on the digits with that backend (about 90% top-1),
-    trained once for the whole run (conftest.built_once): tests read it."""
+    trained once for the whole run: tests read it. With mxnet it is conftest's trained_digits (MODEL's run)."""
+    if request.param == 'mxnet':
+        return request.param, trained_digits
+
     def train(workspace):
-        train_py(digits, workspace, '--data-backend', request.param, '--batch-size', '32', '--num-epochs', '3',
-                 '--lr', '0.2', '--warmup-epochs', '1', '--min-random-area', '0.5', '--mode', 'train_val')
+        train_py(digits, workspace, '--data-backend', request.param, '--batch-size', '32', *TRAINED_RUN)
     return request.param, built_once(tmp_path_factory, f'preprocessing-{request.param}', train)
 
 

@@ -35,8 +35,8 @@ def refused(digits, workspace, *extra, batch=32):
     return train_main(*train_cmd(digits, workspace, *extra, batch=batch)[2:])
 
 
-# The weights of conftest's trained_digits were validated after a 36 resize: a mode that uses them says so.
-TRAINED_RESIZE = ['--data-val-resize', '36']
+# conftest's trained_digits was trained at 24x24 and validated after a 28 resize: a mode using its weights says so.
+TRAINED_SIZES = ['--image-shape', '3,24,24', '--data-val-resize', '28']
 
 
 def epoch_records(workspace):
@@ -138,7 +138,7 @@ def test_val_refuses_a_missing_workspace_and_random_weights(digits, tmp_path):
 @pytest.mark.integration
 def test_val_evaluates_a_checkpoint_without_training_data(digits, trained_digits, tmp_path):
     ws = trained_digits
-    flags = digits_flags(digits) + TRAINED_RESIZE
+    flags = digits_flags(digits) + TRAINED_SIZES
     no_train = [x for i, x in enumerate(flags) if not (x.startswith('--data-train') or
                                                        (i and flags[i - 1].startswith('--data-train')))]
     cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + no_train + SMALL + [
@@ -274,11 +274,11 @@ def test_predict_image_and_folder(digits, trained_digits, tmp_path):
     (folder / 'c.png').write_bytes(b'not a png')
     output = tmp_path / 'pred.json'
     result = run(digits, trained, '--mode', 'pred', '--data-pred', folder, '--pred-output', output, '--topk', '3',
-                 *TRAINED_RESIZE)
+                 *TRAINED_SIZES)
     assert 'cannot read image' in result.stderr and 'c.png' in result.stderr
     assert result.stdout.count('%') == 6 and ' 1. ' in result.stdout
     assert 'DLL' not in result.stdout                # stdout holds the predictions alone
-    alone = refused(digits, trained, '--mode', 'pred', '--data-pred', folder / 'c.png', *TRAINED_RESIZE)
+    alone = refused(digits, trained, '--mode', 'pred', '--data-pred', folder / 'c.png', *TRAINED_SIZES)
     assert alone.returncode == 2 and alone.stderr.count('cannot read image') == 1
     predictions = json.loads(output.read_text())
     assert predictions['checkpoint'].endswith('model_best.params')

@@ -1,5 +1,5 @@
 """val, pred and export take the image size, validation resize and class count of the run that trained their
-weights (trained_settings.py): a model trained at 32x32 after a 36 resize is validated, asked and exported so,
+weights (trained_settings.py): a model trained at 24x24 after a 28 resize is validated, asked and exported so,
 and a contradicting flag is one error line. The trained workspaces are conftest's, copied."""
 import json
 import os
@@ -28,7 +28,7 @@ def train_py(*argv):
 
 @pytest.fixture
 def trained(trained_digits, digits, tmp_path):
-    """A copy of conftest's trained_digits, a ResNet-18 trained 4 epochs at 3,32,32 with --data-val-resize 36 (the
+    """A copy of conftest's trained_digits, a ResNet-18 trained 3 epochs at 3,24,24 with --data-val-resize 28 (the
     tests validate, export and continue it in place), and the digits' data flags."""
     return copy_workspace(trained_digits, tmp_path / 'trained'), apart_data_flags(digits)
 
@@ -40,7 +40,7 @@ def test_val_pred_and_export_take_the_trained_size(trained, digits, tmp_path):
     assert val.returncode == 0, val.stderr[-3000:]
     log = (workspace / 'log.log').read_text()
     assert 'Taken from the run that trained' in log
-    assert '--image-shape 3,32,32, --num-layers 18, --data-val-resize 36' in log
+    assert '--image-shape 3,24,24, --num-layers 18, --data-val-resize 28' in log
     # the same weights and preprocessing as the run's own validation: the same top-1 (it was 0.1 at 224x224)
     assert json.loads((workspace / 'report_val.json').read_text())['summary']['val.accuracy'] == \
         pytest.approx(trained_top1, abs=ONE_IMAGE)
@@ -49,31 +49,31 @@ def test_val_pred_and_export_take_the_trained_size(trained, digits, tmp_path):
     import onnx
     model = onnx.load(str(workspace / 'export' / 'model.onnx'))
     dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    assert dims[1:] == [3, 32, 32]
+    assert dims[1:] == [3, 24, 24]
 
 
 def test_a_contradicting_flag_is_one_error(trained):
     workspace, data = trained
     result = train_main(*TINY, *data, '--mode', 'val', '--workspace', workspace, '--image-shape', '3,64,64')
     assert result.returncode == 2 and result.stderr.count('error:') == 1
-    assert 'was trained with other settings than this command gives: --image-shape 3,64,64 (trained at 32x32)' \
+    assert 'was trained with other settings than this command gives: --image-shape 3,64,64 (trained at 24x24)' \
         in result.stderr
 
 
 def test_a_finished_run_continued_in_a_new_workspace_has_its_own_best_and_says_which(trained, digits, tmp_path):
-    """-e 5 over a finished 4-epoch run: the error names the --load way; continued so (one more epoch, of 256
+    """-e 4 over a finished 3-epoch run: the error names the --load way; continued so (one more epoch, of 256
     images), the new workspace gets a model_best.params of its own epochs (the inherited best was never beaten,
     so there was none and pred took the last state without a word), the summary says the epoch of each figure,
     pred names its weights."""
     workspace, data = trained
-    command = [*digits_flags(digits, batch=32), *TRAINED_NET, *TRAINED_RUN, '--num-epochs', '5']
+    command = [*digits_flags(digits, batch=32), *TRAINED_NET, *TRAINED_RUN, '--num-epochs', '4']
     again = train_main(*command, '--workspace', workspace)          # refused before training: in process
     assert again.returncode == 2 and f'--load {workspace / "model_last.state"} --workspace NEW_FOLDER' in again.stderr
     new = tmp_path / 'continued'
     run_train_py(*command, '--num-examples', '256', '--workspace', new, '--load', workspace / 'model_last.state')
     assert (new / 'model_best.params').exists() and 'Continuing the run of' in (new / 'log.log').read_text()
     summary = json.loads((new / 'report.json').read_text())['summary']
-    assert summary['val.accuracy.epoch'] in (3, 4) and summary['train.loss.epoch'] in (3, 4)
+    assert summary['val.accuracy.epoch'] in (2, 3) and summary['train.loss.epoch'] in (2, 3)
     pred = train_py('--mode', 'pred', '--workspace', new, '--data-pred', data[1].parent.parent / 'images' / 'val')
     assert pred.returncode == 0, pred.stderr[-3000:]
     assert f'Weights: {new / "model_best.params"} (the best validated weights of the workspace)' in \
