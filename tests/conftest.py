@@ -291,21 +291,35 @@ TIERS_GIVEN_HERE = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Every test has exactly one tier, or the collection fails (before -m selects by them). Under pytest-xdist
-    (--dist loadgroup) the multi-worker tests run one after the other on one worker, the tests of a trained
-    workspace on the worker that trains it, and the tiers go out costliest first, so that the unit tier's seconds
-    fill the end of the run instead of a long run starting last."""
-    for item in items:
-        tier = TIERS_GIVEN_HERE.get(item.path.name, {}).get(item.originalname)
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """A test file with a test of no tier, or of several, fails to collect (an error naming the tests, whatever -m
+    selects, with pytest-xdist too)."""
+    report = yield
+    if not report.passed:
+        return report
+    wrong = []
+    for item in report.result:
+        if not isinstance(item, pytest.Item):
+            continue
+        tier = TIERS_GIVEN_HERE.get(item.path.name, {}).get(getattr(item, 'originalname', item.name))
         if tier:
             item.add_marker(tier)
-    wrong = [f'{item.nodeid} ({", ".join(tiers) or "none"})' for item in items
-             for tiers in [sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})] if len(tiers) != 1]
+        tiers = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
+        if len(tiers) != 1:
+            wrong.append(f'{item.nodeid} ({", ".join(tiers) or "none"})')
     if wrong:
-        raise pytest.UsageError('every test needs exactly one tier marker, unit, integration or multiworker (see '
-                                'pytest.ini); these have none or several:\n  ' + '\n  '.join(wrong))
+        report.outcome, report.result = 'failed', []
+        report.longrepr = ('every test needs exactly one tier marker, unit, integration or multiworker (see '
+                           'pytest.ini); these have none or several:\n  ' + '\n  '.join(wrong))
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (--dist loadgroup) the multi-worker tests run one after the other on one worker, the
+    tests of a trained workspace on the worker that trains it, and the tiers go out costliest first, so that the
+    unit tier's seconds fill the end of the run instead of a long run starting last."""
     for item in items:
         if item.get_closest_marker('multiworker'):      # one at a time (Horovod's collectives spin), first
             item.add_marker(pytest.mark.xdist_group('multiworker'))
