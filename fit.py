@@ -177,8 +177,10 @@ class LookAhead:
 def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     """Run the iterations of one epoch from `start_batch`; returns (next batch index, durations, stopped).
 
-    The host reads the loss of the previous iteration while the current one runs: that one-step lag keeps
-    the device busy (no per-iteration sync) yet catches a NaN within an iteration."""
+    On a GPU the host reads the loss of the previous iteration while the current one runs: that one-step lag
+    keeps the device busy (no per-iteration sync) yet catches a NaN within an iteration. On the CPU the host's
+    cores are the device's: queueing the next step beside oneDNN's threads slowed ResNet-50's step by 3 to 6%
+    (docs/performance.md), so the host reads each loss at once there."""
     iterations = args.benchmark_iters or loader.num_batches
     global_batch = loader.batch_size * step.world.size
     durations, epoch_loss, previous = [], EpochLoss(meta), None
@@ -188,6 +190,7 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     iteration = start_batch
     stopped = False
     ahead = LookAhead(batches(loader, epoch, start_batch, iterations - start_batch))
+    lag = step.world.devices.kind == 'gpu'
     for iteration, batch in enumerate(ahead, start_batch):
         lr = learning_rate(epoch + step.accumulation.group_start(iteration) / iterations, args.lr, args.num_epochs,
                            args.warmup_epochs, args.lr_schedule, args.lr_steps, args.lr_factor, args.lr_poly_power,
@@ -196,6 +199,9 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
         if previous is not None:
             epoch_loss.add(previous.asscalar(), epoch, iteration - 1, step)
         previous = loss
+        if not lag:
+            epoch_loss.add(loss.asscalar(), epoch, iteration, step)
+            previous = None
         now = time.time()
         durations.append(now - tick)
         tick = now

@@ -1,7 +1,7 @@
 """The training loss of an epoch, as fit.py's epoch loop keeps it:
 
     epoch_loss = EpochLoss(meta)                   # meta: the checkpoint meta ('loss_sum', 'loss_count')
-    epoch_loss.add(loss, epoch, iteration, step)   # each iteration's loss, read one iteration late
+    epoch_loss.add(loss, epoch, iteration, step)   # each iteration's loss (on a GPU one iteration late)
     epoch_loss.window_mean()                       # the --disp-batches window's mean, for the progress line
 
 A non-finite loss stops training with one error (unless the step skips such steps, as float16 loss scaling does).
