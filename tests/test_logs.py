@@ -1,8 +1,12 @@
 """logs.py: the DLLogger format and the steady-state timing."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
+
+from conftest import ROOT
 
 from rn50.reports import logs
 
@@ -46,6 +50,19 @@ def test_steady_durations_drop_warmup():
 def test_duration_text_reads_at_a_glance():
     assert [logs.duration_text(s) for s in (7.4, 250, 3900, 36000)] == ['7 s', '4 min 10 s', '1 h 05 min',
                                                                          '10 h 00 min']
+
+
+@pytest.mark.integration
+def test_the_peak_memory_is_the_programs_own_not_its_parents():
+    """A program started by a large process (a benchmark, a test worker) reports its own peak: getrusage kept
+    the parent's from before the exec (a 3.8 GB training run reported 7.2 GB under benchmark_training.py)."""
+    own = 'from rn50.reports import logs; print(logs.peak_memory_mb())'
+    parent = ('import subprocess, sys\n'
+              'held = b"x" * (800 << 20)\n'      # 800 MB, written, so resident
+              f'print(subprocess.run([sys.executable, "-c", {own!r}], capture_output=True, text=True).stdout)')
+    result = subprocess.run([sys.executable, '-c', parent], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 20 < float(result.stdout) < 600      # MXNet imported: a few hundred MB, not the parent's 800
 
 
 @pytest.mark.integration
