@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Validation throughput and top-1 of one trained model in float32 MXNet, bfloat16 MXNet, INT8 MXNet and
-onnxruntime, in one run on the same preprocessed batches.
+"""Validation throughput and top-1 of one trained model in float32 MXNet, bfloat16 MXNet, INT8 MXNet,
+onnxruntime and OpenVINO (float32 and bfloat16), in one run on the same preprocessed batches.
 
     python scripts/benchmark_inference.py [--rounds 5] -- TRAIN_PY_FLAGS...
     python scripts/benchmark_inference.py -- --workspace runs/demo --data-train data/demo/rec/train.rec \\
@@ -14,6 +14,8 @@ per round, for `--rounds` rounds: a shared machine's slow spells then hit all of
 round is reported. INT8 uses inference.py's cached calibration
 (--calib-batches, --calib-mode); onnxruntime runs the model `--mode export` writes; bfloat16 is --amp's
 network (converted to bfloat16, then fused: inference.fused_bfloat16), on CPUs with avx512_bf16 or AMX.
+OpenVINO, an optional benchmark extra (`pip install -r requirements-bench.txt`), compiles the same ONNX
+model for the CPU with INFERENCE_PRECISION_HINT f32, and bf16 where the CPU has avx512_bf16 or AMX.
 Prints one JSON object.
 """
 import argparse
@@ -80,6 +82,28 @@ def compare(engines, batches, rounds):
     return {name: [round(float(np.median(speeds[name])), 1), accuracy[name]] for name in engines}
 
 
+def openvino_engines(onnx_path, results):
+    """{'openvino float32': run, 'openvino bfloat16': run} for the exported ONNX model (bfloat16 where the CPU
+    has it); {} with a note in `results` where OpenVINO is not installed."""
+    try:
+        import openvino
+    except ImportError:
+        results['openvino'] = 'not installed (pip install -r requirements-bench.txt)'
+        return {}
+    core = openvino.Core()
+    results['openvino_version'] = openvino.__version__
+    precisions = {'openvino float32': 'f32'}
+    if cpu.cpu_flags() & {'avx512_bf16', 'amx_bf16'}:
+        precisions['openvino bfloat16'] = 'bf16'
+    engines = {}
+    for name, precision in precisions.items():
+        compiled = core.compile_model(core.read_model(onnx_path), 'CPU', {'INFERENCE_PRECISION_HINT': precision})
+        request, output = compiled.create_infer_request(), compiled.output(0)
+        engines[name] = functools.partial(lambda x, request, output: request.infer([x.asnumpy()])[output],
+                                          request=request, output=output)
+    return engines
+
+
 def main():
     options, (args, origin) = parse_args()
     world = workers.World(args.kv_store)
@@ -104,6 +128,7 @@ def main():
         engines['onnxruntime'] = lambda x: session.run(None, {'data': x.asnumpy()})[0]
     except ImportError:
         results['onnxruntime'] = 'not installed'
+    engines.update(openvino_engines(exported['onnx'], results))
     int8 = inference.int8_network(args, net, resume.find_weights(args), world, train.get_loaders)
     engines['int8'] = lambda x: int8(x).asnumpy()
     if cpu.cpu_flags() & {'avx512_bf16', 'amx_bf16'}:    # --amp's network: converted to bfloat16, then fused
@@ -119,6 +144,9 @@ def main():
         results['bfloat16_speedup'] = round(results['bfloat16'][0] / results['float32'][0], 2)
     if 'onnxruntime' in engines:
         results['float32_vs_onnxruntime'] = round(results['float32'][0] / results['onnxruntime'][0], 3)
+    for precision in ('float32', 'bfloat16'):
+        if f'openvino {precision}' in engines and precision in engines:
+            results[f'{precision}_vs_openvino'] = round(results[precision][0] / results[f'openvino {precision}'][0], 3)
     results['format'] = '[images/s, top-1]'
     print(json.dumps(results))
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The recipe's training throughput against a bare hybridized Gluon loop on the same network, in one run.
+"""The recipe's training throughput against a bare hybridized Gluon loop on the same network and against
+PyTorch, in one run.
 
     python scripts/benchmark_training.py [--batch-size 32] [--iters 12] [--image-size 224] [--rounds 2] [--amp]
     python scripts/benchmark_training.py --pieces      # the recipe's step with --drop-path and with --teacher
@@ -9,15 +10,18 @@ Both train ResNet-50 v1.5 (float32, or AMP with --amp) on synthetic data on this
 `train.py --data-backend synthetic --mode train --label-smoothing 0 --benchmark-iters N` (its epoch
 `train.ips`, warm-up iterations left out), the bare loop as forward, backward and SGD step with one host
 sync per iteration, timed after the same warm-up. The two alternate for --rounds rounds and the best of each
-counts (a shared 2-core machine varies by about 10% from one minute to the next). Prints both, their ratio
-(the recipe is held to >= 0.97), every round, and the peak resident memory of each. --pieces instead measures
+counts (a shared 2-core machine varies by about 10% from one minute to the next). With the optional
+benchmark extras installed (`pip install -r requirements-bench.txt`), PyTorch's torchvision ResNet-50 takes
+its turn too (scripts/pytorch_peer.py: channels_last, bfloat16 autocast with --amp, the same math), in a
+process of its own. Prints each one's images/s, the ratios (the recipe is held to >= 0.97 of the bare loop,
+and to PyTorch's speed), every round, and the peak resident memory of the recipe and the bare loop. --pieces instead measures
 the recipe alone, without and with the training-step pieces of issue 31 (stochastic depth 0.05, distillation
 from a ResNet-50 teacher), alternating, the best of --rounds each.
 """
 import argparse
+import importlib.util
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -34,6 +38,8 @@ from rn50.reports import logs  # noqa: E402
 from rn50.world import cpu  # noqa: E402
 
 ROOT = bootstrap.ROOT
+# The flags of /proc/cpuinfo that decide these figures, printed with them.
+NAMED_FLAGS = {'avx2', 'avx512f', 'avx512_vnni', 'avx512_bf16', 'amx_bf16', 'amx_int8', 'amx_tile'}
 
 
 def parse_args():
@@ -86,6 +92,14 @@ def bare_ips(args):
     return args.batch_size / (sum(steady) / len(steady))
 
 
+def pytorch_run(args):
+    """PyTorch's images/s and version from scripts/pytorch_peer.py, in a process of its own."""
+    command = [sys.executable, os.path.join(ROOT, 'scripts', 'pytorch_peer.py'), '--batch-size', str(args.batch_size),
+               '--iters', str(args.iters), '--image-size', str(args.image_size)] + (['--amp'] if args.amp else [])
+    result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    return result['pytorch_ips'], result['torch']
+
+
 def pieces(args):
     """The recipe's train.ips without and with each training-step piece, alternating rounds, the best of each."""
     with tempfile.TemporaryDirectory() as folder:
@@ -110,17 +124,32 @@ def main():
     if args.pieces:
         pieces(args)
         return
-    recipe, bare = [], []
+    with_pytorch = all(importlib.util.find_spec(name) for name in ('torch', 'torchvision'))
+    rounds = {'recipe': [], 'bare': []}
+    peak_mb = {}
+    pytorch_version = None
+    if with_pytorch:
+        rounds['pytorch'] = []
     for _ in range(args.rounds):
-        ips, recipe_peak_mb = recipe_ips(args)
-        recipe.append(round(ips, 2))
-        bare.append(round(bare_ips(args), 2))
-    bare_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({'batch_size': args.batch_size, 'image_size': args.image_size, 'amp': args.amp,
-                      'cpu': cpu.cpuinfo_field('model name'), 'onednn': cpu.describe(),
-                      'recipe_ips': max(recipe), 'bare_ips': max(bare), 'ratio': round(max(recipe) / max(bare), 3),
-                      'rounds': {'recipe': recipe, 'bare': bare},
-                      'peak_memory_mb': {'recipe': round(recipe_peak_mb), 'bare': round(bare_peak_mb)}}))
+        ips, peak_mb['recipe'] = recipe_ips(args)
+        rounds['recipe'].append(round(ips, 2))
+        rounds['bare'].append(round(bare_ips(args), 2))
+        if with_pytorch:
+            ips, pytorch_version = pytorch_run(args)
+            rounds['pytorch'].append(ips)
+    peak_mb['bare'] = logs.peak_memory_mb()
+    best = {name: max(values) for name, values in rounds.items()}
+    results = {'batch_size': args.batch_size, 'image_size': args.image_size, 'amp': args.amp,
+               'cpu': cpu.cpuinfo_field('model name'), 'cpu_flags': sorted(cpu.cpu_flags() & NAMED_FLAGS),
+               'onednn': cpu.describe(), 'recipe_ips': best['recipe'], 'bare_ips': best['bare'],
+               'ratio': round(best['recipe'] / best['bare'], 3)}
+    if with_pytorch:
+        results.update(pytorch_ips=best['pytorch'], torch=pytorch_version,
+                       ratio_to_pytorch=round(best['recipe'] / best['pytorch'], 3))
+    else:
+        results['pytorch'] = 'not installed (pip install -r requirements-bench.txt)'
+    results.update(rounds=rounds, peak_memory_mb={name: round(mb) for name, mb in peak_mb.items()})
+    print(json.dumps(results))
 
 
 if __name__ == '__main__':

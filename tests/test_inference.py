@@ -41,10 +41,10 @@ def model(trained_digits):
 
 
 @pytest.mark.integration
-def test_int8_is_within_a_point_of_float32_and_calibrates_once(digits, model, tmp_path):
+def test_int8_is_within_half_a_point_of_float32_and_calibrates_once(digits, model, tmp_path):
     model = copy_workspace(model, tmp_path / 'model')
     # model_best.params's top-1 in float32, as its run validated it (a validation of its own would round one near
-    # tie differently at most: 1/359, within the point)
+    # tie differently at most: 1/359, within the half point, which is 1.8 of the 359 images)
     float32 = max(epoch['val.accuracy'] for epoch in json.loads((model / 'report.json').read_text())['epochs'])
     assert float32 > 0.8
     first = train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4')
@@ -54,7 +54,7 @@ def test_int8_is_within_a_point_of_float32_and_calibrates_once(digits, model, tm
     assert record['calib_batches'] == 4 and record['weights'].endswith('model_best.params')
     assert record['calib_images'] == 256
     int8 = summary(model)['val.accuracy']
-    assert abs(int8 - float32) <= 0.01
+    assert abs(int8 - float32) <= 0.005
     again = train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4',
                      '--batch-size', '16')
     assert 'Calibrating' not in again.stderr          # the saved INT8 model is reused, at any batch size
@@ -62,7 +62,7 @@ def test_int8_is_within_a_point_of_float32_and_calibrates_once(digits, model, tm
     entropy = train_py(digits, model, '--mode', 'val', '--quantize', 'int8', '--calib-batches', '4',
                        '--calib-mode', 'entropy')
     assert 'Calibrating INT8 ranges (entropy)' in entropy.stderr    # other settings: calibrated again
-    assert abs(summary(model)['val.accuracy'] - float32) <= 0.01
+    assert abs(summary(model)['val.accuracy'] - float32) <= 0.005
 
 
 @pytest.mark.integration
