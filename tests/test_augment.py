@@ -43,6 +43,10 @@ def test_rand_augment_draws_its_count_of_operations_at_its_magnitude():
     policy, (ops, bins, _) = draws(['--auto-augment', 'ra', '--ra-num-ops', '3', '--ra-magnitude', '7'])
     assert ops.shape == (IMAGES, 3) and len(policy.suite) == 14
     np.testing.assert_allclose(bins / (policy.num_bins - 1), 7 / 30)
+    # torchvision's 31 bins, not 3,001: DALI evaluates every bin of every operation as it builds a pipeline
+    assert policy.num_bins == 31 and set(np.unique(bins)) == {7}
+    fractional, (_, bins, _) = draws(['--auto-augment', 'ra', '--ra-magnitude', '7.25'])
+    assert fractional.num_bins == 3001 and set(np.unique(bins)) == {725}
     for stage in range(3):
         assert all(within_binomial(np.sum(ops[:, stage] == k), IMAGES, 1 / 14) for k in range(14))
 
