@@ -1,7 +1,8 @@
 """Every third-party package the recipe imports is installed by both set-ups that run it: the CPU set-up
 (requirements.txt and the Makefile's own installs) and NVIDIA's container (its base image's MXNet, numpy, DALI
 and Horovod, plus the Dockerfile's requirements-container*.txt). The tests' own imports come from
-requirements-dev.txt. Imports are read with `ast`, inside functions too; an import name is mapped to its
+requirements-dev.txt; the peers the benchmark scripts measure, and nothing else, from the optional
+requirements-bench.txt. Imports are read with `ast`, inside functions too; an import name is mapped to its
 distribution through the installed packages' metadata (plus KNOWN for names not installed here)."""
 import ast
 import functools
@@ -22,7 +23,10 @@ pytestmark = pytest.mark.unit
 BASE_IMAGE_MODULES = ('mxnet', 'numpy', 'nvidia.dali', 'horovod')
 # Import name -> distribution, for packages that may not be installed where the test runs (Horovod is built by
 # `make setup` last; OpenCV is what MXNet's im2rec.py imports).
-KNOWN = {'cv2': 'opencv-python-headless', 'horovod': 'horovod'}
+KNOWN = {'cv2': 'opencv-python-headless', 'horovod': 'horovod', 'openvino': 'openvino', 'torch': 'torch',
+         'torchvision': 'torchvision'}
+# The scripts that may import the optional benchmark extras (requirements-bench.txt), the peers they measure.
+BENCHMARK_SCRIPTS = {'scripts/benchmark_inference.py', 'scripts/benchmark_training.py', 'scripts/pytorch_peer.py'}
 
 
 def normalise(name):
@@ -104,14 +108,26 @@ def makefile_installs():
 
 
 def missing(modules, provided, base_modules=()):
-    """{module: files} of `modules` whose distribution is not in `provided` and that no base module covers."""
+    """{module: files} of `modules` whose distribution is not in `provided` and that no base module covers; the
+    benchmark scripts' may come from requirements-bench.txt."""
+    extras = requirement_names('requirements-bench.txt')
     gaps = {}
     for module, files in modules.items():
         if any(module == base or module.startswith(base + '.') for base in base_modules):
             continue
+        if files <= BENCHMARK_SCRIPTS and distributions(module) & extras:
+            continue
         if not distributions(module) & provided:
             gaps[module] = sorted(files)
     return gaps
+
+
+def test_only_the_benchmark_scripts_import_the_benchmark_extras():
+    extras = requirement_names('requirements-bench.txt')
+    importers = {module: files for module, files in third_party(runtime_files()).items()
+                 if distributions(module) & extras}
+    assert set(importers) == {'openvino', 'torch', 'torchvision'}
+    assert all(files <= BENCHMARK_SCRIPTS for files in importers.values())
 
 
 CPU_SET_UP = ('requirements.txt',)
