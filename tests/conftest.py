@@ -73,9 +73,10 @@ def process_state_kept():
 
 
 def in_process(main, *argv):
-    """`main(argv)` (train.main, the runner's main) in this process, for runs that end before training (a user
-    error: `error: ...`, exit status 2): a CompletedProcess with its exit status and output, as run_train_py's,
-    without a new interpreter's start-up (MXNet's import alone takes seconds)."""
+    """`main(argv)` (train.main, the runner's main) in this process, for runs that do not train (a user error:
+    `error: ...`, exit status 2; train.py's val, pred and export): a CompletedProcess with its exit status and the
+    output Python writes, as run_train_py's, without a new interpreter's start-up (MXNet's import alone takes
+    seconds). Messages MXNet's or DALI's C++ code prints go to the real stderr, not into it."""
     argv = [str(a) for a in argv]
     out, err = io.StringIO(), io.StringIO()
     with process_state_kept(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -87,7 +88,8 @@ def in_process(main, *argv):
 
 
 def train_main(*argv):
-    """train.py's main(argv) in this process (see in_process): for flags refused before any training."""
+    """train.py's main(argv) in this process (see in_process): for flags refused before any training, and for the
+    modes that do not train (val, pred, export)."""
     import train
     return in_process(train.main, *argv)
 

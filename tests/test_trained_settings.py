@@ -2,14 +2,10 @@
 weights (trained_settings.py): a model trained at 24x24 after a 28 resize is validated, asked and exported so,
 and a contradicting flag is one error line. The trained workspaces are conftest's, copied."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import (ROOT, TRAINED_NET, TRAINED_RUN, apart_data_flags, copy_workspace, digits_flags, run_train_py,
-                      train_main)
+from conftest import TRAINED_NET, TRAINED_RUN, apart_data_flags, copy_workspace, digits_flags, run_train_py, train_main
 
 pytestmark = pytest.mark.integration
 
@@ -22,8 +18,8 @@ TINY = ['--seed', '3', '--batch-size', '32', '--data-backend', 'mxnet',
 
 
 def train_py(*argv):
-    return subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), *TINY, *map(str, argv)],
-                          capture_output=True, text=True, timeout=600)
+    """A val, pred or export run of train.py, in this process (none of them trains)."""
+    return train_main(*TINY, *argv)
 
 
 @pytest.fixture
