@@ -43,6 +43,20 @@ def run_train_py(*argv, check=True):
     return result
 
 
+def run_mode(*argv, check=True):
+    """train.py as run_train_py runs it, but in this process (train_main) when its --mode does not train (val, pred,
+    export): no interpreter's start-up for each of the many runs that only read a trained workspace."""
+    argv = [str(a) for a in argv]
+    modes = [argv[i + 1] for i, flag in enumerate(argv[:-1]) if flag == '--mode']     # the last one counts
+    mode = modes[-1] if modes else 'train_val'
+    if mode in ('train', 'train_val'):
+        return run_train_py(*argv, check=check)
+    result = train_main(*argv)
+    if check and result.returncode != 0:
+        raise AssertionError(f'train.py failed ({result.returncode}):\n{result.stderr[-3000:]}')
+    return result
+
+
 @contextlib.contextmanager
 def process_state_kept():
     """What a run of train.main or the runner's main changes in this process, put back after: the root logger's

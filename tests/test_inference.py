@@ -17,7 +17,7 @@ from rn50.reports import logs
 import models
 import train
 from rn50.world import workers
-from conftest import TRAINED_NET, copy_workspace, digits_flags, resolved, train_main
+from conftest import TRAINED_NET, copy_workspace, digits_flags, resolved, run_mode, train_main
 from rn50.errors import RecipeError
 from rn50.data import validation_resize
 
@@ -25,11 +25,7 @@ MODEL = TRAINED_NET
 
 
 def train_py(digits, workspace, *extra, check=True):
-    """A run of train.py on the digits model's flags, in this process (the modes here do not train)."""
-    result = train_main(*digits_flags(digits, batch=32), *MODEL, '--workspace', workspace, *extra)
-    if check and result.returncode != 0:
-        raise AssertionError(f'train.py failed ({result.returncode}):\n{result.stderr[-3000:]}')
-    return result
+    return run_mode(*digits_flags(digits, batch=32), *MODEL, '--workspace', workspace, *extra, check=check)
 
 
 def summary(workspace):

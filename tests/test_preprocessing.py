@@ -19,7 +19,7 @@ from rn50.checkpoints import checkpoint
 import dali
 import models
 import train
-from conftest import TRAINED_NET, TRAINED_RUN, built_once, digits_flags, resolved, run_train_py, train_main
+from conftest import TRAINED_NET, TRAINED_RUN, built_once, digits_flags, resolved, run_mode, train_main
 from rn50.errors import RecipeError
 from test_readme import README, code_blocks
 from rn50.data import contract
@@ -34,7 +34,7 @@ SAME_INPUT = 1e-4
 
 
 def train_py(digits, workspace, *extra, check=True):
-    return run_train_py(*digits_flags(digits, batch=64), *MODEL, '--workspace', workspace, *extra, check=check)
+    return run_mode(*digits_flags(digits, batch=64), *MODEL, '--workspace', workspace, *extra, check=check)
 
 
 @pytest.fixture(scope='module', params=['dali-cpu', 'mxnet'])

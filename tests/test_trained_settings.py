@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from conftest import TRAINED_NET, TRAINED_RUN, apart_data_flags, copy_workspace, digits_flags, run_train_py, train_main
+from conftest import (TRAINED_NET, TRAINED_RUN, apart_data_flags, copy_workspace, digits_flags, run_mode,
+                      run_train_py, train_main)
 
 pytestmark = pytest.mark.integration
 
@@ -18,8 +19,7 @@ TINY = ['--seed', '3', '--batch-size', '32', '--data-backend', 'mxnet',
 
 
 def train_py(*argv):
-    """A val, pred or export run of train.py, in this process (none of them trains)."""
-    return train_main(*TINY, *argv)
+    return run_mode(*TINY, *argv, check=False)
 
 
 @pytest.fixture
