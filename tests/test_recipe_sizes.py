@@ -12,7 +12,7 @@ import fit
 import train
 from rn50.config import recipes
 from rn50.optim import schedule
-from conftest import ROOT, copy_workspace, runner_module, train_args, train_main
+from conftest import ROOT, copy_workspace, run_mode, runner_module, train_args, train_main
 from rn50.errors import RecipeError
 
 TINY = ['--seed', '3', '--batch-size', '32', '--data-mxnet-threads', '2', '--dali-threads', '1',
@@ -23,8 +23,7 @@ RA_SMALL_SCALE = ['--ra-magnitude-scale', '1', '--ra-magnitude', '0.6', '--ra-ma
 
 
 def train_py(*argv):
-    return subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), *TINY, *map(str, argv)],
-                          capture_output=True, text=True, timeout=600)
+    return run_mode(*TINY, *argv, check=False)
 
 
 def data_flags(digits):
