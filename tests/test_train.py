@@ -12,7 +12,7 @@ import pytest
 from rn50.checkpoints import checkpoint
 from rn50.world import cpu
 from rn50.reports import logs
-from conftest import ROOT, built_once, copy_workspace, digits_flags, train_main
+from conftest import ROOT, built_once, copy_workspace, digits_flags, run_mode, train_main
 
 SMALL = ['--num-layers', '18', '--num-examples', '256', '--lr', '0.1', '--warmup-epochs', '1', '--seed', '3',
          '--disp-batches', '2']
@@ -24,10 +24,8 @@ def train_cmd(digits, workspace, *extra, batch=32):
 
 
 def run(digits, workspace, *extra, check=True, batch=32):
-    result = subprocess.run(train_cmd(digits, workspace, *extra, batch=batch), capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise AssertionError(f'train.py failed ({result.returncode}):\n{result.stderr[-3000:]}')
-    return result
+    """train.py with train_cmd's flags: as a program, or in this process for val, pred and export (run_mode)."""
+    return run_mode(*digits_flags(digits, batch), *SMALL, '--workspace', workspace, *extra, check=check)
 
 
 def refused(digits, workspace, *extra, batch=32):
