@@ -198,10 +198,10 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
         loss = step.run(batch, epoch, iteration, lr, before_sync=ahead.fetch_next)
         if previous is not None:
             epoch_loss.add(previous.asscalar(), epoch, iteration - 1, step)
-        previous = loss
-        if not lag:
+        if lag:
+            previous = loss
+        else:
             epoch_loss.add(loss.asscalar(), epoch, iteration, step)
-            previous = None
         now = time.time()
         durations.append(now - tick)
         tick = now

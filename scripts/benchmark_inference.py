@@ -82,9 +82,9 @@ def compare(engines, batches, rounds):
     return {name: [round(float(np.median(speeds[name])), 1), accuracy[name]] for name in engines}
 
 
-def openvino_engines(onnx_path, results):
+def openvino_engines(onnx_path, bfloat16, results):
     """{'openvino float32': run, 'openvino bfloat16': run} for the exported ONNX model (bfloat16 where the CPU
-    has it); {} with a note in `results` where OpenVINO is not installed."""
+    has it: `bfloat16`); {} with a note in `results` where OpenVINO is not installed."""
     try:
         import openvino
     except ImportError:
@@ -93,7 +93,7 @@ def openvino_engines(onnx_path, results):
     core = openvino.Core()
     results['openvino_version'] = openvino.__version__
     precisions = {'openvino float32': 'f32'}
-    if cpu.cpu_flags() & {'avx512_bf16', 'amx_bf16'}:
+    if bfloat16:
         precisions['openvino bfloat16'] = 'bf16'
     engines = {}
     for name, precision in precisions.items():
@@ -128,10 +128,11 @@ def main():
         engines['onnxruntime'] = lambda x: session.run(None, {'data': x.asnumpy()})[0]
     except ImportError:
         results['onnxruntime'] = 'not installed'
-    engines.update(openvino_engines(exported['onnx'], results))
+    has_bfloat16 = bool(cpu.cpu_flags() & {'avx512_bf16', 'amx_bf16'})
+    engines.update(openvino_engines(exported['onnx'], has_bfloat16, results))
     int8 = inference.int8_network(args, net, resume.find_weights(args), world, train.get_loaders)
     engines['int8'] = lambda x: int8(x).asnumpy()
-    if cpu.cpu_flags() & {'avx512_bf16', 'amx_bf16'}:    # --amp's network: converted to bfloat16, then fused
+    if has_bfloat16:    # --amp's network: converted to bfloat16, then fused
         bfloat16 = inference.fused_bfloat16(args, net, world.devices)
         engines['bfloat16'] = lambda x: bfloat16(x).astype('float32').asnumpy()
     else:

@@ -38,8 +38,8 @@ from rn50.reports import logs  # noqa: E402
 from rn50.world import cpu  # noqa: E402
 
 ROOT = bootstrap.ROOT
-# The flags of /proc/cpuinfo that decide these figures, printed with them.
-NAMED_FLAGS = {'avx2', 'avx512f', 'avx512_vnni', 'avx512_bf16', 'amx_bf16', 'amx_int8', 'amx_tile'}
+# The flags of /proc/cpuinfo that decide oneDNN's kernels (cpu.ISAS), printed with the figures.
+DISPATCH_FLAGS = set().union(*(needs for _, _, needs, _ in cpu.ISAS))
 
 
 def parse_args():
@@ -88,16 +88,18 @@ def bare_ips(args):
         trainer.step(args.batch_size)
         loss.mean().asscalar()
         durations.append(time.time() - start)
-    steady = durations[max(1, min(len(durations) // 10, 100)):]
+    steady = logs.steady_durations(durations)
     return args.batch_size / (sum(steady) / len(steady))
 
 
 def pytorch_run(args):
-    """PyTorch's images/s and version from scripts/pytorch_peer.py, in a process of its own."""
+    """PyTorch's images/s (its iterations after the warm-up the recipe leaves out) and version, from
+    scripts/pytorch_peer.py in a process of its own."""
     command = [sys.executable, os.path.join(ROOT, 'scripts', 'pytorch_peer.py'), '--batch-size', str(args.batch_size),
                '--iters', str(args.iters), '--image-size', str(args.image_size)] + (['--amp'] if args.amp else [])
     result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
-    return result['pytorch_ips'], result['torch']
+    steady = logs.steady_durations(result['seconds'])
+    return round(args.batch_size / (sum(steady) / len(steady)), 2), result['torch']
 
 
 def pieces(args):
@@ -140,7 +142,7 @@ def main():
     peak_mb['bare'] = logs.peak_memory_mb()
     best = {name: max(values) for name, values in rounds.items()}
     results = {'batch_size': args.batch_size, 'image_size': args.image_size, 'amp': args.amp,
-               'cpu': cpu.cpuinfo_field('model name'), 'cpu_flags': sorted(cpu.cpu_flags() & NAMED_FLAGS),
+               'cpu': cpu.cpuinfo_field('model name'), 'cpu_flags': sorted(cpu.cpu_flags() & DISPATCH_FLAGS),
                'onednn': cpu.describe(), 'recipe_ips': best['recipe'], 'bare_ips': best['bare'],
                'ratio': round(best['recipe'] / best['bare'], 3)}
     if with_pytorch:

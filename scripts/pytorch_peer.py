@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""PyTorch's ResNet-50 v1.5 training throughput on this CPU: the peer column of benchmark_training.py.
+"""PyTorch's ResNet-50 v1.5 training step timed on this CPU: the peer column of benchmark_training.py.
 
     python scripts/pytorch_peer.py [--batch-size 32] [--iters 12] [--image-size 224] [--amp]
 
 torchvision's resnet50 (v1.5: the stride on the 3x3 convolution), trained as torchvision's reference script
 trains it on a CPU, channels_last, with `torch.autocast('cpu', torch.bfloat16)` for --amp, and the math of
 benchmark_training.py's bare MXNet loop: sparse labels, SGD with momentum 0.875 and weight decay 1/32768, one
-host read of the loss per iteration, the first tenth of the iterations (at least one) left out as warm-up.
-Prints one JSON object. It needs the optional benchmark extras (`pip install -r requirements-bench.txt`);
+host read of the loss per iteration. Prints one JSON object: the seconds of every iteration (benchmark_training.py
+leaves out the warm-up as it does for the recipe: logs.steady_durations), the torch version and its threads.
+It needs the optional benchmark extras (`pip install -r requirements-bench.txt`);
 it runs in a process of its own, so that PyTorch's OpenMP threads never share a process with MXNet's.
 """
 import argparse
@@ -30,7 +31,7 @@ def parse_args():
     return parser.parse_args()
 
 
-def images_per_second(batch_size, iters, image_size, amp):
+def iteration_seconds(batch_size, iters, image_size, amp):
     torch.manual_seed(0)
     net = torchvision.models.resnet50().to(memory_format=torch.channels_last)
     net.train()
@@ -48,14 +49,13 @@ def images_per_second(batch_size, iters, image_size, amp):
         optimizer.step()
         loss.item()
         durations.append(time.time() - start)
-    steady = durations[max(1, min(len(durations) // 10, 100)):]
-    return batch_size / (sum(steady) / len(steady))
+    return durations
 
 
 def main():
     args = parse_args()
-    ips = images_per_second(args.batch_size, args.iters, args.image_size, args.amp)
-    print(json.dumps({'pytorch_ips': round(ips, 2), 'torch': torch.__version__, 'threads': torch.get_num_threads()}))
+    seconds = iteration_seconds(args.batch_size, args.iters, args.image_size, args.amp)
+    print(json.dumps({'seconds': seconds, 'torch': torch.__version__, 'threads': torch.get_num_threads()}))
 
 
 if __name__ == '__main__':

@@ -37,7 +37,11 @@ def run_script(*argv, check=True, **kwargs):
 
 def run_train_py(*argv, check=True):
     """train.py with this interpreter; with `check`, an AssertionError with the end of its stderr when it fails."""
-    result = run_script(os.path.join(ROOT, 'train.py'), *argv, check=False)
+    return checked(run_script(os.path.join(ROOT, 'train.py'), *argv, check=False), check)
+
+
+def checked(result, check):
+    """`result` of a train.py run; with `check`, an AssertionError with the end of its stderr when it failed."""
     if check and result.returncode != 0:
         raise AssertionError(f'train.py failed ({result.returncode}):\n{result.stderr[-3000:]}')
     return result
@@ -51,10 +55,7 @@ def run_mode(*argv, check=True):
     mode = modes[-1] if modes else 'train_val'
     if mode in ('train', 'train_val'):
         return run_train_py(*argv, check=check)
-    result = train_main(*argv)
-    if check and result.returncode != 0:
-        raise AssertionError(f'train.py failed ({result.returncode}):\n{result.stderr[-3000:]}')
-    return result
+    return checked(train_main(*argv), check)
 
 
 @contextlib.contextmanager
