@@ -226,6 +226,29 @@ def synthetic_argv(workspace, n=2):
             '--workspace', str(workspace)]
 
 
+# A process that joined Horovod's world, then looks for the undecodable record among a failed batch's (dali.py,
+# data.py): Pillow must still decode every good one.
+FIND_UNDECODABLE = """
+import sys
+from rn50.data import records
+from rn50.world import workers
+workers.World('horovod')
+print(records.find_undecodable(records.RecordFile(sys.argv[1], sys.argv[2], 10, 'training'), range(16)))
+"""
+
+
+@pytest.mark.integration
+def test_a_horovod_worker_still_tells_good_records_from_undecodable_ones(digits):
+    """horovod.mxnet makes libmxnet's symbols global, its own libjpeg among them: a Pillow loaded after it took
+    that libjpeg and failed on every JPEG ('broken data stream'), so a decoder error in a Horovod run (every
+    runner run) named the first record of the batch as the undecodable one."""
+    rec = digits / 'rec'
+    result = subprocess.run([sys.executable, '-c', FIND_UNDECODABLE, str(rec / 'train.rec'), str(rec / 'train.idx')],
+                            cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ['None']
+
+
 @pytest.mark.multiworker
 def test_tasks_whose_world_does_not_form_stop_at_once_writing_nothing(tmp_path):
     """The issue's reproduction: two tasks with only SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID,

@@ -82,6 +82,9 @@ class World:
                 import nvidia.dali  # noqa: F401
             except ImportError:
                 pass
+            # Pillow too (records.find_undecodable): horovod.mxnet loads libmxnet's symbols globally, its libjpeg
+            # among them, and a Pillow loaded after it decodes no JPEG at all ('broken data stream').
+            import PIL.Image  # noqa: F401
             try:
                 import horovod.mxnet as hvd
             except ImportError as e:
