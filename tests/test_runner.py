@@ -112,6 +112,18 @@ def test_environment(monkeypatch):
 
 
 @pytest.mark.unit
+def test_horovod_cycles_fast_only_for_gpus(monkeypatch):
+    """HOROVOD_CYCLE_TIME=0.1 (the original runner's, for GPUs, whose host cores idle) keeps Horovod's background
+    thread at 42% of a core per worker: on a CPU, whose cores train, 2 workers on 2 cores trained 15% slower
+    (104 against 122 images/s). CPU runs take Horovod's default (1 ms, 6% of a core when idle)."""
+    monkeypatch.delenv('HOROVOD_CYCLE_TIME', raising=False)
+    args, _ = runner.parse_args(['-n', '2'])
+    assert 'HOROVOD_CYCLE_TIME' not in runner.environment(args, 0)
+    assert runner.environment(args, 2)['HOROVOD_CYCLE_TIME'] == '0.1'
+    assert runner.environment(args, 0)['HOROVOD_FUSION_THRESHOLD'] == '67108864'
+
+
+@pytest.mark.unit
 def test_dry_run_prints_command():
     result = runner_main('-n', '2', '-b', '8', '--dry-run')
     assert result.returncode == 0, result.stderr
