@@ -48,12 +48,17 @@ def checked(result, check):
 
 
 def run_mode(*argv, check=True):
-    """train.py as run_train_py runs it, but in this process (train_main) when its --mode does not train (val, pred,
-    export): no interpreter's start-up for each of the many runs that only read a trained workspace."""
+    """train.py as run_train_py runs it, but in this process (train_main): no interpreter's start-up, MXNet's
+    import and first allocations for each of the suite's many short runs. Two kinds of run change the process
+    for good and stay programs: training with --amp (mxnet.contrib.amp.init patches MXNet's operators for the
+    rest of the process) and Horovod's (--kv-store horovod: one world per process)."""
     argv = [str(a) for a in argv]
-    modes = [argv[i + 1] for i, flag in enumerate(argv[:-1]) if flag == '--mode']     # the last one counts
-    mode = modes[-1] if modes else 'train_val'
-    if mode in ('train', 'train_val'):
+
+    def last(flag, default):
+        values = [argv[i + 1] for i, given in enumerate(argv[:-1]) if given == flag]
+        return values[-1] if values else default
+    trains = last('--mode', 'train_val') in ('train', 'train_val')
+    if (trains and '--amp' in argv) or last('--kv-store', 'device') == 'horovod':
         return run_train_py(*argv, check=check)
     return checked(train_main(*argv), check)
 
@@ -119,6 +124,35 @@ def runner_main(*argv):
         raise AssertionError(f'the runner launched {args[:2]} instead of refusing the command')
     with mock.patch.object(runner.os, 'execvp', launched), mock.patch.object(runner, 'Supervisor', launched):
         return in_process(runner.main, *argv)
+
+
+def runner_runs(*argv, cwd=None):
+    """The runner's main(argv) in this process (see in_process) for a one-worker run, in `cwd` when given: the
+    train.py it hands the run to (its exec) runs as a program, with the command and environment the runner gives
+    it (a Horovod world of one, which belongs to a process of its own). A CompletedProcess with train.py's exit
+    status and the runner's output followed by train.py's; a multi-worker launch (horovodrun) fails the test."""
+    from unittest import mock
+    runner = runner_module()
+    started = []
+
+    def exec_train(program, command):
+        assert command[1] == runner.TRAIN_PY, command
+        started.append(subprocess.run(command, env=dict(os.environ), capture_output=True, text=True))
+        raise SystemExit(started[-1].returncode)
+
+    def launched(*args, **kwargs):
+        raise AssertionError(f'the runner launched {args[:1]} with horovodrun: run it as a program')
+
+    def main(argv):
+        if cwd is not None:
+            os.chdir(cwd)            # process_state_kept goes back
+        return runner.main(argv)
+    with mock.patch.object(runner.os, 'execvp', exec_train), mock.patch.object(runner, 'Supervisor', launched):
+        result = in_process(main, *argv)
+    if not started:
+        return result
+    return subprocess.CompletedProcess(result.args, started[0].returncode, result.stdout + started[0].stdout,
+                                       result.stderr + started[0].stderr)
 
 
 def gloo_workers(script, output):

@@ -1,5 +1,5 @@
-"""scripts/demo_pieces.sh, shortened: the plain run and the distillation from it (3 epochs of 64 digits), the
-flip validation of the plain run's weights, and the table of what each run reached."""
+"""scripts/demo_pieces.sh, shortened: the plain run and the distillation from it (3 epochs of 64 digits, validated
+after the last), the flip validation of the plain run's weights, and the table of what each run reached."""
 import os
 import subprocess
 import sys
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 def test_demo_pieces_runs_the_pieces_and_tabulates_them(digits, tmp_path):
     out = tmp_path / 'pieces'
-    env = dict(os.environ, PIECES='plain distill', EPOCHS='3', NET_FLAGS='--num-layers 18 --num-examples 64',
+    env = dict(os.environ, PIECES='plain distill', EPOCHS='3', NET_FLAGS='--num-layers 18 --num-examples 64 --eval-period 3 --eval-offset 2',
                PYTHON=sys.executable, PATH=os.path.dirname(sys.executable) + ':' + os.environ['PATH'])
     result = subprocess.run([os.path.join(ROOT, 'scripts', 'demo_pieces.sh'), str(digits), str(out)],
                             capture_output=True, text=True, env=env, timeout=900)

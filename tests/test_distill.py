@@ -1,9 +1,5 @@
 """--teacher (distill.py): the step's loss is the distillation loss written out here, the teacher runs in
 inference mode and learns nothing, and train.py distils from any weights it loads."""
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from mxnet import autograd
@@ -11,7 +7,7 @@ from mxnet import autograd
 from rn50.training import distill
 from rn50.training import losses
 import models
-from conftest import ROOT, train_main
+from conftest import run_mode, train_main
 from float16_twin import Float16Net, batch_of, step_for
 
 
@@ -58,8 +54,7 @@ FLAGS = ['--num-layers', '18', '--num-classes', '10', '--image-shape', '3,32,32'
 
 
 def train_py(*argv):
-    return subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), *FLAGS, *map(str, argv)],
-                          capture_output=True, text=True, timeout=600)
+    return run_mode(*FLAGS, *argv, check=False)
 
 
 def saved_teacher(tmp_path):

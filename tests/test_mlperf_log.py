@@ -22,7 +22,7 @@ import types
 import numpy as np
 import pytest
 
-from conftest import ROOT, resolved, train_args
+from conftest import ROOT, resolved, runner_runs, train_args
 
 import fit
 import train
@@ -527,8 +527,11 @@ def run(digits, workspace, workers, extra, batch=32):
             '--image-shape', '3,32,32', '--num-classes', '10', '--data-val-resize', '36', '--min-random-area', '0.5',
             '--num-layers', '18', '--workspace', str(workspace), '--dali-threads', '1', '--dali-validation-threads',
             '1', '--recipe', 'mlperf', '--mlperf-cache-clear', 'no', '--seed', '1'] + list(extra)
-    result = subprocess.run([sys.executable, os.path.join(ROOT, 'runner')] + argv, capture_output=True, text=True,
-                            env=RUN_ENV, timeout=600)
+    if workers == 1:      # the runner and the train.py it starts in this process (conftest.runner_runs)
+        result = runner_runs(*argv)
+    else:
+        result = subprocess.run([sys.executable, os.path.join(ROOT, 'runner')] + argv, capture_output=True,
+                                text=True, env=RUN_ENV, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

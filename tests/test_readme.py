@@ -9,17 +9,17 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT, report_gpus, runner_module
+from conftest import ROOT, report_gpus, runner_module, runner_runs
 
 README = os.path.join(ROOT, 'README.md')
 DOCS_FOLDER = os.path.join(ROOT, 'docs')
 DOCS = [README] + [os.path.join(DOCS_FOLDER, name) for name in sorted(os.listdir(DOCS_FOLDER)) if name.endswith('.md')]
 # The README is read top to bottom; the rest is in docs/ (issue 38, item 5).
 README_LIMIT = 25_000
-# Small enough for CI, appended to the quick start's commands (the runner's and train.py's last occurrence wins).
 # How far the README's onnxruntime snippet's probabilities may be from --mode pred's: the README's bound (Pillow
 # rounds pixels a little differently from DALI and OpenCV; tests/test_preprocessing.py measures it).
 SNIPPET_TOLERANCE = 0.03
+# Small enough for CI, appended to the quick start's commands (the runner's and train.py's last occurrence wins).
 SMALL = ['--num-layers', '18', '--image-shape', '3,32,32', '--data-val-resize', '36', '--min-random-area', '0.5']
 
 
@@ -121,12 +121,15 @@ def test_the_quick_start_takes_a_folder_of_images_to_a_model_predictions_and_onn
     for argv in commands(quick_start):
         extra = [] if argv[1] == 'scripts/prepare_dataset.py' else SMALL
         if argv[0] == './runner' and '--mode' not in argv:
-            extra = extra + ['-e', '1', '-b', '16']
+            extra = extra + ['-e', '1', '-b', '16', '--num-examples', '256']
         if '--mode' in argv and argv[argv.index('--mode') + 1] == 'pred':
             extra = extra + ['--pred-output', str(tmp_path / 'predictions.json')]
-        program = [sys.executable, os.path.join(ROOT, argv[1])] if argv[0] == 'python' else [os.path.join(ROOT, argv[0])]
-        result = subprocess.run(program + argv[2 if argv[0] == 'python' else 1:] + extra,
-                                capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        if argv[0] == './runner':       # one worker: the runner and its train.py in this process
+            result = runner_runs(*argv[1:], *extra, cwd=tmp_path)
+        else:
+            assert argv[0] == 'python', argv
+            result = subprocess.run([sys.executable, os.path.join(ROOT, argv[1])] + argv[2:] + extra,
+                                    capture_output=True, text=True, timeout=600, cwd=tmp_path)
         assert result.returncode == 0, (shlex.join(argv), result.stderr[-2000:])
         outputs.append(result)
     assert (tmp_path / 'data' / 'photos' / 'val.rec').exists()
@@ -144,7 +147,7 @@ def test_the_quick_start_takes_a_folder_of_images_to_a_model_predictions_and_onn
     snippet = (snippet.replace("'runs/photos/export/model.onnx'", repr(str(onnx_model)))
                .replace("'data/photos/classes.json'", repr(str(tmp_path / 'data' / 'photos' / 'classes.json'))))
     snippet += 'shifted = np.exp(logits[0] - logits[0].max())\nprint(json.dumps((shifted / shifted.sum()).tolist()))\n'
-    for prediction in predictions:
+    for prediction in predictions:      # as a user runs it (python classify.py): an interpreter of its own
         run = subprocess.run([sys.executable, '-c', snippet.replace("'new_photos/cat.jpg'", repr(prediction['image']))],
                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert run.returncode == 0, run.stderr[-2000:]

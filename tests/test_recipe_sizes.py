@@ -3,8 +3,6 @@ other than the run's comes with a resize at the run's ratio (or the one given), 
 tests at its own ratios to the new size, and a recipe's warm-up is shortened to fit a short run, all logged."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -12,7 +10,7 @@ import fit
 import train
 from rn50.config import recipes
 from rn50.optim import schedule
-from conftest import ROOT, copy_workspace, run_mode, runner_module, train_args, train_main
+from conftest import ROOT, copy_workspace, run_mode, runner_module, runner_runs, train_args, train_main
 from rn50.errors import RecipeError
 
 TINY = ['--seed', '3', '--batch-size', '32', '--data-mxnet-threads', '2', '--dali-threads', '1',
@@ -135,8 +133,7 @@ def test_a_recipe_shrunk_to_the_digits_validates_at_its_ratios(digits, tmp_path)
     argv = ['-n', '1', '-b', '16', '-e', '1', '--warmup-epochs', '0', '--data-root', digits / 'rec', '--recipe',
             'torchvision-v2', '--image-shape', '3,32,32', '--num-layers', '18', '--num-examples', '64',
             '--dali-threads', '1', '--dali-validation-threads', '1', '--workspace', workspace]
-    result = subprocess.run([sys.executable, os.path.join(ROOT, 'runner'), *map(str, argv)], capture_output=True,
-                            text=True, timeout=600)
+    result = runner_runs(*argv)       # in this process, the train.py it starts too
     assert result.returncode == 0, result.stderr[-3000:]
     assert ('Recipe torchvision-v2 trains at 176x176 and tests at 224x224 after resizing to 232; this run trains at '
             "32x32 and tests at 41x41 after resizing to 42, the recipe's ratios (--val-image-shape and "

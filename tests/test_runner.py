@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, report_gpus, runner_main, runner_module
+from conftest import ROOT, report_gpus, run_mode, runner_main, runner_module
 
 runner = runner_module()
 
@@ -159,11 +159,8 @@ def test_two_cpu_workers_on_one_node_and_on_two_nodes_train_alike(digits, tmp_pa
     # The top-1 and loss the 2 workers reported are those of the weights they saved, validated in one process
     # (before the statistics were averaged, each worker validated its shard with its own: one image and 0.1%
     # of the loss apart here).
-    val = subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), '--mode', 'val', '--workspace',
-                          str(tmp_path / 'one'), '--data-val', str(digits / 'rec' / 'val.rec'), '--data-val-idx',
-                          str(digits / 'rec' / 'val.idx'), '--data-backend', 'dali-cpu', '--batch-size', '32'],
-                         capture_output=True, text=True)
-    assert val.returncode == 0, val.stderr[-3000:]
+    run_mode('--mode', 'val', '--workspace', tmp_path / 'one', '--data-val', digits / 'rec' / 'val.rec',
+             '--data-val-idx', digits / 'rec' / 'val.idx', '--data-backend', 'dali-cpu', '--batch-size', '32')
     alone = json.loads((tmp_path / 'one' / 'report_val.json').read_text())['summary']
     assert abs(alone['val.accuracy'] - epochs[0]['val.accuracy']) * 359 < 1.01
     assert alone['val.loss'] == pytest.approx(epochs[0]['val.loss'], rel=1e-4)

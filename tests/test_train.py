@@ -139,11 +139,8 @@ def test_val_evaluates_a_checkpoint_without_training_data(digits, trained_digits
     flags = digits_flags(digits) + TRAINED_SIZES
     no_train = [x for i, x in enumerate(flags) if not (x.startswith('--data-train') or
                                                        (i and flags[i - 1].startswith('--data-train')))]
-    cmd = [sys.executable, os.path.join(ROOT, 'train.py')] + no_train + SMALL + [
-        '--workspace', str(tmp_path / 'eval'), '--mode', 'val', '--load', str(ws / 'model_best.params'),
-        '--data-backend', 'mxnet']
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
+    run_mode(*no_train, *SMALL, '--workspace', tmp_path / 'eval', '--mode', 'val', '--load', ws / 'model_best.params',
+             '--data-backend', 'mxnet')
     passes = epoch_records(tmp_path / 'eval')
     assert len(passes) == 1                         # one pass by default, and no training data needed
     best = max(r['data']['val.accuracy'] for r in epoch_records(ws))     # model_best.params's epoch

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from conftest import (TRAINED_NET, TRAINED_RUN, apart_data_flags, copy_workspace, digits_flags, run_mode,
-                      run_train_py, train_main)
+                      train_main)
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +66,7 @@ def test_a_finished_run_continued_in_a_new_workspace_has_its_own_best_and_says_w
     again = train_main(*command, '--workspace', workspace)          # refused before training: in process
     assert again.returncode == 2 and f'--load {workspace / "model_last.state"} --workspace NEW_FOLDER' in again.stderr
     new = tmp_path / 'continued'
-    run_train_py(*command, '--num-examples', '256', '--workspace', new, '--load', workspace / 'model_last.state')
+    run_mode(*command, '--num-examples', '256', '--workspace', new, '--load', workspace / 'model_last.state')
     assert (new / 'model_best.params').exists() and 'Continuing the run of' in (new / 'log.log').read_text()
     summary = json.loads((new / 'report.json').read_text())['summary']
     assert summary['val.accuracy.epoch'] in (2, 3) and summary['train.loss.epoch'] in (2, 3)
