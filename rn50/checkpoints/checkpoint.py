@@ -83,13 +83,15 @@ def bytes_array(data):
 
 
 def checksum(arrays):
-    """SHA-256 over the names and bytes of every array but 'checksum' itself, in name order."""
+    """SHA-256 over the names and bytes of every array but 'checksum' itself, in name order; NDArrays or numpy
+    arrays (the same digest), each hashed from its own buffer."""
     digest = hashlib.sha256()
     for name in sorted(arrays):
         if name != 'checksum':
-            value = arrays[name].asnumpy()
+            value = arrays[name]
+            value = value.asnumpy() if isinstance(value, mx.nd.NDArray) else np.ascontiguousarray(value)
             digest.update(name.encode() + str(value.dtype).encode() + str(value.shape).encode())
-            digest.update(np.ascontiguousarray(value).tobytes())
+            digest.update(value)
     return digest.hexdigest()
 
 
@@ -104,9 +106,13 @@ def save_state(path, net, trainer, meta, previous=None, worker_statistics=None, 
     # mx.nd.save records each array's device and mx.nd.load recreates it there: CPU arrays only, so that a
     # resume allocates nothing on the device that rank 0 saved from (the weight average lives on a GPU).
     arrays.update({name: value.as_in_context(mx.cpu()) for name, value in (extra or {}).items()})
-    arrays['trainer'] = bytes_array(optimizer_state.trainer_state_bytes(trainer))
-    arrays['meta'] = bytes_array(json.dumps(logs.finite_or_none(meta)).encode())
-    arrays['checksum'] = bytes_array(checksum(arrays).encode())
+    payloads = {'trainer': optimizer_state.trainer_state_bytes(trainer),
+                'meta': json.dumps(logs.finite_or_none(meta)).encode()}
+    # Hashed from the bytes themselves, not from copies of their NDArrays (the optimizer state is as large as the
+    # weights: a copy of it was a tenth of every save).
+    digest = checksum(dict(arrays, **{name: np.frombuffer(data, dtype=np.uint8) for name, data in payloads.items()}))
+    arrays.update({name: bytes_array(data) for name, data in payloads.items()})
+    arrays['checksum'] = bytes_array(digest.encode())
     with logs.atomic_path(path, previous=previous) as tmp:
         mx.nd.save(tmp, arrays)
 
