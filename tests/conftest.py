@@ -268,7 +268,7 @@ def trained_digits(digits, tmp_path_factory):
     """The workspace of a ResNet-18 trained 3 epochs on the digits with --data-backend mxnet (TRAINED_NET; about
     90% top-1), trained once for the whole run and shared by every test that needs trained weights: read it, or
     copy_workspace it to run a mode in it."""
-    return built_once(tmp_path_factory, 'trained_digits', lambda workspace: run_train_py(
+    return built_once(tmp_path_factory, 'trained_digits', lambda workspace: run_mode(
         *digits_flags(digits, batch=32), *TRAINED_NET, *TRAINED_RUN, '--workspace', workspace))
 
 
@@ -289,7 +289,7 @@ def trained_apart(digits, tmp_path_factory):
     """The workspace of a ResNet-18 trained 1 epoch (64 images) at 32x32 and tested at 40x40 after a 46 resize
     (APART; the digits are 32x32 JPEGs), trained once for the whole run: read it, or copy_workspace it."""
     return built_once(tmp_path_factory, 'trained_apart',
-                      lambda workspace: run_train_py(*apart_data_flags(digits), *APART, '--workspace', workspace))
+                      lambda workspace: run_mode(*apart_data_flags(digits), *APART, '--workspace', workspace))
 
 
 def train_args(extra=()):

@@ -228,7 +228,7 @@ def test_two_workers_follow_one_worker_and_resume_exactly(digits, tmp_path):
     flags = ['--num-epochs', '2', '--data-backend', 'synthetic', '--kv-store', 'horovod', '--disp-batches', '1',
              '--label-smoothing', '0']
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    run(digits, tmp_path / 'one', *flags)
+    run(digits, tmp_path / 'one', *flags, '--kv-store', 'device')      # one worker: in this process
     whole = subprocess.run(['horovodrun', '-np', '2', '--gloo'] + train_cmd(digits, tmp_path / 'whole', *flags),
                            capture_output=True, text=True, env=env)
     assert whole.returncode == 0, whole.stderr[-3000:]
