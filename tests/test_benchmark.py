@@ -85,10 +85,9 @@ def test_plots_only_what_can_be_shown(tmp_path, capsys):
 
 
 @pytest.mark.integration
-def test_real_cpu_sweep(tmp_path):
+def test_real_cpu_sweep(tmp_path, monkeypatch):
     output = str(tmp_path / 'cpu.json')
-    env_path = os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH']
-    os.environ['PATH'] = env_path
+    monkeypatch.setenv('PATH', os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
     status = benchmark.main(['-o', output, '-n', '1', '-b', '4,8', '-i', '3', '-e', '2', '-w', '1', '--mode',
                              'val', '--data-backend', 'synthetic', '--image-shape', '3,32,32', '--num-layers', '18',
                              '--num-classes', '10'])
@@ -100,10 +99,10 @@ def test_real_cpu_sweep(tmp_path):
 
 
 @pytest.mark.integration
-def test_val_sweep_with_int8(tmp_path):
+def test_val_sweep_with_int8(tmp_path, monkeypatch):
     """benchmark.py forwards the inference options: each point calibrates its INT8 model and times it."""
     output = str(tmp_path / 'int8.json')
-    os.environ['PATH'] = os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH']
+    monkeypatch.setenv('PATH', os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
     status = benchmark.main(['-o', output, '-n', '1', '-b', '8', '-i', '3', '-e', '2', '-w', '1', '--mode', 'val',
                              '--data-backend', 'synthetic', '--image-shape', '3,32,32', '--num-layers', '18',
                              '--num-classes', '10', '--quantize', 'int8', '--calib-batches', '2'])

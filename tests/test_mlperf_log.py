@@ -538,9 +538,9 @@ def run(digits, workspace, workers, extra, batch=32):
 
 @pytest.mark.integration
 def test_a_closed_run_of_the_digits_reaches_the_target_and_its_log_passes(digits, tmp_path):
-    """--recipe mlperf shortened to 3 epochs (ResNet-18 at 32x32, 1 worker): validated after its third epoch
-    only, at 79% top-1 (seed 1), past MLPerf's 75.9%: run_stop success, the time to train in report.json."""
-    run(digits, tmp_path, 1, ['-e', '3', '--submission-org', 'ACME', '--submission-platform', 'laptop'])
+    """--recipe mlperf shortened to 3 epochs (ResNet-18 at 32x32, 1 worker, batch 64): validated after its third
+    epoch only, at 82% top-1 (seed 1), past MLPerf's 75.9%: run_stop success, the time to train in report.json."""
+    run(digits, tmp_path, 1, ['-e', '3', '--submission-org', 'ACME', '--submission-platform', 'laptop'], batch=64)
     lines = parse_log(tmp_path / 'mlperf.log')
     assert compliance(lines) == [] and issue_rules(lines) == []
     values = {line['key']: line['value'] for line in lines}
