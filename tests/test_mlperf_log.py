@@ -558,19 +558,29 @@ def test_a_closed_run_of_the_digits_reaches_the_target_and_its_log_passes(digits
 
 @HOROVOD
 @pytest.mark.multiworker
-def test_two_workers_write_one_log_that_evaluates_on_the_period_and_ends_aborted(digits, tmp_path):
-    """2 workers, 4 epochs of 128 images, an unreachable target (open division): rank 0 alone writes; epoch 3
-    (epoch_num) is evaluated, the last one (4) not, and the run ends aborted."""
-    run(digits, tmp_path, 2, ['-e', '4', '--num-examples', '128', '--submission-division', 'open',
-                              '--target-accuracy', '0.999'], batch=16)
+def test_two_workers_write_one_log_evaluate_on_the_period_and_stop_at_the_target(digits, tmp_path):
+    """--recipe mlperf (LARS, poly decay, evaluation every 4 epochs from epoch 2) on 2 workers, 7 epochs of 128
+    images, a target of 1% (open division): rank 0 alone writes the log; epochs 0 and 1 are not validated, epoch
+    2 (epoch_num 3) is and reaches the target, and the run stops there (no epoch 3 to 6), a success, with the time
+    to it in report.json."""
+    from rn50.reports import logs
+    run(digits, tmp_path, 2, ['-e', '7', '--num-examples', '128', '--submission-division', 'open',
+                              '--target-accuracy', '0.01'], batch=16)
     assert sorted(p.name for p in tmp_path.iterdir() if 'mlperf' in p.name) == ['mlperf.log']
     lines = parse_log(tmp_path / 'mlperf.log')
-    assert compliance(lines) == [] and issue_rules(lines, target=0.999) == []
+    assert compliance(lines) == [] and issue_rules(lines, target=0.01) == []
     values = {line['key']: line['value'] for line in lines}
     assert (values['submission_platform'], values['global_batch_size'], values['train_samples']) == ('2xCPU', 32, 128)
-    assert [line['metadata']['epoch_num'] for line in lines if line['key'] == 'epoch_stop'] == [1, 2, 3, 4]
+    assert [line['metadata']['epoch_num'] for line in lines if line['key'] == 'epoch_stop'] == [1, 2, 3]
     assert [line['metadata']['epoch_num'] for line in lines if line['key'] == 'eval_accuracy'] == [3]
-    assert lines[-1]['metadata']['status'] == 'aborted'
+    assert lines[-1]['metadata']['status'] == 'success'
+    epochs = [r for r in logs.read_dllogger(str(tmp_path / 'dllogger_log.log'))
+              if isinstance(r['step'], list) and len(r['step']) == 1]
+    assert [r['step'][0] for r in epochs] == [0, 1, 2]
+    assert [r['step'][0] for r in epochs if 'val.accuracy' in r['data']] == [2]
+    summary = json.loads((tmp_path / 'report.json').read_text())['summary']
+    assert summary['target_accuracy.epoch'] == 2 and summary['target_accuracy.wall_seconds'] > 0
+    assert 'Recipe mlperf: --optimizer lars' in (tmp_path / 'log.log').read_text()
 
 
 @pytest.mark.integration

@@ -531,23 +531,3 @@ def test_the_torchvision_and_timm_recipes_train_on_two_cpu_workers(digits, tmp_p
                 'rsb-a3': {'auto_augment': 'ra', 'optimizer': 'lamb', 'bce_loss': True}}[recipe]
     assert {key: config[key] for key in expected} == expected
     assert config['val_image_shape'] == [3, 40, 40]
-
-
-@HOROVOD
-@pytest.mark.multiworker
-def test_the_mlperf_recipe_on_two_cpu_workers_evaluates_on_its_period_and_stops_at_the_target(digits, tmp_path):
-    """--recipe mlperf (LARS, poly decay, evaluation every 4 epochs from epoch 2) shortened to 7 epochs on the
-    digits: epochs 0 and 1 are not validated, epoch 2 is and reaches the target, the run stops there (no epoch
-    3 to 6) and reports the time to it."""
-    from rn50.reports import logs
-    result = run_runner(demo_argv(digits, tmp_path, examples=64, extra=['--recipe', 'mlperf', '-b', '16', '-e', '7',
-                                                                         '--target-accuracy', '0.01',
-                                                                         '--mlperf-log', 'none']))
-    assert result.returncode == 0, result.stderr[-3000:]
-    epochs = [r for r in logs.read_dllogger(str(tmp_path / 'dllogger_log.log'))
-              if isinstance(r['step'], list) and len(r['step']) == 1]
-    assert [r['step'][0] for r in epochs] == [0, 1, 2]
-    assert [r['step'][0] for r in epochs if 'val.accuracy' in r['data']] == [2]
-    summary = json.loads((tmp_path / 'report.json').read_text())['summary']
-    assert summary['target_accuracy.epoch'] == 2 and summary['target_accuracy.wall_seconds'] > 0
-    assert 'Recipe mlperf: --optimizer lars' in (tmp_path / 'log.log').read_text()
