@@ -1,7 +1,8 @@
 """Shared test set-up: the repository on sys.path, MXNet kept to this machine's cores (shared by the test
 processes under pytest-xdist), every test in one tier (pytest.ini: unit, integration, multiworker), small real
 datasets and trained workspaces built once per run with the recipe's own tools (the digits demo set, a
-ResNet-18 trained on it), and train.py's main in process for the runs that end in a user error."""
+ResNet-18 trained on it), and train.py's and the runner's main in process for every run that needs no process of
+its own (run_mode, runner_runs)."""
 import contextlib
 import functools
 import io
