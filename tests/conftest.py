@@ -115,31 +115,11 @@ def train_main(*argv):
     return in_process(train.main, *argv)
 
 
-def runner_main(*argv):
-    """The runner's main(argv) in this process (see in_process), for a command refused before launch; a launch
-    (exec of train.py, or horovodrun) fails the test instead of replacing or outliving this process."""
+def runner_in_process(argv, execvp, cwd=None):
+    """The runner's main(argv) in this process (see in_process), in `cwd` when given, with `execvp` standing in
+    for the exec of train.py (a one-worker run); a horovodrun launch (Supervisor) fails the test."""
     from unittest import mock
     runner = runner_module()
-
-    def launched(*args, **kwargs):
-        raise AssertionError(f'the runner launched {args[:2]} instead of refusing the command')
-    with mock.patch.object(runner.os, 'execvp', launched), mock.patch.object(runner, 'Supervisor', launched):
-        return in_process(runner.main, *argv)
-
-
-def runner_runs(*argv, cwd=None):
-    """The runner's main(argv) in this process (see in_process) for a one-worker run, in `cwd` when given: the
-    train.py it hands the run to (its exec) runs as a program, with the command and environment the runner gives
-    it (a Horovod world of one, which belongs to a process of its own). A CompletedProcess with train.py's exit
-    status and the runner's output followed by train.py's; a multi-worker launch (horovodrun) fails the test."""
-    from unittest import mock
-    runner = runner_module()
-    started = []
-
-    def exec_train(program, command):
-        assert command[1] == runner.TRAIN_PY, command
-        started.append(subprocess.run(command, env=dict(os.environ), capture_output=True, text=True))
-        raise SystemExit(started[-1].returncode)
 
     def launched(*args, **kwargs):
         raise AssertionError(f'the runner launched {args[:1]} with horovodrun: run it as a program')
@@ -148,8 +128,30 @@ def runner_runs(*argv, cwd=None):
         if cwd is not None:
             os.chdir(cwd)            # process_state_kept goes back
         return runner.main(argv)
-    with mock.patch.object(runner.os, 'execvp', exec_train), mock.patch.object(runner, 'Supervisor', launched):
-        result = in_process(main, *argv)
+    with mock.patch.object(runner.os, 'execvp', execvp), mock.patch.object(runner, 'Supervisor', launched):
+        return in_process(main, *argv)
+
+
+def runner_main(*argv):
+    """The runner's main(argv) in this process, for a command refused before launch: a launch fails the test
+    instead of replacing or outliving this process."""
+    def launched(program, command):
+        raise AssertionError(f'the runner launched {command[:2]} instead of refusing the command')
+    return runner_in_process(argv, launched)
+
+
+def runner_runs(*argv, cwd=None):
+    """The runner's main(argv) in this process for a one-worker run, in `cwd` when given: the train.py it hands
+    the run to (its exec) runs as a program, with the command and environment the runner gives it (a Horovod
+    world of one, which belongs to a process of its own). A CompletedProcess with train.py's exit status and the
+    runner's output followed by train.py's."""
+    started = []
+
+    def exec_train(program, command):
+        assert command[1] == runner_module().TRAIN_PY, command
+        started.append(subprocess.run(command, env=dict(os.environ), capture_output=True, text=True))
+        raise SystemExit(started[-1].returncode)
+    result = runner_in_process(argv, exec_train, cwd)
     if not started:
         return result
     return subprocess.CompletedProcess(result.args, started[0].returncode, result.stdout + started[0].stdout,
