@@ -61,7 +61,7 @@ def add_model_args(parser):
     group.add_argument('--arch', default='resnetv15', choices=ARCHITECTURES, help='model architecture')
     group.add_argument('--num-layers', type=flags.integer(minimum=1), default=50,
                        help='number of layers in the neural network, required by some networks such as resnet '
-                            '(ResNet: 18, 34, 50, 101, 152; ResNeXt: 50, 101, 152; Xception has a fixed depth)')
+                            '(ResNet: 10, 18, 34, 50, 101, 152; ResNeXt: 50, 101, 152; Xception has a fixed depth)')
     group.add_argument('--num-groups', type=flags.integer(minimum=1), default=32,
                        help='number of groups for grouped convolutions, required by some networks such as '
                             'resnext (ResNeXt-N 32x4d has 32)')
@@ -156,7 +156,7 @@ class ResidualUnit(HybridBlock):
 
 
 def basic_body(builder, in_channels, channels, stride):
-    """Two 3x3 convolutions, the stride on the first (ResNet-18/34, v1 and v1.5 alike)."""
+    """Two 3x3 convolutions, the stride on the first (ResNet-10/18/34, v1 and v1.5 alike)."""
     return (builder.conv('conv1', channels, 3, stride, 1, in_channels=in_channels) +
             builder.batchnorm_relu('bn1', channels) +
             builder.conv('conv2', channels, 3, 1, 1, in_channels=channels))

@@ -1,7 +1,7 @@
 """Shared test set-up: the repository on sys.path, MXNet kept to this machine's cores (shared by the test
 processes under pytest-xdist), every test in one tier (pytest.ini: unit, integration, multiworker), small real
 datasets and trained workspaces built once per run with the recipe's own tools (the digits demo set, a
-ResNet-18 trained on it), and train.py's and the runner's main in process for every run that needs no process of
+ResNet-10 trained on it), and train.py's and the runner's main in process for every run that needs no process of
 its own (run_mode, runner_runs)."""
 import contextlib
 import functools
@@ -257,10 +257,10 @@ def digits(tmp_path_factory):
     return built_once(tmp_path_factory, 'digits', build)
 
 
-# The ResNet-18 of trained_digits, after digits_flags(digits, batch=32): the flags a test gives to use its weights
+# The ResNet-10 of trained_digits, after digits_flags(digits, batch=32): the flags a test gives to use its weights
 # (trained at 24x24 after a 28 resize: the resize shrinks the 32x32 digits, as tests/test_preprocessing.py needs),
 # and those of its training run.
-TRAINED_NET = ['--num-layers', '18', '--seed', '4', '--data-backend', 'mxnet', '--image-shape', '3,24,24',
+TRAINED_NET = ['--num-layers', '10', '--seed', '4', '--data-backend', 'mxnet', '--image-shape', '3,24,24',
                '--data-val-resize', '28']
 TRAINED_RUN = ['--num-epochs', '3', '--lr', '0.2', '--warmup-epochs', '1', '--min-random-area', '0.5', '--mode',
                'train_val']
@@ -268,8 +268,8 @@ TRAINED_RUN = ['--num-epochs', '3', '--lr', '0.2', '--warmup-epochs', '1', '--mi
 
 @pytest.fixture(scope='session')
 def trained_digits(digits, tmp_path_factory):
-    """The workspace of a ResNet-18 trained 3 epochs on the digits with --data-backend mxnet (TRAINED_NET; about
-    90% top-1), trained once for the whole run and shared by every test that needs trained weights: read it, or
+    """The workspace of a ResNet-10 trained 3 epochs on the digits with --data-backend mxnet (TRAINED_NET; about
+    88% top-1), trained once for the whole run and shared by every test that needs trained weights: read it, or
     copy_workspace it to run a mode in it."""
     return built_once(tmp_path_factory, 'trained_digits', lambda workspace: run_mode(
         *digits_flags(digits, batch=32), *TRAINED_NET, *TRAINED_RUN, '--workspace', workspace))
@@ -277,7 +277,7 @@ def trained_digits(digits, tmp_path_factory):
 
 # trained_apart's run, after its data flags (apart_data_flags): trained at 32x32, tested at 40x40 after a 46 resize.
 APART = ['--seed', '3', '--batch-size', '32', '--data-backend', 'mxnet', '--data-mxnet-threads', '2',
-         '--num-layers', '18', '--image-shape', '3,32,32', '--val-image-shape', '3,40,40', '--data-val-resize', '46',
+         '--num-layers', '10', '--image-shape', '3,32,32', '--val-image-shape', '3,40,40', '--data-val-resize', '46',
          '--num-epochs', '1', '--num-examples', '64', '--warmup-epochs', '0']
 
 
@@ -289,7 +289,7 @@ def apart_data_flags(digits):
 
 @pytest.fixture(scope='session')
 def trained_apart(digits, tmp_path_factory):
-    """The workspace of a ResNet-18 trained 1 epoch (64 images) at 32x32 and tested at 40x40 after a 46 resize
+    """The workspace of a ResNet-10 trained 1 epoch (64 images) at 32x32 and tested at 40x40 after a 46 resize
     (APART; the digits are 32x32 JPEGs), trained once for the whole run: read it, or copy_workspace it."""
     return built_once(tmp_path_factory, 'trained_apart',
                       lambda workspace: run_mode(*apart_data_flags(digits), *APART, '--workspace', workspace))

@@ -89,7 +89,7 @@ def test_real_cpu_sweep(tmp_path, monkeypatch):
     output = str(tmp_path / 'cpu.json')
     monkeypatch.setenv('PATH', os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
     status = benchmark.main(['-o', output, '-n', '1', '-b', '4,8', '-i', '3', '-e', '2', '-w', '1', '--mode',
-                             'val', '--data-backend', 'synthetic', '--image-shape', '3,32,32', '--num-layers', '18',
+                             'val', '--data-backend', 'synthetic', '--image-shape', '3,32,32', '--num-layers', '10',
                              '--num-classes', '10'])
     report = json.load(open(output))
     assert status == 0, report['points']
@@ -104,7 +104,7 @@ def test_val_sweep_with_int8(tmp_path, monkeypatch):
     output = str(tmp_path / 'int8.json')
     monkeypatch.setenv('PATH', os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
     status = benchmark.main(['-o', output, '-n', '1', '-b', '8', '-i', '3', '-e', '2', '-w', '1', '--mode', 'val',
-                             '--data-backend', 'synthetic', '--image-shape', '3,32,32', '--num-layers', '18',
+                             '--data-backend', 'synthetic', '--image-shape', '3,32,32', '--num-layers', '10',
                              '--num-classes', '10', '--quantize', 'int8', '--calib-batches', '2'])
     report = json.load(open(output))
     assert status == 0, report['points']

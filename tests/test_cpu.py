@@ -129,7 +129,7 @@ def test_train_py_uses_every_core_and_names_the_isa(digits, tmp_path):
     """`python train.py` without OMP_NUM_THREADS: the cores of this process, said in the log with oneDNN's ISA."""
     env = {k: v for k, v in os.environ.items() if k not in ('OMP_NUM_THREADS', 'DNNL_MAX_CPU_ISA')}
     result = subprocess.run([sys.executable, 'train.py', *digits_flags(digits), '--mode', 'train',
-                             '--num-epochs', '1', '--num-layers', '18', '--data-backend', 'synthetic',
+                             '--num-epochs', '1', '--num-layers', '10', '--data-backend', 'synthetic',
                              '--num-examples', '32', '--workspace', str(tmp_path), '--kv-store', 'device'],
                             cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 def test_demo_pieces_runs_the_pieces_and_tabulates_them(digits, tmp_path):
     out = tmp_path / 'pieces'
-    env = dict(os.environ, PIECES='plain distill', EPOCHS='3', NET_FLAGS='--num-layers 18 --num-examples 64 --eval-period 3 --eval-offset 2',
+    env = dict(os.environ, PIECES='plain distill', EPOCHS='3', NET_FLAGS='--num-layers 10 --num-examples 64 --eval-period 3 --eval-offset 2',
                PYTHON=sys.executable, PATH=os.path.dirname(sys.executable) + ':' + os.environ['PATH'])
     result = subprocess.run([os.path.join(ROOT, 'scripts', 'demo_pieces.sh'), str(digits), str(out)],
                             capture_output=True, text=True, env=env, timeout=900)

@@ -49,7 +49,7 @@ def test_the_loss_mixes_the_labels_and_the_teachers_softened_outputs(dtype):
     np.testing.assert_array_equal(teacher_net.bn.running_mean.data().asnumpy(), running)   # inference mode
 
 
-FLAGS = ['--num-layers', '18', '--num-classes', '10', '--image-shape', '3,32,32', '--data-backend', 'synthetic',
+FLAGS = ['--num-layers', '10', '--num-classes', '10', '--image-shape', '3,32,32', '--data-backend', 'synthetic',
          '--batch-size', '8', '--num-examples', '32', '--num-epochs', '1', '--mode', 'train', '--seed', '2']
 
 
@@ -58,7 +58,7 @@ def train_py(*argv):
 
 
 def saved_teacher(tmp_path):
-    teacher = models.get_model(num_layers=18, num_classes=10, image_shape=(3, 32, 32))
+    teacher = models.get_model(num_layers=10, num_classes=10, image_shape=(3, 32, 32))
     teacher.initialize()
     teacher.save_parameters(str(tmp_path / 'teacher.params'))
     return tmp_path / 'teacher.params'
@@ -69,7 +69,7 @@ def test_train_py_distils_from_saved_weights(tmp_path):
     distilled = train_py('--workspace', tmp_path / 'kd', '--teacher', saved_teacher(tmp_path), '--kd-alpha', '0.9',
                          '--kd-temperature', '4')
     assert distilled.returncode == 0, distilled.stderr[-3000:]
-    assert 'Distilling from' in distilled.stderr and 'resnetv15, 18 layers' in distilled.stderr
+    assert 'Distilling from' in distilled.stderr and 'resnetv15, 10 layers' in distilled.stderr
 
 
 @pytest.mark.unit

@@ -17,7 +17,7 @@ from rn50.reports import logs
 import train
 from conftest import ROOT
 
-TINY = ['--data-backend', 'synthetic', '--num-examples', '64', '--batch-size', '32', '--num-layers', '18',
+TINY = ['--data-backend', 'synthetic', '--num-examples', '64', '--batch-size', '32', '--num-layers', '10',
         '--image-shape', '3,32,32', '--num-classes', '10', '--seed', '1', '--num-epochs', '1', '--disp-batches', '1',
         '--mode', 'train', '--save-frequency', '0', '--warmup-epochs', '0']
 
@@ -29,7 +29,7 @@ def files(folder):
 
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
-    """A workspace after one tiny epoch (ResNet-18, synthetic data), trained in this process."""
+    """A workspace after one tiny epoch (ResNet-10, synthetic data), trained in this process."""
     ws = tmp_path_factory.mktemp('trained')
     assert train.main(TINY + ['--workspace', str(ws)]) == 0
     return ws
@@ -46,7 +46,7 @@ def test_bad_inputs_are_one_error_line_and_touch_nothing(trained, tmp_path, caps
               'not a readable MXNet parameter file'),
              (['--mode', 'pred', '--data-pred', tmp_path / 'text.jpg'], f'cannot read image {tmp_path / "text.jpg"}'),
              (['--mode', 'val', '--load', tmp_path / 'weights.pth'], "unknown weights format '.pth'"),
-             (['--num-layers', '34'], '--num-layers 18 in the saved run, 34 now'),
+             (['--num-layers', '34'], '--num-layers 10 in the saved run, 34 now'),
              (['--data-backend', 'mxnet', '--data-train', tmp_path / 'some.rec', '--data-train-idx',
                tmp_path / 'bad.idx', '--load', trained / 'model_last.state'], 'line 1 is not "key<TAB>offset"'),
              (['--lr', 'nan'], "argument --lr: 'nan' is not a finite number")]
@@ -159,7 +159,7 @@ print(open({str(mount / 'model_last.state')!r}, 'rb').read(), sorted(__import__(
 def test_a_lost_worker_ends_the_job_with_nothing_left_running(tmp_path):
     import psutil
     argv = [sys.executable, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '16', '-e', '5', '--data-backend',
-            'synthetic', '--num-examples', '1024', '--num-layers', '18', '--image-shape', '3,32,32',
+            'synthetic', '--num-examples', '1024', '--num-layers', '10', '--image-shape', '3,32,32',
             '--disp-batches', '1', '--workspace', str(tmp_path)]
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' + os.environ['PATH'])
     job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,

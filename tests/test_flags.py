@@ -92,7 +92,7 @@ def test_schedules_that_can_be_meant_pass():
 
 @pytest.mark.parametrize('argv, message', SCHEDULE_ERRORS[:1] + SCHEDULE_ERRORS[2:3])
 def test_train_py_and_the_runner_refuse_them_before_anything_starts(argv, message, tmp_path):
-    common = ['--data-backend', 'synthetic', '--num-layers', '18', '--image-shape', '3,32,32', '--num-examples', '64',
+    common = ['--data-backend', 'synthetic', '--num-layers', '10', '--image-shape', '3,32,32', '--num-examples', '64',
               '--workspace', str(tmp_path / 'w')]
     for main, command in ((train_main, ['--batch-size', '8']), (runner_main, ['-n', '2', '-b', '8'])):
         result = main(*command, *common, *argv)

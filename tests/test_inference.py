@@ -1,4 +1,4 @@
-"""inference.py through train.py on a ResNet-18 trained on the digits: INT8 accuracy and its cached
+"""inference.py through train.py on a ResNet-10 trained on the digits: INT8 accuracy and its cached
 calibration, bfloat16 where the CPU has it, ONNX export checked with onnxruntime, and the clear errors."""
 import functools
 import json
@@ -35,7 +35,7 @@ def summary(workspace):
 
 @pytest.fixture
 def model(trained_digits):
-    """conftest's trained_digits: a ResNet-18 (MODEL) that classifies the digits well (about 90% top-1), trained
+    """conftest's trained_digits: a ResNet-10 (MODEL) that classifies the digits well (about 88% top-1), trained
     once for the run; a test that runs a mode in it (INT8 calibration, pred) works on a copy."""
     return trained_digits
 
@@ -76,7 +76,7 @@ def test_int8_network_runs_in_int8_from_input_to_logits(digits, model, tmp_path)
     assert operators.count('_contrib_quantize_v2') == 1
     assert set(operators) == {'_contrib_quantize_v2', '_sg_mkldnn_conv', '_contrib_quantized_pooling',
                               '_contrib_quantized_flatten', '_sg_mkldnn_fully_connected'}
-    assert operators.count('_sg_mkldnn_conv') == 20          # ResNet-18: every convolution, batchnorm folded
+    assert operators.count('_sg_mkldnn_conv') == 12          # ResNet-10: every convolution, batchnorm folded
 
 
 @pytest.mark.integration
@@ -146,12 +146,12 @@ def test_bfloat16_inference_is_one_fused_bfloat16_graph(digits, model, tmp_path)
     fused.export(str(tmp_path / 'bf16'))
     nodes = json.loads((tmp_path / 'bf16-symbol.json').read_text())['nodes']
     operators = collections.Counter(node['op'] for node in nodes if node['op'] != 'null')
-    assert operators['_sg_mkldnn_conv'] == 20                  # ResNet-18: every convolution, one operator each
+    assert operators['_sg_mkldnn_conv'] == 12                  # ResNet-10: every convolution, one operator each
     assert not operators.keys() & {'Convolution', 'BatchNorm', 'Activation', 'elemwise_add', 'broadcast_add'}
     assert operators['amp_cast'] + operators['amp_multicast'] + operators['Cast'] == 1
     weights = mx.nd.load(str(tmp_path / 'bf16-0000.params'))
     convolutions = [value for name, value in weights.items() if 'conv' in name and name.endswith('weight')]
-    assert len(convolutions) == 20 and {value.dtype.names for value in convolutions} == {('bfloat16',)}   # MXNet's
+    assert len(convolutions) == 12 and {value.dtype.names for value in convolutions} == {('bfloat16',)}   # MXNet's
     images = mx.nd.concat(*[validation_resize.load_image(str(f), args) for f in
                             sorted((digits / 'images' / 'val' / 'digit_4').iterdir())[:8]], dim=0)
     assert fused(images).argmax(axis=1).asnumpy().tolist().count(4) >= 6
@@ -170,7 +170,7 @@ def test_export_to_symbol_and_onnx_matches_on_real_images(digits, model, tmp_pat
     report = json.loads((workspace / 'report_export.json').read_text())['summary']
     assert report['onnxruntime_max_difference'] < 1e-4
     graph = onnx.load(str(folder / 'model.onnx')).graph
-    assert [i.name for i in graph.input] == ['data'] and len(graph.initializer) > 100  # weights: initializers
+    assert [i.name for i in graph.input] == ['data'] and len(graph.initializer) > 50  # weights: initializers
 
     args = resolved(digits_flags(digits) + MODEL)
     files = sorted((digits / 'images' / 'val' / 'digit_2').iterdir())     # all 35: 5 were 2 to 4 right by chance
@@ -225,7 +225,7 @@ def test_inference_flags_are_checked(digits, tmp_path):
         assert result.returncode == 2 and message in result.stderr, result.stderr[-1500:]
 
 
-GPU_RUN = ['--num-layers', '18', '--num-classes', '10', '--image-shape', '4,32,32', '--data-backend', 'synthetic',
+GPU_RUN = ['--num-layers', '10', '--num-classes', '10', '--image-shape', '4,32,32', '--data-backend', 'synthetic',
            '--num-examples', '64', '--batch-size', '8', '--mode', 'export', '--dtype', 'float16',
            '--conv-layout', 'NHWC', '--batchnorm-layout', 'NHWC', '--pooling-layout', 'NHWC',
            '--fuse-bn-relu', '1', '--fuse-bn-add-relu', '1', '--seed', '1']
@@ -234,7 +234,7 @@ GPU_RUN = ['--num-layers', '18', '--num-classes', '10', '--image-shape', '4,32,3
 def gpu_checkpoint(path):
     """A checkpoint as a GPU run writes it (float16, OHWI convolution weights, 4-channel stem), built on the
     CPU by shape inference alone (no NHWC convolution runs here)."""
-    net = models.get_model(num_layers=18, num_classes=10, image_shape=(4, 32, 32), dtype='float16', device='gpu',
+    net = models.get_model(num_layers=10, num_classes=10, image_shape=(4, 32, 32), dtype='float16', device='gpu',
                            conv_layout='NHWC', batchnorm_layout='NHWC', pooling_layout='NHWC')
     net.initialize(mx.init.Xavier())
     net.save_parameters(str(path))
@@ -251,7 +251,7 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
     assert outputs['onnxruntime_max_difference'] < 1e-4
     session = onnxruntime.InferenceSession(outputs['onnx'], providers=['CPUExecutionProvider'])
     assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
-    cpu = models.get_model(num_layers=18, num_classes=10, image_shape=(3, 32, 32))
+    cpu = models.get_model(num_layers=10, num_classes=10, image_shape=(3, 32, 32))
     cpu.initialize()
     checkpoint.load_weights(cpu, str(tmp_path / 'model_best.params'), resolved([]))
     x = np.random.default_rng(0).normal(size=(2, 3, 32, 32)).astype(np.float32)

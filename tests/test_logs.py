@@ -75,7 +75,7 @@ def test_lines_never_land_on_the_progress_bar(digits, tmp_path):
 
     from conftest import ROOT, digits_flags
     main, child = pty.openpty()
-    process = subprocess.Popen([sys.executable, 'train.py', *digits_flags(digits), '--num-layers', '18',
+    process = subprocess.Popen([sys.executable, 'train.py', *digits_flags(digits), '--num-layers', '10',
                                 '--num-epochs', '1', '--num-examples', '128', '--disp-batches', '2',
                                 '--data-backend', 'synthetic', '--mode', 'train', '--workspace', str(tmp_path)],
                                cwd=ROOT, stdin=child, stdout=child, stderr=child)

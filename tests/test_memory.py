@@ -29,7 +29,7 @@ def limit_address_space():
 @pytest.mark.integration
 def test_a_batch_that_cannot_fit_is_one_error_line_with_both_figures(tmp_path):
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'train.py'), '--data-backend', 'synthetic', '--num-layers', '18',
+        [sys.executable, os.path.join(ROOT, 'train.py'), '--data-backend', 'synthetic', '--num-layers', '10',
          '--image-shape', '3,64,64', '--num-classes', '10', '--batch-size', '1000000', '--workspace', str(tmp_path)],
         capture_output=True, text=True, timeout=120, preexec_fn=limit_address_space)
     assert result.returncode == 2 and 'Traceback' not in result.stderr, result.stderr[-2000:]

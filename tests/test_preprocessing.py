@@ -1,7 +1,7 @@
 """One preprocessing for validation, pred and the exported model (issue 37, items 3 and 5): every validation
 backend, `--mode pred` and export's `<model>.preprocessing.json` resize and crop as the run validated, so that
 pred over the validation images gives val's top-1 and the README's onnxruntime snippet gives pred's
-probabilities. The runs are ResNet-18s trained on the digits (32x32 JPEGs) at 24x24 after a 28 resize: the
+probabilities. The runs are ResNet-10s trained on the digits (32x32 JPEGs) at 24x24 after a 28 resize: the
 resize shrinks, where DALI's antialiasing and OpenCV's plain linear interpolation part."""
 import contextlib
 import hashlib
@@ -25,7 +25,7 @@ from test_readme import README, code_blocks
 from rn50.data import contract
 from rn50.data import validation_resize
 
-# conftest's TRAINED_NET but for its backend: the runs here are of both; [--num-layers 18, --seed 4, --image-shape
+# conftest's TRAINED_NET but for its backend: the runs here are of both; [--num-layers 10, --seed 4, --image-shape
 # 3,24,24, --data-val-resize 28]
 MODEL = [flag for flag in TRAINED_NET if flag not in ('--data-backend', 'mxnet')]
 # pred and validation compute the same input: their probabilities differ by the network's rounding alone
@@ -39,7 +39,7 @@ def train_py(digits, workspace, *extra, check=True):
 
 @pytest.fixture(scope='module', params=['dali-cpu', 'mxnet'])
 def run(request, digits, trained_digits, tmp_path_factory):
-    """(backend, workspace) of a ResNet-18 of about 90% top-1 on the digits whose run trained and validated with
+    """(backend, workspace) of a ResNet-10 of about 90% top-1 on the digits whose run trained and validated with
     that backend, made once for the whole run: tests read it. With mxnet it is conftest's trained_digits (MODEL's
     run); with DALI, a run of one more epoch (of 512 images) from its weights, at a tenth of its learning rate."""
     if request.param == 'mxnet':

@@ -20,7 +20,7 @@ README_LIMIT = 25_000
 # rounds pixels a little differently from DALI and OpenCV; tests/test_preprocessing.py measures it).
 SNIPPET_TOLERANCE = 0.03
 # Small enough for CI, appended to the quick start's commands (the runner's and train.py's last occurrence wins).
-SMALL = ['--num-layers', '18', '--image-shape', '3,32,32', '--data-val-resize', '36', '--min-random-area', '0.5']
+SMALL = ['--num-layers', '10', '--image-shape', '3,32,32', '--data-val-resize', '36', '--min-random-area', '0.5']
 
 
 def code_blocks(language, path=README):

@@ -14,7 +14,7 @@ from conftest import ROOT, copy_workspace, run_mode, runner_module, runner_runs,
 from rn50.errors import RecipeError
 
 TINY = ['--seed', '3', '--batch-size', '32', '--data-mxnet-threads', '2', '--dali-threads', '1',
-        '--dali-validation-threads', '1', '--num-layers', '18', '--num-examples', '64']
+        '--dali-validation-threads', '1', '--num-layers', '10', '--num-examples', '64']
 # rsb-a3's RandAugment (6 of 10, noise 0.5) as fractions of a scale of 1: 101 magnitude bins instead of 1,001, whose
 # DALI pipeline builds in a second instead of ten (the recipe's warm-up is the point here).
 RA_SMALL_SCALE = ['--ra-magnitude-scale', '1', '--ra-magnitude', '0.6', '--ra-magnitude-std', '0.05']
@@ -38,7 +38,7 @@ def val_report(workspace):
 
 @pytest.fixture
 def apart(trained_apart, tmp_path):
-    """conftest's trained_apart, a ResNet-18 trained 1 epoch at 32x32 and tested at 40x40 after a 46 resize (the
+    """conftest's trained_apart, a ResNet-10 trained 1 epoch at 32x32 and tested at 40x40 after a 46 resize (the
     digits are 32x32 JPEGs), copied: the tests validate and predict in it."""
     return copy_workspace(trained_apart, tmp_path / 'apart')
 
@@ -131,7 +131,7 @@ def test_a_recipe_shrunk_to_the_digits_validates_at_its_ratios(digits, tmp_path)
     resizes to 33 (the issue's run kept 232 and tested a 64-px patch of it)."""
     workspace = tmp_path / 'shrunk'
     argv = ['-n', '1', '-b', '16', '-e', '1', '--warmup-epochs', '0', '--data-root', digits / 'rec', '--recipe',
-            'torchvision-v2', '--image-shape', '3,32,32', '--num-layers', '18', '--num-examples', '64',
+            'torchvision-v2', '--image-shape', '3,32,32', '--num-layers', '10', '--num-examples', '64',
             '--dali-threads', '1', '--dali-validation-threads', '1', '--workspace', workspace]
     result = runner_runs(*argv)       # in this process, the train.py it starts too
     assert result.returncode == 0, result.stderr[-3000:]

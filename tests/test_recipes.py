@@ -217,7 +217,7 @@ def test_train_py_logs_the_rule_a_recipes_learning_rate_took(digits, tmp_path):
     """train.py resolving --lr from the recipe says so in its log (reading one validation batch is enough, in
     this process)."""
     result = train_main(*digits_flags(digits, 32), '--recipe', 'rsb-a3', '--test-io', '--test-io-mode', 'val',
-                        '--benchmark-iters', '1', '--num-layers', '18', '--val-image-shape', '3,32,32', '--workspace',
+                        '--benchmark-iters', '1', '--num-layers', '10', '--val-image-shape', '3,32,32', '--workspace',
                         tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     log = (tmp_path / 'log.log').read_text()

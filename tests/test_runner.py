@@ -142,7 +142,7 @@ def test_two_cpu_workers_on_one_node_and_on_two_nodes_train_alike(digits, tmp_pa
         result = subprocess.run(
             [sys.executable, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '16', '-e', '1', *hosts, '--data-root',
              str(digits / 'rec'), '--data-backend', 'dali-cpu', '--image-shape', '3,32,32', '--num-classes', '10',
-             '--data-val-resize', '32', '--num-layers', '18', '--num-examples', '64', '--seed', '5',
+             '--data-val-resize', '32', '--num-layers', '10', '--num-examples', '64', '--seed', '5',
              '--workspace', str(tmp_path / name), '--dali-threads', '1', '--dali-validation-threads', '1'],
             capture_output=True, text=True, env=dict(os.environ, PATH=os.path.dirname(sys.executable) + ':' +
                                                      os.environ['PATH']))
@@ -355,7 +355,7 @@ def test_user_errors_before_launch_come_out_once(digits):
 
 def demo_argv(digits, workspace, examples=256, extra=()):
     return ['-n', '2', '-b', '16', '-e', '1', '--data-root', str(digits / 'rec'), '--data-backend', 'dali-cpu',
-            '--image-shape', '3,32,32', '--num-classes', '10', '--data-val-resize', '32', '--num-layers', '18',
+            '--image-shape', '3,32,32', '--num-classes', '10', '--data-val-resize', '32', '--num-layers', '10',
             '--num-examples', str(examples), '--workspace', str(workspace), '--dali-threads', '1',
             '--dali-validation-threads', '1'] + list(extra)
 

@@ -14,7 +14,7 @@ from rn50.world import cpu
 from rn50.reports import logs
 from conftest import ROOT, built_once, copy_workspace, digits_flags, run_mode, train_main
 
-SMALL = ['--num-layers', '18', '--num-examples', '256', '--lr', '0.1', '--warmup-epochs', '1', '--seed', '3',
+SMALL = ['--num-layers', '10', '--num-examples', '256', '--lr', '0.1', '--warmup-epochs', '1', '--seed', '3',
          '--disp-batches', '2']
 
 

@@ -24,7 +24,7 @@ def train_py(*argv):
 
 @pytest.fixture
 def trained(trained_digits, digits, tmp_path):
-    """A copy of conftest's trained_digits, a ResNet-18 trained 3 epochs at 3,24,24 with --data-val-resize 28 (the
+    """A copy of conftest's trained_digits, a ResNet-10 trained 3 epochs at 3,24,24 with --data-val-resize 28 (the
     tests validate, export and continue it in place), and the digits' data flags."""
     return copy_workspace(trained_digits, tmp_path / 'trained'), apart_data_flags(digits)
 
@@ -36,7 +36,7 @@ def test_val_pred_and_export_take_the_trained_size(trained, digits, tmp_path):
     assert val.returncode == 0, val.stderr[-3000:]
     log = (workspace / 'log.log').read_text()
     assert 'Taken from the run that trained' in log
-    assert '--image-shape 3,24,24, --num-layers 18, --data-val-resize 28' in log
+    assert '--image-shape 3,24,24, --num-layers 10, --data-val-resize 28' in log
     # the same weights and preprocessing as the run's own validation: the same top-1 (it was 0.1 at 224x224)
     assert json.loads((workspace / 'report_val.json').read_text())['summary']['val.accuracy'] == \
         pytest.approx(trained_top1, abs=ONE_IMAGE)

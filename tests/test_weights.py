@@ -132,7 +132,7 @@ def test_nvidia_checkpoints_give_the_same_logits(depth, variant, reference, tmp_
     assert_close(load(target, params)(images()), logits)
 
 
-@pytest.mark.parametrize('depth', [18, 34, 50, 101, 152])
+@pytest.mark.parametrize('depth', [10, 18, 34, 50, 101, 152])
 def test_every_depth_is_recognised(depth):
     net = models.get_model(num_layers=depth)
     recipe = shapes_only(net)

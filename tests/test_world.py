@@ -221,7 +221,7 @@ def srun_tasks(argv, environ, tasks=2):
 
 
 def synthetic_argv(workspace, n=2):
-    return ['-n', str(n), '-b', '8', '-e', '1', '--mode', 'train', '--data-backend', 'synthetic', '--num-layers', '18',
+    return ['-n', str(n), '-b', '8', '-e', '1', '--mode', 'train', '--data-backend', 'synthetic', '--num-layers', '10',
             '--image-shape', '3,32,32', '--num-classes', '10', '--num-examples', '64', '--seed', '5',
             '--workspace', str(workspace)]
 
@@ -319,7 +319,7 @@ def test_node_local_workspaces_stop_a_resume_instead_of_training_on(digits, tmp_
     command = ['horovodrun', '-np', '2', '--gloo', 'sh', '-c',
                'exec "$@" --workspace "$WORKSPACES/ws$HOROVOD_RANK"', 'sh',
                sys.executable, os.path.join(ROOT, 'train.py'), *digits_flags(digits, 32), '--kv-store', 'horovod',
-               '--data-backend', 'synthetic', '--num-layers', '18', '--num-examples', '64', '--seed', '3',
+               '--data-backend', 'synthetic', '--num-layers', '10', '--num-examples', '64', '--seed', '3',
                '--mode', 'train']
     environ = dict(RUN_ENV, WORKSPACES=str(tmp_path))
     first = subprocess.run(command + ['--num-epochs', '2', '--run-epochs', '1'], capture_output=True, text=True,
