@@ -305,3 +305,20 @@ def test_a_state_that_does_not_record_a_setting_resumes_and_one_that_does_is_che
     import json
     fill = resolved(['--auto-augment-fill', '124,116,104'])
     resume.check_same_run(fill, {'settings': json.loads(json.dumps(resume.run_settings(fill)))}, 'fill.state')
+
+
+def test_a_resume_on_a_backend_that_resizes_otherwise_for_validation_is_refused():
+    """A run validated with DALI's antialiased resize, resumed with --data-backend mxnet (plain linear), would
+    validate its remaining epochs, and choose its best, on other images: refused, naming the backends that
+    resize as the run did. Another DALI backend (dali-gpu's run resumed on a CPU with dali-cpu) resumes."""
+    from conftest import resolved
+    dali = resume.run_settings(resolved(['--data-backend', 'dali-gpu']))
+    resume.check_same_run(resolved(['--data-backend', 'dali-cpu']), {'settings': dali}, 'gpu.state')
+    with pytest.raises(RecipeError, match=r'validation resized with linear-antialias interpolation in the saved run, '
+                                          r'linear now \(--data-backend mxnet; --data-backend dali-cpu or dali-gpu'):
+        resume.check_same_run(resolved(['--data-backend', 'mxnet']), {'settings': dali}, 'dali.state')
+    imagerecorditer = resume.run_settings(resolved(['--data-backend', 'mxnet']))
+    with pytest.raises(RecipeError, match=r'linear interpolation in the saved run, linear-antialias now'):
+        resume.check_same_run(resolved(['--data-backend', 'dali-cpu']), {'settings': imagerecorditer}, 'mx.state')
+    del imagerecorditer['val_interpolation']           # a state from before the interpolation was recorded
+    resume.check_same_run(resolved(['--data-backend', 'dali-cpu']), {'settings': imagerecorditer}, 'old.state')

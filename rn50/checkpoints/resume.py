@@ -126,6 +126,10 @@ RUN_SETTINGS = ('data_train', 'num_classes', 'arch', 'num_layers', 'image_shape'
                 'ra_magnitude_std', 'ra_prob', 'ra_ops', 'auto_augment_fill')
 
 
+# The backends whose validation resize has each interpolation (rn50/data/validation_resize.py)
+BACKENDS_OF = {'linear': '--data-backend mxnet', 'linear-antialias': '--data-backend dali-cpu or dali-gpu'}
+
+
 def run_settings(args):
     """The settings of RUN_SETTINGS as the state records them (JSON values; the data file as an absolute path)."""
     settings = {name: getattr(args, name, None) for name in RUN_SETTINGS}
@@ -153,9 +157,15 @@ def check_same_run(args, meta, path):
     names = [name for name in RUN_SETTINGS if name in saved and saved[name] != now[name]]
     if saved.get('global_batch') == now['global_batch'] and saved.get('lr') != now['lr']:
         names.append('lr')
-    if names:
-        differences = '; '.join(f'--{name.replace("_", "-")} {saved.get(name)} in the saved run, {now[name]} now'
-                                for name in names)
+    differences = [f'--{name.replace("_", "-")} {saved.get(name)} in the saved run, {now[name]} now' for name in names]
+    # The validation resize is the backend's kind (DALI's antialiased, ImageRecordIter's plain linear): another
+    # kind would validate the rest of the run, and choose its best epoch, on differently resized images.
+    if saved.get('val_interpolation', now['val_interpolation']) != now['val_interpolation']:
+        differences.append(f'validation resized with {saved["val_interpolation"]} interpolation in the saved run, '
+                           f'{now["val_interpolation"]} now (--data-backend {args.data_backend}; '
+                           f'{BACKENDS_OF[saved["val_interpolation"]]} resize as the run did)')
+    if differences:
+        differences = '; '.join(differences)
         raise RecipeError(f'{path} belongs to a run with other settings ({differences}). A workspace holds one '
                           f'run: give this one a new --workspace, or move {os.path.basename(path)} away to start '
                           f'over here. To continue that run with these settings (more epochs, say), start a new '
