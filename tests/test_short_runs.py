@@ -98,6 +98,25 @@ def test_an_average_that_would_only_copy_the_weights_is_warned(caplog):
     assert caplog.text == ''
 
 
+@pytest.mark.unit
+def test_an_average_that_would_stay_mostly_its_starting_weights_is_warned(caplog):
+    """A constant decay of 0.9998 spans about 5,000 steps: over a run of 4 the average keeps 99.9% of its starting
+    weights, which val.ema.* would report as the average's: warned, with the decay that leaves at most 10%
+    (0.1 ** (1/4) = 0.5623). Decay 0.5 keeps 6% (no warning); timm's warm-up of the decay needs none."""
+    args = SimpleNamespace(model_ema_steps=1, num_epochs=2, model_ema_adjust=False, model_ema_warmup=False,
+                           model_ema_decay=0.9998, warmup_epochs=0)
+    with caplog.at_level(logging.INFO, logger='rn50.training.training_extras'):
+        training_extras.check_average_schedule(args, 1, 2)
+    assert ('--model-ema-decay 0.9998 spans about 5000 optimizer steps and this run has 4 optimizer steps in all '
+            '(2 epochs of 2): at its end the weight average is still 100% its starting weights') in caplog.text
+    assert '--model-ema-warmup' in caplog.text and '--model-ema-decay 0.5623 or lower' in caplog.text
+    for changes in ({'model_ema_decay': 0.5}, {'model_ema_warmup': True}):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger='rn50.training.training_extras'):
+            training_extras.check_average_schedule(SimpleNamespace(**dict(vars(args), **changes)), 1, 2)
+        assert caplog.text == '', changes
+
+
 # ---- a finished run continued in a new workspace ----------------------------------------------------------
 
 def doctor_best(state_path, accuracy):

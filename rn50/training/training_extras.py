@@ -173,12 +173,17 @@ def start_average(args, net, world, state):
     return average
 
 
+# A weight average still holding more than this share of its starting weights at the end of the run is warned.
+STARTING_SHARE_WARNED = 0.1
+
+
 def check_average_schedule(args, step, steps_per_epoch):
     """At the run's first optimizer step, when the length of an epoch is known: a warning when the whole run
     (--num-epochs epochs of `steps_per_epoch` optimizer steps) is too short for the average's schedule: it ends
     before the first update (--model-ema-steps), or, with --model-ema-adjust, before the first update that
-    averages instead of copying the weights (torchvision's warm-up). `step`, this process's first optimizer step,
-    does not matter: the check is of the whole run, so a resumed run says it again."""
+    averages instead of copying the weights (torchvision's warm-up), or, with a constant decay, so soon that the
+    average is still mostly its starting weights. `step`, this process's first optimizer step, does not matter:
+    the check is of the whole run, so a resumed run says it again."""
     every, total = args.model_ema_steps, steps_per_epoch * args.num_epochs
     run = f'{total} optimizer steps in all ({args.num_epochs} epochs of {steps_per_epoch})'
     if total < every:
@@ -191,6 +196,16 @@ def check_average_schedule(args, step, steps_per_epoch):
                     'after the %g warm-up epochs, and so copies the weights (torchvision\'s rule), over the %s: '
                     'val.ema.* will be the weights\' own. Lower --model-ema-steps or --warmup-epochs, or train longer',
                     every, args.warmup_epochs, run)
+    elif not args.model_ema_adjust and not args.model_ema_warmup:
+        # Each update keeps decay**every of the average: after the run's updates, the starting weights (the
+        # initialisation, or the weights it resumed) still make up decay**(steps averaged) of it.
+        start = args.model_ema_decay ** (total - total % every)
+        if start > STARTING_SHARE_WARNED:
+            span = f'about {round(1 / (1 - args.model_ema_decay))}' if args.model_ema_decay < 1 else 'endless'
+            log.warning('--model-ema-decay %g spans %s optimizer steps and this run has %s: at its end the weight '
+                        'average is still %.0f%% its starting weights, and val.ema.* says little. Give '
+                        '--model-ema-warmup (timm\'s warm-up of the decay), or --model-ema-decay %.4g or lower',
+                        args.model_ema_decay, span, run, 100 * start, STARTING_SHARE_WARNED ** (1 / total))
 
 
 def ema_decay_adjusted(args):
