@@ -32,6 +32,7 @@ import os
 import sys
 import time
 
+from rn50.checkpoints.workspace import Workspace
 from rn50.errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,8 @@ def enabled(args):
 
 
 def log_path(args):
-    return args.mlperf_log if os.path.isabs(args.mlperf_log) else os.path.join(args.workspace, args.mlperf_log)
+    """--mlperf-log as given when absolute, else in the workspace."""
+    return Workspace.of(args).place(args.mlperf_log)
 
 
 # ----------------------------------------------------------------------------------------------------------
