@@ -54,7 +54,7 @@ from rn50.data import augment, synthetic  # noqa: E402
 from rn50.errors import RecipeError  # noqa: E402
 from rn50.inference import export, inference  # noqa: E402
 from rn50.launch.stop import StopRequest  # noqa: E402
-from rn50.reports import logs, mlperf_log  # noqa: E402
+from rn50.reports import logs, mlperf_log, tensorboard_log  # noqa: E402
 from rn50.world import memory, workers  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,8 @@ def run(args, origin):
     fit.check_schedule_flags(args, origin)
     # Training catches SIGTERM/SIGUSR1 from the start, so a signal during start-up stops it cleanly too.
     stop = StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
+    if args.tensorboard is not None:
+        tensorboard_log.load_writer()     # before Horovod (it may load PyTorch, which crashes after Horovod)
     world = workers.World(args.kv_store)
     resume.check_weights_source(args)
     logs.check_workspace(args.workspace)

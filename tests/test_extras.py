@@ -2,6 +2,7 @@
 unit tests on small networks, then end to end through train.py on the digits set."""
 import json
 import os
+import shutil
 import subprocess
 import threading
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ from rn50.training import losses
 from rn50.reports import tensorboard_log
 import train
 from rn50.training import training_extras
-from conftest import runner_main
+from conftest import run_script, runner_main
 from float16_twin import Float16Net, batch_of, step_for
 from test_train import epoch_records, kill_once_logged, metrics_without_speed, refused, run, train_cmd
 
@@ -302,6 +303,30 @@ class RecordsOnly:
 
     def log(self, step, data, note=''):
         self.records.append((step, data))
+
+
+# A stand-in for PyTorch that fails where the real one crashes: imported after horovod.mxnet.
+TORCH_AFTER_HOROVOD_FAILS = """import sys
+if 'horovod.mxnet' in sys.modules:
+    raise RuntimeError('torch imported after horovod.mxnet: the real one segfaults there')
+Tensor = type('Tensor', (), {})
+"""
+
+
+@pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+@pytest.mark.integration
+def test_tensorboard_on_a_horovod_worker_loads_its_writer_before_horovod(tmp_path):
+    """tensorboardX imports PyTorch wherever it is installed, and PyTorch imported after horovod.mxnet crashed the
+    process (torch 2.14.1, Horovod 0.28.1): every runner launch with --tensorboard is a Horovod worker. With the
+    stand-in `torch` above on the path, a one-worker Horovod run writes its event file."""
+    (tmp_path / 'path' / 'torch').mkdir(parents=True)
+    (tmp_path / 'path' / 'torch' / '__init__.py').write_text(TORCH_AFTER_HOROVOD_FAILS)
+    result = run_script('train.py', '--data-backend', 'synthetic', '--num-layers', '10', '--image-shape', '3,32,32',
+                        '--num-classes', '10', '--num-examples', '32', '--batch-size', '16', '--num-epochs', '1',
+                        '--mode', 'train', '--kv-store', 'horovod', '--tensorboard', '--workspace', tmp_path / 'ws',
+                        check=False, env=dict(os.environ, PYTHONPATH=str(tmp_path / 'path')))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(os.listdir(tmp_path / 'ws' / 'tensorboard')) == 1
 
 
 @pytest.mark.unit
