@@ -58,7 +58,8 @@ def make_bad_files(folder, rec, trained):
 
 
 def bad_inputs(camp):
-    """(name, kind, extra flags): kind 'train' runs train.py, 'runner1'/'runner2' the runner with 1/2 workers."""
+    """(name, kind, extra flags): kind 'train' runs train.py in a copy of a finished run's workspace, 'train-new'
+    in a new one, 'runner1'/'runner2' the runner with 1/2 workers in a copy."""
     rec = camp.digits()
     bad = make_bad_files(os.path.join(camp.workdir, 'bad'), rec, camp.baseline(1))
     r, b = (lambda name: os.path.join(rec, name)), (lambda name: os.path.join(bad, name))
@@ -68,8 +69,8 @@ def bad_inputs(camp):
                  '--data-val-resize', '32']
         return flags + (['--data-val', r('val.rec'), '--data-val-idx', r('val.idx')] if val else [])
 
-    def undecodable(backend):   # one more epoch than the workspace's finished run, so the data are read
-        return data(b('undecodable.rec'), b('undecodable.idx'), backend) + ['--num-epochs', '3', '--num-examples', '64']
+    def undecodable(backend):   # one epoch of the 64 records, among them the undecodable one
+        return data(b('undecodable.rec'), b('undecodable.idx'), backend) + ['--num-epochs', '1', '--num-examples', '64']
     cases = [(f'flag {" ".join(f)}', 'train', f) for f in (
         ['--batch-size', '0'], ['--batch-size', '-32'], ['--lr', '-1'], ['--lr', 'nan'], ['--lr', 'inf'],
         ['--wd', 'nan'], ['--mom', '1.5'], ['--label-smoothing', '2'], ['--mixup', '-1'], ['--warmup-epochs', '-1'],
@@ -85,7 +86,7 @@ def bad_inputs(camp):
         ('dali-gpu without a GPU', 'train', ['--data-backend', 'dali-gpu']),
         ('float16 on the CPU', 'train', ['--dtype', 'float16']),
         ('--gpus 0 without a GPU', 'train', ['--gpus', '0']),
-        ('train_val without --data-val', 'train', data(val=False)),
+        ('train_val without --data-val', 'train-new', data(val=False)),
         ('--quantize int8 in train mode', 'train', ['--quantize', 'int8']),
         ('--quantize int8 with export', 'train', ['--mode', 'export', '--quantize', 'int8']),
         ('pred without --data-pred', 'train', ['--mode', 'pred']),
@@ -93,13 +94,15 @@ def bad_inputs(camp):
         ('--data-val-resize below the image', 'train', ['--data-val-resize', '16']),
         ('min random area above max', 'train', ['--min-random-area', '0.9', '--max-random-area', '0.5']),
         ('--random-crop with dali-cpu', 'train', data(backend='dali-cpu') + ['--random-crop', '1']),
-        ('--optimizer nosuch', 'train', ['--optimizer', 'nosuch']),
+        ('--optimizer nosuch', 'train-new', ['--optimizer', 'nosuch']),
         ('-n 2 --kv-store device on CPUs', 'runner2', ['--kv-store', 'device']),
         ('--test-io-mode val without --data-val', 'train', data(val=False) + ['--test-io', '--test-io-mode', 'val']),
         ('NHWC convolutions on the CPU', 'train', ['--conv-layout', 'NHWC']),
         ('resume a ResNet-18 state as ResNet-34', 'train', ['--num-layers', '34']),
         ('resume a 10-class state with 5 classes', 'train', ['--num-classes', '5']))]
-    cases += [(f'data {name}', 'train', flags) for name, flags in (
+    # Training on other data than the finished run's runs in a new workspace: in the template's, resuming another
+    # run's state would be refused first ("belongs to a run with other settings"), before the data are looked at.
+    cases += [(f'data {name}', 'train-new', flags) for name, flags in (
         ('missing .rec', data(train_rec=b('missing.rec'))),
         ('missing .idx', data(train_idx=b('missing.idx'))),
         ('garbage .rec', data(train_rec=b('garbage.rec'))),
@@ -109,9 +112,10 @@ def bad_inputs(camp):
         ('empty .idx', data(train_idx=b('empty.idx'))),
         ('.idx of another .rec', data(train_idx=r('val.idx'))),
         ('label 99 of 10 classes', data(train_rec=b('labels99.rec'), train_idx=b('labels99.idx'))),
-        ('undecodable image (mxnet)', undecodable('mxnet')), ('undecodable image (dali-cpu)', undecodable('dali-cpu')),
-        ('--mode val with a missing .rec', ['--mode', 'val', '--data-backend', 'mxnet', '--data-val',
-                                            b('missing.rec'), '--data-val-idx', r('val.idx')]))]
+        ('undecodable image (mxnet)', undecodable('mxnet')), ('undecodable image (dali-cpu)', undecodable('dali-cpu')))]
+    cases += [('data --mode val with a missing .rec', 'train', ['--mode', 'val', '--data-backend', 'mxnet',
+                                                                '--data-val', b('missing.rec'), '--data-val-idx',
+                                                                r('val.idx')])]
     cases += [(f'pred {name}', 'train', ['--mode', 'pred', '--data-pred', path]) for name, path in (
         ('text file named .jpg', b('text.jpg')), ('empty .png', b('empty.png')),
         ('folder without images', b('no-images')), ('missing path', b('missing.jpg')),
@@ -138,9 +142,10 @@ def bad_input_template(camp):
 def bad_input_row(camp, template, number, name, kind, extra):
     start = time.time()
     ws = os.path.join(camp.workdir, 'runs', f'bad{number:02d}')
-    link_copy(template, ws)
+    if kind != 'train-new':
+        link_copy(template, ws)
     before = snapshot(ws)
-    if kind == 'train':
+    if kind.startswith('train'):
         code, out, err = run_forked([str(a) for a in train_argv(ws, *extra)[2:]])
     else:
         code, out, err = run(runner_argv(ws, int(kind[-1]), *extra), timeout=300)
