@@ -366,7 +366,7 @@ def test_a_worker_user_error_after_launch_comes_out_once(digits, tmp_path):
     result = run_runner(demo_argv(digits, tmp_path, extra=['--optimizer', 'nosuch']))
     output = result.stdout + result.stderr
     assert result.returncode == 2, output[-3000:]
-    assert output.count('error:') == 1 and 'error: --optimizer nosuch' in result.stderr
+    assert output.count('error:') == 1 and 'error: --optimizer nosuch: no such optimizer' in result.stderr
     assert 'Traceback' not in output and 'RuntimeError' not in output
 
 

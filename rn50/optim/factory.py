@@ -22,12 +22,14 @@ MOMENTUM_OPTIMIZERS = ('sgd', 'nag', 'signum', 'dcasgd', 'lbsgd')
 
 
 def optimizer_class(name):
-    """The class of `--optimizer name`; ValueError, with MXNet's words, for a name neither has."""
+    """The class of `--optimizer name`; ValueError naming the choices for a name neither has."""
     if name in OPTIMIZERS:
         return OPTIMIZERS[name]
     registry = mx.optimizer.Optimizer.opt_registry
     if name.lower() not in registry:
-        raise ValueError('Cannot find optimizer %s' % name)
+        mxnets = sorted(set(registry) - set(OPTIMIZERS) - {'test'})     # 'test': MXNet's own tests' optimizer
+        raise ValueError(f'no such optimizer: this recipe\'s {" and ".join(OPTIMIZERS)}, or one of MXNet\'s: '
+                         f'{", ".join(mxnets)}')
     return registry[name.lower()]
 
 
