@@ -333,7 +333,7 @@ def damaged_state(camp):
         open(path, 'wb').write(content)
         before = snapshot(ws)
         code, out, err = run(runner_argv(ws, 1))
-        ok, text = one_error(code, out, err)
+        ok, text = one_error(code, out, err, 'model_last.state')
         names_prev = f'--load {os.path.join(ws, "model_prev.state")}' in err
         changes = unchanged(before, ws)
         camp.row(name, 'exit 2, one error naming model_prev.state, workspace unchanged',
@@ -393,7 +393,7 @@ def write_failures(camp):
             shutil.copyfile(os.path.join(ws, 'model_prev.state'), last)
         before, plain = (snapshot(ws) if ws else {}), sha256(os.path.join(camp.workdir, 'plain-file'))
         code, out, err = run(argv, preexec_fn=preexec)
-        ok, text = one_error(code, out, err)
+        ok, text = one_error(code, out, err, message)
         problems = [f'{n} left' for n in temporaries(ws)] if ws else []
         failed = re.search(r'could not write (\S+): ', err)
         if ws and failed and os.path.basename(failed.group(1)) in before:    # the old version of that file kept

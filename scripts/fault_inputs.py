@@ -58,8 +58,9 @@ def make_bad_files(folder, rec, trained):
 
 
 def bad_inputs(camp):
-    """(name, kind, extra flags): kind 'train' runs train.py in a copy of a finished run's workspace, 'train-new'
-    in a new one, 'runner1'/'runner2' the runner with 1/2 workers in a copy."""
+    """(name, kind, extra flags, about): kind 'train' runs train.py in a copy of a finished run's workspace,
+    'train-new' in a new one, 'runner1'/'runner2' the runner with 1/2 workers in a copy; `about`, a piece of the
+    one error line the case must give (an error about something else does not count)."""
     rec = camp.digits()
     bad = make_bad_files(os.path.join(camp.workdir, 'bad'), rec, camp.baseline(1))
     r, b = (lambda name: os.path.join(rec, name)), (lambda name: os.path.join(bad, name))
@@ -71,7 +72,7 @@ def bad_inputs(camp):
 
     def undecodable(backend):   # one epoch of the 64 records, among them the undecodable one
         return data(b('undecodable.rec'), b('undecodable.idx'), backend) + ['--num-epochs', '1', '--num-examples', '64']
-    cases = [(f'flag {" ".join(f)}', 'train', f) for f in (
+    cases = [(f'flag {" ".join(f)}', 'train', f, f[0]) for f in (
         ['--batch-size', '0'], ['--batch-size', '-32'], ['--lr', '-1'], ['--lr', 'nan'], ['--lr', 'inf'],
         ['--wd', 'nan'], ['--mom', '1.5'], ['--label-smoothing', '2'], ['--mixup', '-1'], ['--warmup-epochs', '-1'],
         ['--num-epochs', '0'], ['--run-epochs', '0'], ['--disp-batches', '0'], ['--seed', '-1'],
@@ -79,48 +80,54 @@ def bad_inputs(camp):
         ['--image-shape', '3,32'], ['--rgb-mean', '1,inf,2'], ['--gpus', '0,-1'], ['--save-frequency', '-2'],
         ['--topk', '0'], ['--num-examples', '0'], ['--batchnorm-eps', '0'], ['--dali-threads', '0'],
         ['--no-such-flag'], ['--mode', 'bogus'])]
-    cases += [(f'runner {" ".join(f)}', 'runner1', f) for f in (
+    cases += [(f'runner {" ".join(f)}', 'runner1', f, f'argument {f[0]}') for f in (
         ['-n', '0'], ['-b', '0'], ['-l', 'nan'], ['-e', '0'], ['--stop-timeout', '0'])]
-    cases += [('runner -n 2 with train.py flag --lr-factor 0', 'runner2', ['--lr-factor', '0'])]
-    cases += [(f'combination {name}', kind, flags) for name, kind, flags in (
-        ('dali-gpu without a GPU', 'train', ['--data-backend', 'dali-gpu']),
-        ('float16 on the CPU', 'train', ['--dtype', 'float16']),
-        ('--gpus 0 without a GPU', 'train', ['--gpus', '0']),
-        ('train_val without --data-val', 'train-new', data(val=False)),
-        ('--quantize int8 in train mode', 'train', ['--quantize', 'int8']),
-        ('--quantize int8 with export', 'train', ['--mode', 'export', '--quantize', 'int8']),
-        ('pred without --data-pred', 'train', ['--mode', 'pred']),
-        ('--rgb-mean with 2 values', 'train', ['--rgb-mean', '1,2']),
-        ('--data-val-resize below the image', 'train', ['--data-val-resize', '16']),
-        ('min random area above max', 'train', ['--min-random-area', '0.9', '--max-random-area', '0.5']),
-        ('--random-crop with dali-cpu', 'train', data(backend='dali-cpu') + ['--random-crop', '1']),
-        ('--optimizer nosuch', 'train-new', ['--optimizer', 'nosuch']),
-        ('-n 2 --kv-store device on CPUs', 'runner2', ['--kv-store', 'device']),
-        ('--test-io-mode val without --data-val', 'train', data(val=False) + ['--test-io', '--test-io-mode', 'val']),
-        ('NHWC convolutions on the CPU', 'train', ['--conv-layout', 'NHWC']),
-        ('resume a ResNet-18 state as ResNet-34', 'train', ['--num-layers', '34']),
-        ('resume a 10-class state with 5 classes', 'train', ['--num-classes', '5']))]
+    cases += [('runner -n 2 with train.py flag --lr-factor 0', 'runner2', ['--lr-factor', '0'], 'argument --lr-factor')]
+    cases += [(f'combination {name}', kind, flags, about) for name, kind, flags, about in (
+        ('dali-gpu without a GPU', 'train', ['--data-backend', 'dali-gpu'], 'dali-gpu needs a GPU'),
+        ('float16 on the CPU', 'train', ['--dtype', 'float16'], '--dtype float16 needs a GPU'),
+        ('--gpus 0 without a GPU', 'train', ['--gpus', '0'], '--gpus 0 asks for GPUs'),
+        ('train_val without --data-val', 'train-new', data(val=False), 'train_val needs validation data'),
+        ('--quantize int8 in train mode', 'train', ['--quantize', 'int8'], '--quantize int8 is for --mode val'),
+        ('--quantize int8 with export', 'train', ['--mode', 'export', '--quantize', 'int8'], 'not --mode export'),
+        ('pred without --data-pred', 'train', ['--mode', 'pred'], 'needs --data-pred'),
+        ('--rgb-mean with 2 values', 'train', ['--rgb-mean', '1,2'], '--rgb-mean and --rgb-std take 3 values'),
+        ('--data-val-resize below the image', 'train', ['--data-val-resize', '16'], 'smaller than the image'),
+        ('min random area above max', 'train', ['--min-random-area', '0.9', '--max-random-area', '0.5'],
+         '--min-random-area 0.9 and --max-random-area 0.5'),
+        ('--random-crop with dali-cpu', 'train', data(backend='dali-cpu') + ['--random-crop', '1'],
+         '--random-crop: only --data-backend mxnet'),
+        ('--optimizer nosuch', 'train-new', ['--optimizer', 'nosuch'], 'no such optimizer'),
+        ('-n 2 --kv-store device on CPUs', 'runner2', ['--kv-store', 'device'], '--kv-store device drives the GPUs'),
+        ('--test-io-mode val without --data-val', 'train', data(val=False) + ['--test-io', '--test-io-mode', 'val'],
+         '--test-io-mode val needs --data-val'),
+        ('NHWC convolutions on the CPU', 'train', ['--conv-layout', 'NHWC'], '--conv-layout NHWC'),
+        ('resume a ResNet-18 state as ResNet-34', 'train', ['--num-layers', '34'], '--num-layers 18 in the saved run'),
+        ('resume a 10-class state with 5 classes', 'train', ['--num-classes', '5'],
+         '--num-classes 10 in the saved run'))]
     # Training on other data than the finished run's runs in a new workspace: in the template's, resuming another
     # run's state would be refused first ("belongs to a run with other settings"), before the data are looked at.
-    cases += [(f'data {name}', 'train-new', flags) for name, flags in (
-        ('missing .rec', data(train_rec=b('missing.rec'))),
-        ('missing .idx', data(train_idx=b('missing.idx'))),
-        ('garbage .rec', data(train_rec=b('garbage.rec'))),
-        ('garbage .rec (dali-cpu)', data(train_rec=b('garbage.rec'), backend='dali-cpu')),
-        ('truncated .rec', data(train_rec=b('truncated.rec'))),
-        ('garbage .idx', data(train_idx=b('garbage.idx'))),
-        ('empty .idx', data(train_idx=b('empty.idx'))),
-        ('.idx of another .rec', data(train_idx=r('val.idx'))),
-        ('label 99 of 10 classes', data(train_rec=b('labels99.rec'), train_idx=b('labels99.idx'))),
-        ('undecodable image (mxnet)', undecodable('mxnet')), ('undecodable image (dali-cpu)', undecodable('dali-cpu')))]
+    cases += [(f'data {name}', 'train-new', flags, about) for name, flags, about in (
+        ('missing .rec', data(train_rec=b('missing.rec')), 'missing.rec\' not found'),
+        ('missing .idx', data(train_idx=b('missing.idx')), 'missing.idx\' not found'),
+        ('garbage .rec', data(train_rec=b('garbage.rec')), 'does not match ' + b('garbage.rec')),
+        ('garbage .rec (dali-cpu)', data(train_rec=b('garbage.rec'), backend='dali-cpu'),
+         'does not match ' + b('garbage.rec')),
+        ('truncated .rec', data(train_rec=b('truncated.rec')), 'does not match ' + b('truncated.rec')),
+        ('garbage .idx', data(train_idx=b('garbage.idx')), 'garbage.idx line 1 is not'),
+        ('empty .idx', data(train_idx=b('empty.idx')), 'empty.idx lists no records'),
+        ('.idx of another .rec', data(train_idx=r('val.idx')), 'val.idx does not match'),
+        ('label 99 of 10 classes', data(train_rec=b('labels99.rec'), train_idx=b('labels99.idx')), 'has label 99'),
+        ('undecodable image (mxnet)', undecodable('mxnet'), 'record 5 of ' + b('undecodable.rec')),
+        ('undecodable image (dali-cpu)', undecodable('dali-cpu'), 'record 5 of ' + b('undecodable.rec')))]
     cases += [('data --mode val with a missing .rec', 'train', ['--mode', 'val', '--data-backend', 'mxnet',
                                                                 '--data-val', b('missing.rec'), '--data-val-idx',
-                                                                r('val.idx')])]
-    cases += [(f'pred {name}', 'train', ['--mode', 'pred', '--data-pred', path]) for name, path in (
+                                                                r('val.idx')], 'validation data')]
+    cases += [(f'pred {name}', 'train', ['--mode', 'pred', '--data-pred', path], path) for name, path in (
         ('text file named .jpg', b('text.jpg')), ('empty .png', b('empty.png')),
         ('folder without images', b('no-images')), ('missing path', b('missing.jpg')),
         ('folder of unreadable images', b('bad-images')))]
-    cases += [(f'weights {name}', 'train', ['--mode', 'val', '--load', b(file)]) for name, file in (
+    cases += [(f'weights {name}', 'train', ['--mode', 'val', '--load', b(file)], b(file)) for name, file in (
         ('text in .params', 'text.params'), ('truncated .params', 'truncated.params'),
         ('ResNet-34 into ResNet-18', 'resnet34.params'), ('5 classes into 10', 'classes5.params'),
         ('.pth pickle', 'weights.pth'), ('unknown suffix .txt', 'weights.txt'), ('missing file', 'missing.params'),
@@ -139,7 +146,7 @@ def bad_input_template(camp):
     return template
 
 
-def bad_input_row(camp, template, number, name, kind, extra):
+def bad_input_row(camp, template, number, name, kind, extra, about):
     start = time.time()
     ws = os.path.join(camp.workdir, 'runs', f'bad{number:02d}')
     if kind != 'train-new':
@@ -149,7 +156,7 @@ def bad_input_row(camp, template, number, name, kind, extra):
         code, out, err = run_forked([str(a) for a in train_argv(ws, *extra)[2:]])
     else:
         code, out, err = run(runner_argv(ws, int(kind[-1]), *extra), timeout=300)
-    ok, text = one_error(code, out, err)
+    ok, text = one_error(code, out, err, about)
     changes = unchanged(before, ws)
     shutil.rmtree(ws, ignore_errors=True)
     return f'bad-input/{name}', ok and not changes, f'{text}; {changes or "workspace unchanged"}', time.time() - start
@@ -160,7 +167,7 @@ def bad_input_campaign(camp):
     if camp.quick:
         cases = cases[::6]
     template = bad_input_template(camp)
-    expected = 'exit 2, one error: line, no Traceback, workspace unchanged'
+    expected = 'exit 2, one error: line about the case, no Traceback, workspace unchanged'
     for i, case in enumerate(cases):     # one at a time: forking from a threaded process is unsafe
         name, ok, observed, seconds = bad_input_row(camp, template, i, *case)
         camp.row(name, expected, observed, ok, seconds)

@@ -308,13 +308,16 @@ class Job:
             return f.read()
 
 
-def one_error(code, out, err):
-    """(ok, text) for the bad-input expectation: exit 2, exactly one error line, no Traceback."""
+def one_error(code, out, err, about):
+    """(ok, text) for the bad-input expectation: exit 2, exactly one error line, which contains `about` (an error
+    about something else, such as another run's settings, does not count), no Traceback."""
     lines = [line for line in err.splitlines() if ERROR_LINE.match(line)]
     traceback = 'Traceback' in out + err
-    text = f'exit {code}, {len(lines)} error lines{", Traceback" if traceback else ""}: ' + \
+    elsewhere = bool(lines) and about not in lines[-1]
+    text = f'exit {code}, {len(lines)} error lines{", Traceback" if traceback else ""}' + \
+        (f', NOT ABOUT {about!r}' if elsewhere else '') + ': ' + \
         (lines[-1][:160] if lines else (err.strip().splitlines() or ['(no stderr)'])[-1][:160])
-    return code == 2 and len(lines) == 1 and not traceback, text
+    return code == 2 and len(lines) == 1 and not traceback and not elsewhere, text
 
 
 def file_size_limit(megabytes):
