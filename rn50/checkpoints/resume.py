@@ -165,10 +165,9 @@ def check_same_run(args, meta, path):
                            f'{now["val_interpolation"]} now (--data-backend {args.data_backend}; '
                            f'{BACKENDS_OF[saved["val_interpolation"]]} resize as the run did)')
     if differences:
-        differences = '; '.join(differences)
-        raise RecipeError(f'{path} belongs to a run with other settings ({differences}). A workspace holds one '
-                          f'run: give this one a new --workspace, or move {os.path.basename(path)} away to start '
-                          f'over here. To continue that run with these settings (more epochs, say), start a new '
+        raise RecipeError(f'{path} belongs to a run with other settings ({"; ".join(differences)}). A workspace '
+                          f'holds one run: give this one a new --workspace, or move {os.path.basename(path)} away to '
+                          f'start over here. To continue that run with these settings (more epochs, say), start a new '
                           f'workspace from its state: --load {path} --workspace NEW_FOLDER')
 
 
