@@ -134,9 +134,8 @@ def run(args, origin):
     fit.check_schedule_flags(args, origin)
     # Training catches SIGTERM/SIGUSR1 from the start, so a signal during start-up stops it cleanly too.
     stop = StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
-    if args.tensorboard is not None:
-        tensorboard_log.load_writer()     # before Horovod (it may load PyTorch, which crashes after Horovod)
-    world = workers.World(args.kv_store)
+    world = workers.World(args.kv_store,
+                          load_first=[tensorboard_log.WRITER_MODULE] if args.tensorboard is not None else [])
     resume.check_weights_source(args)
     logs.check_workspace(args.workspace)
     if args.logdir:

@@ -409,7 +409,7 @@ def write_failures(camp):
         if sha256(os.path.join(camp.workdir, 'plain-file')) != plain:
             problems.append('plain-file changed')
         camp.row(f'write-failure/{name}', f'exit 2, one error ({message}), the old file kept, no tmp left',
-                 f'{text}; {", ".join(problems) or "old file kept, no tmp"}', ok and message in err and not problems,
+                 f'{text}; {", ".join(problems) or "old file kept, no tmp"}', ok and not problems,
                  time.time() - start)
 
 

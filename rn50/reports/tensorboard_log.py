@@ -38,12 +38,9 @@ def teed(args, world, dllogger, iterations, meta):
     return TeeLogger(dllogger, EventFile(folder, purge_step=position + 1), iterations)
 
 
-def load_writer():
-    """Import tensorboardX before the worker world forms (train.py, with --tensorboard). tensorboardX imports
-    PyTorch wherever PyTorch is installed (the benchmarks' extras put it beside the recipe), and a PyTorch
-    loaded after horovod.mxnet, which makes libmxnet's symbols global, crashes the process (a segfault in
-    torch's import, seen with torch 2.14.1 and Horovod 0.28.1)."""
-    import tensorboardX.event_file_writer  # noqa: F401
+# What must be imported before Horovod (workers.World's load_first) for --tensorboard: tensorboardX imports PyTorch
+# where it is installed, and PyTorch imported after horovod.mxnet crashes the process.
+WRITER_MODULE = 'tensorboardX.event_file_writer'
 
 
 class EventFile:
@@ -51,7 +48,7 @@ class EventFile:
     SummaryWriter's does with purge_step: TensorBoard hides the events of earlier files from that step on."""
 
     def __init__(self, folder, purge_step):
-        # tensorboardX is imported only with --tensorboard (load_writer, before Horovod).
+        # tensorboardX is imported only with --tensorboard (before Horovod: WRITER_MODULE).
         from tensorboardX.event_file_writer import EventsWriter
         from tensorboardX.proto.event_pb2 import Event, SessionLog
         from tensorboardX.summary import scalar

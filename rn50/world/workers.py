@@ -18,6 +18,7 @@ on the whole batch and write the same files as its peers (a Horovod without MPI 
 """
 import dataclasses
 import hashlib
+import importlib
 import logging
 import os
 import re
@@ -67,9 +68,11 @@ class World:
     broadcast); `start_time`, when it started, and `devices` (a Devices: the CPU until train.py sets the
     ones resolve_devices found).
 
-    With --kv-store horovod there is one worker per device; otherwise a single worker."""
+    With --kv-store horovod there is one worker per device; otherwise a single worker. `load_first`: modules of
+    the run's optional features that must load before Horovod, like DALI and Pillow below (tensorboardX, which
+    imports PyTorch where it is installed: a PyTorch imported after horovod.mxnet segfaults, torch 2.14.1)."""
 
-    def __init__(self, kv_store, environ=os.environ, devices=Devices()):
+    def __init__(self, kv_store, environ=os.environ, devices=Devices(), load_first=()):
         self.start_time = time.time()
         self.devices = devices
         self.horovod = None
@@ -85,6 +88,8 @@ class World:
             # Pillow too (records.find_undecodable): horovod.mxnet loads libmxnet's symbols globally, its libjpeg
             # among them, and a Pillow loaded after it decodes no JPEG at all ('broken data stream').
             import PIL.Image  # noqa: F401
+            for module in load_first:
+                importlib.import_module(module)
             try:
                 import horovod.mxnet as hvd
             except ImportError as e:
