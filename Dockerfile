@@ -8,19 +8,17 @@ FROM ${FROM_IMAGE_NAME}
 
 WORKDIR /workspace/rn50
 # What the recipe imports that the container lacks, pinned for the 22.10 container's Python 3.8 (the files say why).
-# The container's own numpy and protobuf, which its MXNet and ONNX tools were built against, become constraints:
-# the install fits around them or fails the build, and never replaces them.
+# The image's own numpy, which its MXNet was built against, is a constraint (never replaced); its protobuf too when
+# it is 3.20.2 or newer, else pip raises it within 3.x (scripts/container_setup.py says why).
 COPY requirements-container.txt requirements-container-nodeps.txt ./
-RUN python -c "import importlib.metadata as m; print(*[f'{d.metadata[\"Name\"]}=={d.version}' for d in \
-        m.distributions() if (d.metadata['Name'] or '').lower() in ('numpy', 'protobuf')], sep='\n')" > /tmp/container.txt && \
-    cat /tmp/container.txt && \
+COPY scripts/container_setup.py scripts/bootstrap.py scripts/
+RUN python scripts/container_setup.py constraints > /tmp/container.txt && cat /tmp/container.txt && \
     pip install --no-cache-dir -c /tmp/container.txt -r requirements-container.txt && \
-    pip install --no-cache-dir --no-deps -r requirements-container-nodeps.txt && \
-    python -c "import tqdm, safetensors.numpy, PIL, psutil, sklearn, matplotlib, onnx, onnxruntime, tensorboardX"
+    pip install --no-cache-dir --no-deps -r requirements-container-nodeps.txt
 COPY . .
-# The Horovod API the recipe calls (workers.HOROVOD_API): a container whose Horovod lacks part of it fails here.
-RUN python -c "import horovod, horovod.mxnet as hvd; from rn50.world import workers; workers.check_horovod_api(hvd); print('Horovod', horovod.__version__)"
-# The DALI the recipe is tested with (requirements-container.txt replaces the base image's older one): one without
-# automatic augmentation (nvidia.dali.auto_aug, pipelines with conditionals) fails here, as --auto-augment would.
-RUN python -c "import nvidia.dali, nvidia.dali.auto_aug; from rn50.data import augment; augment.check_dali(); print('DALI', nvidia.dali.__version__)"
+# Everything the recipe imports loads: the packages above, the DALI with automatic augmentation
+# (nvidia.dali.auto_aug, conditional pipelines) that --auto-augment needs, and the Horovod API the workers call
+# (workers.HOROVOD_API). A docker build has no CUDA driver, which NVIDIA's MXNet links: the check loads MXNet
+# with CUDA's stub library (container_setup.py); the workers check Horovod's API again at start, on the GPUs.
+RUN python scripts/container_setup.py check
 ENV MXNET_CUDNN_AUTOTUNE_DEFAULT=0

@@ -124,6 +124,12 @@ def run(argv, timeout=JOB_TIMEOUT, env=ENV, **kwargs):
     return result.returncode, result.stdout, result.stderr
 
 
+def exit_code(status):
+    """The exit code of a waitpid() status, negative for a signal: os.waitstatus_to_exitcode, which Python 3.8
+    (NVIDIA's container) lacks."""
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+
+
 def run_forked(argv, timeout=300):
     """`python train.py argv` without the interpreter start: train.main(argv) in a child forked from this
     process (train imported once), its stdout/stderr captured, an escaping exception printed as a traceback
@@ -163,7 +169,7 @@ def run_forked(argv, timeout=300):
             time.sleep(0.02)
         out.seek(0)
         err.seek(0)
-        code = None if status is None else os.waitstatus_to_exitcode(status)
+        code = None if status is None else exit_code(status)
         return code, out.read().decode(errors='replace'), err.read().decode(errors='replace')
 
 

@@ -387,5 +387,7 @@ def test_the_container_installs_and_checks_the_dali_the_recipe_is_tested_with():
     with open(os.path.join(ROOT, 'Dockerfile')) as f:
         dockerfile = f.read()
     installs = dockerfile.index('-r requirements-container.txt')
-    check = dockerfile.index('RUN python -c "import nvidia.dali, nvidia.dali.auto_aug; from rn50.data import augment; augment.check_dali()')
+    check = dockerfile.index('RUN python scripts/container_setup.py check')   # which calls augment.check_dali()
     assert installs < dockerfile.index('COPY . .') < check
+    with open(os.path.join(ROOT, 'scripts', 'container_setup.py')) as f:
+        assert 'augment.check_dali()' in f.read()

@@ -1,0 +1,135 @@
+"""NVIDIA's container as the Dockerfile builds it, without Docker: every file it runs is Python 3.8, the image's
+protobuf cannot fail the install, and no build step loads MXNet without the CUDA driver's stand-in
+(scripts/container_setup.py), checked on a twin where importing MXNet needs libcuda.so.1 as NVIDIA's does."""
+import ast
+import importlib.metadata
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+import test_dependencies
+
+sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+import container_setup  # noqa: E402
+
+SETUP = os.path.join(ROOT, 'scripts', 'container_setup.py')
+
+
+def run_steps():
+    """The shell commands of the Dockerfile's RUN instructions, continuation lines joined."""
+    with open(os.path.join(ROOT, 'Dockerfile')) as f:
+        text = re.sub(r'\\\n', ' ', f.read())
+    return [line[len('RUN '):].strip() for line in text.splitlines() if line.startswith('RUN ')]
+
+
+@pytest.mark.unit
+def test_every_file_the_container_runs_is_python_3_8():
+    """vermin (the minimum Python each construct and standard-library member needs) over the recipe's files:
+    scripts/fault_tools.py called os.waitstatus_to_exitcode (3.9), so the fault campaign died in the container."""
+    files = test_dependencies.runtime_files()
+    vermin = os.path.join(os.path.dirname(sys.executable), 'vermin')
+    result = subprocess.run([vermin, '--no-tips', '--violations', '-t=3.8-', *files], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.unit
+def test_no_build_step_loads_mxnet_but_the_check_that_brings_the_cuda_stub():
+    """A docker build has no CUDA driver: a RUN step that imports MXNet (horovod.mxnet, the recipe) fails there.
+    Only container_setup.py's check may, which loads MXNet with CUDA's stub library."""
+    steps = run_steps()
+    assert 'python scripts/container_setup.py check' in steps
+    for step in steps:
+        for command in step.split('&&'):
+            words = shlex.split(command)
+            if not words or words[0] not in ('python', 'python3'):
+                continue
+            if words[1:2] == ['-c']:
+                imported = {alias for node in ast.walk(ast.parse(words[2])) for alias in
+                            ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                             [node.module] if isinstance(node, ast.ImportFrom) else [])}
+                assert not any(name.split('.')[0] in ('mxnet', 'horovod', 'rn50') for name in imported), step
+            else:
+                assert words[1] == 'scripts/container_setup.py', f'{step}: a script at build time'
+
+
+@pytest.mark.unit
+def test_the_images_protobuf_is_kept_from_3_20_2_and_raised_within_3_below():
+    assert container_setup.constraints({'numpy': '1.23.5', 'protobuf': '3.20.3'}) == \
+        ['numpy==1.23.5', 'protobuf==3.20.3']
+    assert container_setup.constraints({'numpy': '1.20.3', 'protobuf': '4.21.12'}) == \
+        ['numpy==1.20.3', 'protobuf==4.21.12']
+    for old in ('3.19.6', '3.12.4', '3.20.1'):
+        assert container_setup.constraints({'numpy': '1.22.2', 'protobuf': old}) == \
+            ['numpy==1.22.2', 'protobuf>=3.20.2,<4']
+    assert container_setup.constraints({}) == ['protobuf>=3.20.2,<4']
+
+
+@pytest.mark.unit
+def test_the_protobuf_floor_is_what_the_pinned_packages_need():
+    """The packages of requirements-container.txt that need protobuf accept container_setup's floor: read from
+    their own metadata (the same versions are installed here)."""
+    with open(os.path.join(ROOT, 'requirements-container.txt')) as f:
+        pins = dict(line.strip().split('==') for line in f if '==' in line and not line.startswith('#'))
+    floors = {}
+    for name, version in pins.items():
+        try:
+            if importlib.metadata.version(name) != version:
+                continue
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for requirement in requires:
+            match = re.match(r'protobuf\s*\(?>=\s*([0-9.]+)', requirement)
+            if match and 'extra ==' not in requirement:
+                floors[name] = container_setup.version_tuple(match.group(1))
+    assert {'onnx', 'tensorboardX'} <= set(floors), floors
+    assert max(floors.values()) <= container_setup.PROTOBUF_FLOOR, floors
+
+
+# NVIDIA's libmxnet.so needs libcuda.so.1 to load: the twin's mxnet loads it, then becomes the real package.
+NEEDS_DRIVER = '''
+import ctypes, importlib, os, sys
+ctypes.CDLL('libcuda.so.1')
+here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != here]
+del sys.modules['mxnet']
+sys.modules['mxnet'] = importlib.import_module('mxnet')
+'''
+
+
+@pytest.mark.integration
+def test_the_build_check_loads_an_mxnet_that_needs_the_driver_through_cudas_stub(tmp_path):
+    fake = tmp_path / 'needs_driver'
+    (fake / 'mxnet').mkdir(parents=True)
+    (fake / 'mxnet' / '__init__.py').write_text(NEEDS_DRIVER)
+    stubs, empty = tmp_path / 'stubs', tmp_path / 'empty'
+    stubs.mkdir()
+    empty.mkdir()
+    import _ctypes   # any shared object stands in for CUDA's stubs/libcuda.so
+    os.symlink(_ctypes.__file__, stubs / 'libcuda.so')
+    env = dict(os.environ, PYTHONPATH=str(fake))
+    env.pop('LD_LIBRARY_PATH', None)
+
+    plain = subprocess.run([sys.executable, '-c', 'import horovod.mxnet'], env=env, capture_output=True, text=True)
+    assert plain.returncode != 0 and 'libcuda.so.1' in plain.stderr   # the build's failure, reproduced
+
+    without = subprocess.run([sys.executable, SETUP, 'check'], env=dict(env, CUDA_STUBS_DIR=str(empty)),
+                             capture_output=True, text=True)
+    assert without.returncode == 2, without.stderr
+    assert [line for line in without.stderr.splitlines() if line.startswith('error:')] == \
+        [without.stderr.strip()] and 'CUDA_STUBS_DIR' in without.stderr
+
+    with_stub = subprocess.run([sys.executable, SETUP, 'check'], env=dict(env, CUDA_STUBS_DIR=str(stubs)),
+                               capture_output=True, text=True)
+    assert with_stub.returncode == 0, with_stub.stderr[-2000:]
+    assert f"CUDA's stub {stubs / 'libcuda.so'}" in with_stub.stdout
+    assert 'with the API the recipe calls' in with_stub.stdout
+    assert not list(tmp_path.glob('rn50-cuda-stubs-*')) and not [
+        entry for entry in os.listdir('/tmp') if entry.startswith('rn50-cuda-stubs-') and
+        os.path.islink(os.path.join('/tmp', entry, 'libcuda.so.1')) and
+        os.readlink(os.path.join('/tmp', entry, 'libcuda.so.1')) == str(stubs / 'libcuda.so')]
