@@ -117,22 +117,24 @@ def add_data_aug_args(parser):
     return group
 
 
-def check_backend(args, given):
-    """RecipeError for an explicit dali-gpu without a GPU, data flags that cannot work together (`given`: the
-    destinations of the flags the command named, for flags that would be ignored), and training without
-    training data. The backend's default is rn50/config/resolve.py's."""
-    if args.data_backend == 'dali-gpu' and mx.context.num_gpus() == 0:
+def check_backend(args, given, on_gpu, local=True):
+    """RecipeError for an explicit dali-gpu where the workers have no GPU (`on_gpu`: whether they have), data
+    flags that cannot work together (`given`: the destinations of the flags the command named, for flags that
+    would be ignored), and training without training data. `local`: the workers run on this machine, so its
+    DALI is theirs (False: the runner plans for other nodes, whose workers check it). The backend's default is
+    rn50/config/resolve.py's."""
+    if args.data_backend == 'dali-gpu' and not on_gpu:
         raise RecipeError('--data-backend dali-gpu needs a GPU and this machine has none: use --data-backend '
                           'dali-cpu (or mxnet)')
-    check_data_flags(args, given)
+    check_data_flags(args, given, local)
     if args.mode in ('train', 'train_val') and not args.test_io and args.data_backend != 'synthetic' \
             and not args.data_train:
         raise RecipeError(f'--mode {args.mode} needs --data-train (or --data-backend synthetic)')
 
 
-def check_data_flags(args, given):
+def check_data_flags(args, given, local=True):
     """RecipeError for data flags that are out of range, or that the chosen backend would ignore (`given`: the
-    destinations of the flags the command named)."""
+    destinations of the flags the command named; `local`: check_backend's)."""
     shape = image_shape(args, training=False)
     if len(args.rgb_mean) != 3 or len(args.rgb_std) != 3 or min(args.rgb_std) <= 0:
         raise RecipeError('--rgb-mean and --rgb-std take 3 values each (R,G,B), the std values positive')
@@ -146,7 +148,7 @@ def check_data_flags(args, given):
     if not 0 < low <= high:
         raise RecipeError(f'aspect ratio range [{low}, {high}] from --min/max-random-aspect-ratio: expected '
                           '0 < min <= max')
-    augment.check(args, given)
+    augment.check(args, given, local)
     resolution.check(args)
     changed = [flag for flag, _, default, _ in NATIVE_AUGMENTATIONS if flag_value(args, flag) != default]
     if args.data_backend == 'mxnet':

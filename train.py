@@ -147,7 +147,7 @@ def run(args, origin):
     world.devices = workers.resolve_devices(args, world)
     if world.devices.kind == 'cpu':
         log.info('CPU: %s; %s', cpu.cpuinfo_field('model name') or 'unknown model', cpu.describe())
-    data.check_backend(args, origin.given)
+    data.check_backend(args, origin.given, on_gpu=world.devices.kind == 'gpu')
     inference.check_inference_flags(args, world.devices.kind)
     net = models.get_model(**models.model_options(args, world.devices.kind))
     memory.check_batch_fits(args, net, world)

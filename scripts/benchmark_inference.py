@@ -109,7 +109,7 @@ def main():
     world = workers.World(args.kv_store)
     args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
     world.devices = workers.resolve_devices(args, world)
-    data.check_backend(args, origin.given)
+    data.check_backend(args, origin.given, on_gpu=mx.context.num_gpus() > 0)
     workers.resolve_seed(args, world)
     net = models.get_model(**models.model_options(args, world.devices.kind))
     net.initialize(ctx=list(world.devices.contexts))

@@ -67,7 +67,7 @@ def read_epochs(backend, rec, idx, epochs):
         '--num-classes', '10', '--num-examples', str(RECORDS), '--data-val-resize', str(SIDE),
         '--data-mxnet-threads', '2', '--dali-threads', '2'])
     args = resolve.for_run(args, origin, on_gpu=False)[0]
-    data.check_backend(args, origin.given)
+    data.check_backend(args, origin.given, on_gpu=False)
     loaders = [train.get_loaders(args, rank, WORKERS, val=False)[0] for rank in range(WORKERS)]
     tmp = os.environ['TMPDIR']
     counts = {'epochs': epochs, 'batches': 0, 'failures': 0, 'first_failure': '', 'files left after an epoch': 0}

@@ -177,7 +177,8 @@ def test_default_backend_falls_back_and_explicit_gpu_is_refused(caplog):
         args = resolved(['--data-train', 'train.rec'])
     assert args.data_backend == 'dali-cpu' and 'defaults to dali-cpu' in caplog.text
     with pytest.raises(RecipeError, match='needs a GPU'):
-        data.check_backend(resolved(['--data-backend', 'dali-gpu', '--data-train', 'train.rec']), frozenset())
+        data.check_backend(resolved(['--data-backend', 'dali-gpu', '--data-train', 'train.rec']), frozenset(),
+                           on_gpu=False)
 
 
 def test_synthetic_shapes_and_global_batch_slices():

@@ -198,7 +198,7 @@ def dry_run(monkeypatch, capsys, argv, gpus=8, fused=True):
 @pytest.mark.parametrize('fused', [False, True])
 @pytest.mark.parametrize('argv,env,prefix', [
     (['-n', '8', '-b', '192'], {}, 'horovodrun -np 8 '),
-    (['-n', '16', '-H', 'a:8,b:8'], {}, 'horovodrun -np 16 -H a:8,b:8 '),
+    (['-n', '16', '-H', 'localhost:8,b:8'], {}, 'horovodrun -np 16 -H localhost:8,b:8 '),   # this node among them
     (['-n', '16', '--launcher', 'slurm'], {'SLURM_NTASKS': '16', 'SLURM_NTASKS_PER_NODE': '8'}, sys.executable)])
 @pytest.mark.unit
 def test_the_whole_gpu_plan_with_mxnet_reporting_gpus(monkeypatch, capsys, argv, env, prefix, fused):
@@ -262,6 +262,75 @@ def test_a_launch_from_a_machine_without_gpus_plans_for_the_workers_nodes(monkey
     # this machine's own names (the CPU twin of two nodes) need no --gpus-per-node
     code, flags, _ = dry_run(monkeypatch, capsys, ['-n', '2', '-H', 'localhost:1,127.0.0.1:1'], gpus=0)
     assert code == 0 and flags['--dtype'] == 'float32' and '--gpus' not in flags
+
+
+@pytest.mark.unit
+def test_a_login_node_plans_for_the_nodes_and_says_what_it_takes_on_trust(monkeypatch, capsys):
+    """From a machine without GPUs onto other nodes, dali-gpu was refused ("this machine has none"), and
+    --auto-augment and the fused kernels were judged by this machine's DALI and MXNet. Now the plan is the nodes',
+    and what only they can answer is named: their workers check it before the first step."""
+    from test_augment import OldDali
+    monkeypatch.setitem(sys.modules, 'nvidia.dali', OldDali('1.18.0'))       # this machine's DALI: too old
+    monkeypatch.setitem(sys.modules, 'nvidia.dali.auto_aug', None)
+    argv = ['-n', '16', '-H', 'node1:8,node2:8', '--gpus-per-node', '8', '--data-backend', 'dali-gpu',
+            '--auto-augment', 'ta_wide']
+    code, flags, err = dry_run(monkeypatch, capsys, argv, gpus=0, fused=False)
+    assert code == 0, err
+    assert flags['--data-backend'] == 'dali-gpu' and flags['--fuse-bn-relu'] == flags['--fuse-bn-add-relu'] == '1'
+    assert err.strip() == (
+        'runner: planned for the nodes of -H/--hostfile, which this machine is not one of; taken on trust (every '
+        'worker checks it before its first step): 8 GPUs per node (--gpus-per-node); NVIDIA\'s fused batchnorm '
+        'kernels in their MXNet; DALI 1.24 or newer with automatic augmentation (--auto-augment)')
+    # a node among the hosts: its own DALI and MXNet count, as every worker's do
+    code, _, err = dry_run(monkeypatch, capsys, ['-n', '2', '-H', 'localhost:1,node2:1', '--gpus-per-node', '1',
+                                                 '--data-backend', 'dali-gpu', '--auto-augment', 'ta_wide'], gpus=0)
+    assert code == 2 and err.startswith('error: --auto-augment needs DALI 1.24') and '1.18.0' in err
+
+
+def flag_values(action):
+    """Values to give `action` (a train.py flag) alone: each choice, or the candidates its type accepts."""
+    if action.nargs == 0:
+        return [[]]
+    if action.choices:
+        return [[str(choice)] for choice in action.choices]
+    candidates = ['1', '16', '0', '-1', '0.5', '3,32,32', '2,4', 'x', 'model.params']
+    accepted = []
+    for value in candidates:
+        try:
+            (action.type or str)(value)
+        except Exception:
+            continue
+        accepted.append([value])
+    return accepted[:4]
+
+
+@pytest.mark.unit
+def test_every_train_flag_alone_plans_a_launch_or_is_one_error_line(digits, monkeypatch, tmp_path):
+    """Every train.py flag given alone through the runner (everything else at its default; the digits as data,
+    a new workspace) plans a launch or prints one `error:` line, on a CPU machine and on a mocked GPU node:
+    `--progressive-size 16` without -e ended in a TypeError (its ramp read the epochs before they were
+    resolved)."""
+    import train
+    monkeypatch.chdir(tmp_path)
+    outcomes, failures = {}, []
+    for gpus in (0, 8):
+        report_gpus(monkeypatch, gpus)
+        for action in train.build_parser()._actions:
+            if not action.option_strings or action.dest in ('help', 'workspace', 'data_train', 'data_val'):
+                continue
+            for value in flag_values(action):
+                argv = ['-n', '1', '-b', '8', '--data-root', str(digits / 'rec'), '--workspace', str(tmp_path),
+                        action.option_strings[-1], *value, '--dry-run']
+                result = runner_main(*argv)
+                errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+                ok = result.returncode == 0 and not errors or result.returncode == 2 and \
+                    result.stderr.strip().splitlines() == errors and len(errors) == 1
+                outcomes[result.returncode] = outcomes.get(result.returncode, 0) + 1
+                if not ok:
+                    failures.append((gpus, action.option_strings[-1], value, result.returncode,
+                                     result.stderr[-600:]))
+    assert not failures, failures[:5]
+    assert outcomes[0] > 300 and outcomes[2] > 50, outcomes    # both kinds of outcome were reached
 
 
 @pytest.mark.unit

@@ -118,10 +118,10 @@ def add_args(parser):
 RA_FLAGS = ('ra_magnitude', 'ra_magnitude_scale', 'ra_magnitude_std', 'ra_prob', 'ra_num_ops', 'ra_ops')
 
 
-def check(args, given):
+def check(args, given, local=True):
     """RecipeError for these flags on a backend that does not have them, out of range, given where they would be
     ignored (`given`: the destinations of the flags the command named), or --auto-augment on a DALI without
-    automatic augmentation."""
+    automatic augmentation (the installed one; `local` False: the workers run elsewhere and check theirs)."""
     used = [flag for flag, on in (('--auto-augment', args.auto_augment), ('--random-erase', args.random_erase))
             if on]
     if used and args.data_backend not in ('dali-gpu', 'dali-cpu'):
@@ -139,7 +139,7 @@ def check(args, given):
     if args.auto_augment == 'ra' and args.ra_magnitude > args.ra_magnitude_scale:
         raise RecipeError(f'--ra-magnitude {args.ra_magnitude} is above --ra-magnitude-scale '
                           f'{args.ra_magnitude_scale}, the whole range of an operation')
-    if args.auto_augment and args.mode in ('train', 'train_val'):
+    if args.auto_augment and args.mode in ('train', 'train_val') and local:
         check_dali()
 
 
