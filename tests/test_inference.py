@@ -71,6 +71,18 @@ def test_int8_is_within_two_points_of_float32_and_calibrates_once(digits, model,
 
 
 @pytest.mark.integration
+def test_the_4_channel_input_validates_as_the_run_did(digits, model, tmp_path):
+    """The CPU twin of val on a GPU node, which the runner gives the float16 network's 4-channel input (a zero 4th
+    channel, as training had): the weights of a 3-channel run, validated with 4 channels, give the run's own
+    top-1 and loss (its last epoch, model_best.params')."""
+    model = copy_workspace(model, tmp_path / 'model')
+    best = json.loads((model / 'report.json').read_text())['epochs'][-1]
+    train_py(digits, model, '--mode', 'val', '--image-shape', '4,24,24')
+    assert summary(model)['val.accuracy'] == pytest.approx(best['val.accuracy'], abs=1e-9)
+    assert summary(model)['val.loss'] == pytest.approx(best['val.loss'], abs=1e-4)
+
+
+@pytest.mark.integration
 def test_int8_network_runs_in_int8_from_input_to_logits(digits, model, tmp_path):
     """One quantize at the input, then only fused INT8 oneDNN operators: a float ReLU or a dequantize between
     convolutions would halve INT8 speed (as F.relu did before models.py used Activation)."""

@@ -287,6 +287,25 @@ def test_a_login_node_plans_for_the_nodes_and_says_what_it_takes_on_trust(monkey
     assert code == 2 and err.startswith('error: --auto-augment needs DALI 1.24') and '1.18.0' in err
 
 
+@pytest.mark.unit
+def test_val_and_pred_of_the_float16_network_take_the_4_channel_input_at_the_runs_size(monkeypatch, capsys, digits,
+                                                                                        trained_digits, tmp_path):
+    """The original's runner gave val and pred the 4-channel input of float16 training; this one gave it to
+    training alone, so val, pred and benchmark.py --mode val ran a 3-channel NHWC stem on GPUs. The size is the
+    trained run's (24x24 here), known once the flags are resolved. The mxnet backend keeps 3, as in training."""
+    common = ['--workspace', str(trained_digits), '--data-root', str(digits / 'rec')]
+    for mode, extra in (('val', []), ('pred', ['--data-pred', str(digits / 'images' / 'val' / 'digit_3')])):
+        code, flags, err = dry_run(monkeypatch, capsys, ['--mode', mode, *common, '--data-backend', 'dali-gpu', *extra])
+        assert code == 0 and flags['--image-shape'] == '4,24,24' and flags['--dtype'] == 'float16', err
+    code, flags, err = dry_run(monkeypatch, capsys, ['--mode', 'val', *common])   # the run's backend: mxnet
+    assert code == 0 and '--image-shape' not in flags, err
+    code, flags, err = dry_run(monkeypatch, capsys, ['--mode', 'val', '--no-metrics', '--data-backend', 'synthetic',
+                                                     '--workspace', str(tmp_path)])   # benchmark.py --mode val's
+    assert code == 0 and flags['--image-shape'] == '4,224,224', err
+    code, flags, err = dry_run(monkeypatch, capsys, ['--mode', 'val', *common], gpus=0)   # float32: 3 channels
+    assert code == 0 and '--image-shape' not in flags, err
+
+
 def flag_values(action):
     """Values to give `action` (a train.py flag) alone: each choice, or the candidates its type accepts."""
     if action.nargs == 0:
