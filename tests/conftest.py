@@ -158,13 +158,13 @@ def runner_runs(*argv, cwd=None):
                                        result.stderr + started[0].stderr)
 
 
-def gloo_workers(script, output):
-    """Run tests/`script` OUTPUT as 2 Horovod workers over Gloo (1 OpenMP thread each); returns the JSON
-    that rank 0 wrote to `output`."""
+def gloo_workers(script, output, **environ):
+    """Run tests/`script` OUTPUT as 2 Horovod workers over Gloo (1 OpenMP thread each, `environ` added); returns
+    the JSON that rank 0 wrote to `output`."""
     import json
     result = subprocess.run(['horovodrun', '-np', '2', '--gloo', sys.executable, os.path.join(ROOT, 'tests', script),
-                             str(output)], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'),
-                            timeout=300)
+                             str(output)], capture_output=True, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS='1', **environ), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(output) as f:
         return json.load(f)

@@ -6,7 +6,7 @@ a Horovod worker script by tests/test_fit.py:
 Each of 2 workers trains Float16Net with the recipe's own TrainingStep in float16 (float32 master weights,
 dynamic loss scaling), from weights initialised differently per worker and then broadcast from rank 0; at
 step 1 only rank 1's batch holds an inf, so after the all-reduce both must skip that step. Rank 0 writes
-every worker's loss scale, skip count, gradient pre-division factor and weights to OUT.json.
+every worker's loss scale, skip count, gradient pre-division factor, gradient groups and weights to OUT.json.
 """
 import json
 import os
@@ -74,12 +74,12 @@ def main(output):
         step.run(batch_of(batch, labels[mine], 'float16'), 0, iteration, 0.1)
     weight = step.net.weight.data().asnumpy().astype(np.float32).ravel()
     row = np.concatenate([[step.loss_scale.scale, step.loss_scale.skipped, step.loss_scale.clean_steps,
-                           step.gluon_trainer._gradient_predivide_factor], weight])
+                           step.gluon_trainer._gradient_predivide_factor, step.gluon_trainer._num_groups], weight])
     rows = world.gather(row)
     if world.rank == 0:
         with open(output, 'w') as f:
-            json.dump([{'scale': r[0], 'skipped': r[1], 'clean_steps': r[2], 'predivide': r[3], 'weight': r[4:]}
-                       for r in rows.tolist()], f)
+            json.dump([{'scale': r[0], 'skipped': r[1], 'clean_steps': r[2], 'predivide': r[3], 'groups': r[4],
+                        'weight': r[5:]} for r in rows.tolist()], f)
 
 
 if __name__ == '__main__':

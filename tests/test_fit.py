@@ -287,12 +287,14 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
 @pytest.mark.multiworker
 def test_an_overflow_on_one_worker_skips_the_step_on_every_worker(tmp_path):
     """2 Gloo workers in float16: rank 1 alone meets an inf; after the all-reduce both skip that step, halve
-    the same scale and keep identical weights; the gradients are pre-divided by sqrt(2)."""
-    ranks = gloo_workers('float16_twin.py', tmp_path / 'workers.json')
+    the same scale and keep identical weights; the gradients are pre-divided by sqrt(2), and all-reduced in the
+    groups the runner's MXNET_HOROVOD_NUM_GROUPS asks for (Horovod's grouped path, as on a GPU node)."""
+    ranks = gloo_workers('float16_twin.py', tmp_path / 'workers.json', MXNET_HOROVOD_NUM_GROUPS='2')
     assert [(r['scale'], r['skipped'], r['clean_steps']) for r in ranks] == [(4.0, 1.0, 1.0)] * 2   # 8 halved
     assert ranks[0]['weight'] == ranks[1]['weight']
     # float16 gradients divided by sqrt(2) before the sum and after it (step.predivision), not summed first
     assert [r['predivide'] for r in ranks] == pytest.approx([2 ** 0.5] * 2, rel=1e-6)
+    assert [r['groups'] for r in ranks] == [2, 2]
 
 
 @pytest.mark.unit

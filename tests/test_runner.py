@@ -354,12 +354,14 @@ def test_every_train_flag_alone_plans_a_launch_or_is_one_error_line(digits, monk
 
 @pytest.mark.unit
 def test_gpu_runs_get_the_engine_variables_of_the_original_runner(monkeypatch, capsys):
-    for name in ('MXNET_ASYNC_GPU_ENGINE', 'MXNET_EXEC_ENABLE_ADDTO'):
+    for name in ('MXNET_ASYNC_GPU_ENGINE', 'MXNET_EXEC_ENABLE_ADDTO', 'MXNET_HOROVOD_NUM_GROUPS',
+                 'HOROVOD_GROUPED_ALLREDUCES'):
         monkeypatch.delenv(name, raising=False)
     report_gpus(monkeypatch, 8)
-    assert runner.main(['-n', '8', '--dry-run']) == 0
+    assert runner.main(['-n', '8', '-b', '192', '--dry-run']) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert {'MXNET_ASYNC_GPU_ENGINE=1', 'MXNET_EXEC_ENABLE_ADDTO=1', 'HOROVOD_ENABLE_ASYNC_COMPLETION=1'} <= set(lines)
+    assert {'MXNET_ASYNC_GPU_ENGINE=1', 'MXNET_EXEC_ENABLE_ADDTO=1', 'HOROVOD_ENABLE_ASYNC_COMPLETION=1',
+            'MXNET_HOROVOD_NUM_GROUPS=16', 'HOROVOD_GROUPED_ALLREDUCES=1'} <= set(lines)   # the original's grouping
     monkeypatch.setenv('MXNET_EXEC_ENABLE_ADDTO', '0')   # the user's own value wins
     assert runner.main(['-n', '8', '--dry-run']) == 0
     assert not any(line.startswith('MXNET_EXEC_ENABLE_ADDTO') for line in capsys.readouterr().out.splitlines())

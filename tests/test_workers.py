@@ -108,3 +108,20 @@ def test_batchnorm_statistics_are_averaged_over_devices_and_workers():
         np.testing.assert_allclose(copy.asnumpy(), [(2 + 10) / 2, (4 + 10) / 2])
     for copy in copies[1]:
         np.testing.assert_allclose(copy.asnumpy(), np.full((2, 2), (2 + 10) / 2))
+
+
+def test_gradient_groups_are_passed_where_horovod_takes_them(caplog):
+    """The original runner's MXNET_HOROVOD_NUM_GROUPS=16, which upstream Horovod reads from no variable: the step
+    passes it to DistributedTrainer as num_groups (Horovod 0.21 and newer), and says so where it cannot."""
+    import horovod.mxnet as hvd
+    from rn50.training import step
+
+    class Horovod020Trainer:
+        @staticmethod
+        def DistributedTrainer(params, optimizer, optimizer_params=None):
+            return None
+    assert step.grouping(hvd, {'MXNET_HOROVOD_NUM_GROUPS': '16'}) == {'num_groups': 16}
+    assert step.grouping(hvd, {}) == step.grouping(hvd, {'MXNET_HOROVOD_NUM_GROUPS': '0'}) == {}
+    with caplog.at_level('WARNING'):
+        assert step.grouping(Horovod020Trainer, {'MXNET_HOROVOD_NUM_GROUPS': '16'}) == {}
+    assert 'has no num_groups' in caplog.text

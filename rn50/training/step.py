@@ -8,6 +8,7 @@ a gluon.Trainer (Horovod's DistributedTrainer with several workers). fit.py's ep
 import inspect
 import logging
 import math
+import os
 
 import mxnet as mx
 from mxnet import autograd, gluon
@@ -37,6 +38,26 @@ def predivision(world, float16):
     return {'gradient_predivide_factor': math.sqrt(world.size)}
 
 
+# The original runner's variable for the number of grouped gradient all-reduces per step (the runner sets 16 on
+# GPUs); Horovod's DistributedTrainer takes it as num_groups (0.21 and newer), which upstream Horovod reads from
+# no variable.
+NUM_GROUPS = 'MXNET_HOROVOD_NUM_GROUPS'
+
+
+def grouping(horovod, environ=os.environ):
+    """DistributedTrainer's keyword for grouped gradient all-reduces: num_groups from MXNET_HOROVOD_NUM_GROUPS
+    where the variable is set and `horovod` (horovod.mxnet) takes it, else none (one all-reduce per gradient,
+    which Horovod fuses into its buffer)."""
+    text = environ.get(NUM_GROUPS, '').strip()
+    if not text.isdigit() or int(text) == 0:
+        return {}
+    if 'num_groups' not in inspect.signature(horovod.DistributedTrainer).parameters:
+        log.warning('%s=%s, but this Horovod\'s DistributedTrainer has no num_groups (Horovod 0.21 or newer): one '
+                    'all-reduce per gradient', NUM_GROUPS, text)
+        return {}
+    return {'num_groups': int(text)}
+
+
 class TrainingStep:
     """The training step of one worker: forward and backward on each of its devices, loss scaling, and the
     update through `gluon_trainer` (a gluon.Trainer, or Horovod's DistributedTrainer)."""
@@ -59,7 +80,7 @@ class TrainingStep:
             optimizer = factory.create(**factory.optimizer_kwargs(args))   # --optimizer: factory.py
             if world.horovod is not None:
                 self.gluon_trainer = world.horovod.DistributedTrainer(
-                    self.params, optimizer,
+                    self.params, optimizer, **grouping(world.horovod),
                     **predivision(world, args.dtype == 'float16' or world.devices.amp_dtype == 'float16'))
             else:
                 self.gluon_trainer = gluon.Trainer(self.params, optimizer,
