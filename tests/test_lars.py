@@ -145,14 +145,16 @@ def test_every_array_of_a_resnet_follows_the_formula():
                                    err_msg=name)
 
 
+@pytest.mark.parametrize('multiplier', [[], ['--backbone-lr-mult', '0.1']])
 @pytest.mark.unit
-def test_the_rates_stay_on_the_device_between_steps(monkeypatch):
+def test_the_rates_stay_on_the_device_between_steps(monkeypatch, multiplier):
     """The learning rates and weight decays of a step are made on the device from copies made once: no
     blocking host-to-device copy per update once the first step has made them (the rate changes every step
     of a schedule; a new --wd after a resume copies the decays again), and the steps still follow the formula
-    (the tests above)."""
+    (the tests above). With rate multipliers other than 1 (--backbone-lr-mult) too: the cache compared
+    (rate x multiplier) / rate, which is not the multiplier to the bit at every rate, and missed."""
     mx.random.seed(3)
-    step = step_for(Float16Net(), 'float32', extra=FLAGS)
+    step = step_for(Float16Net(), 'float32', extra=FLAGS + multiplier)
     trained(step)
     rng = np.random.default_rng(2)
     step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)), 0, 0, LR)
@@ -162,7 +164,7 @@ def test_the_rates_stay_on_the_device_between_steps(monkeypatch):
     monkeypatch.setattr(mx.nd.NDArray, '_sync_copyfrom', lambda self, source: (copies.append(self.shape),
                                                                               original(self, source))[1])
     optimizer = step.gluon_trainer._optimizer
-    for iteration, lr in ((1, LR / 2), (2, LR / 3)):
+    for iteration, lr in ((1, 0.4 * 13 / 97), (2, 0.4 * 19 / 97)):   # a schedule's rates; (r x 0.1) / r is not 0.1
         batch = batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8))
         copies.clear()
         step.run(batch, 0, iteration, lr)

@@ -70,24 +70,33 @@ class MLPerfLARS(mx.optimizer.Optimizer):
 
     create_state_multi_precision = create_state
 
+    def _rate_multipliers(self, indices):
+        """Each array's lr_mult, found as MXNet's _get_lrs finds it (the rate it gives is the step's times this)."""
+        multipliers = []
+        for index in indices:
+            if index in self.param_dict:
+                multipliers.append(self.param_dict[index].lr_mult)
+            elif index in self.lr_mult:
+                multipliers.append(self.lr_mult[index])
+            else:
+                multipliers.append(self.lr_mult.get(self.idx2name.get(index), 1.0))
+        return multipliers
+
     def _device_rates(self, indices, order, layered, ctx):
         """(learning rates, weight decays) of the arrays `indices` in `order`, float32 vectors on `ctx`, without a
         blocking host-to-device copy per step: the arrays' rate multipliers (lr_mult) and weight decays are
         copied to the device once, again only when they change (a resume with another --wd), and each step's
-        rate multiplies the multipliers there (an asynchronous operator taking the rate as a parameter)."""
-        base = self.learning_rate
-        lrs, wds = self._get_lrs(indices), self._get_wds(indices)
-        if base == 0:   # the first step of a warm-up: every rate is 0, nothing to divide by
-            return mx.nd.zeros(len(order), ctx), mx.nd.array([wds[i] if k < layered else 0.0
-                                                               for k, i in enumerate(order)], ctx=ctx)
-        multipliers = tuple(lrs[i] / base for i in order)
+        rate multiplies the multipliers there (an asynchronous operator taking the rate as a parameter). The
+        multipliers are compared as they are (a rate divided by the step's is not the multiplier to the bit)."""
+        multipliers = tuple(self._rate_multipliers(indices)[i] for i in order)
+        wds = self._get_wds(indices)
         decays = tuple(wds[i] if k < layered else 0.0 for k, i in enumerate(order))
         key = (ctx, tuple(indices[i] for i in order))
         cached = self.device_rates.get(key)
         if cached is None or cached[0] != multipliers or cached[2] != decays:
             cached = self.device_rates[key] = (multipliers, mx.nd.array(multipliers, ctx=ctx), decays,
                                                mx.nd.array(decays, ctx=ctx))
-        return cached[1] * base, cached[3]
+        return cached[1] * self.learning_rate, cached[3]
 
     def __getstate__(self):
         state = super().__getstate__()
