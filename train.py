@@ -148,7 +148,7 @@ def run(args, origin):
     if world.devices.kind == 'cpu':
         log.info('CPU: %s; %s', cpu.cpuinfo_field('model name') or 'unknown model', cpu.describe())
     data.check_backend(args, origin.given, on_gpu=world.devices.kind == 'gpu')
-    inference.check_inference_flags(args, world.devices.kind)
+    inference.check_inference_flags(args)
     net = models.get_model(**models.model_options(args, world.devices.kind))
     memory.check_batch_fits(args, net, world)
     dllogger_path = os.path.join(args.logdir or args.workspace, args.dllogger_log)

@@ -242,6 +242,33 @@ def test_inference_flags_are_checked(digits, tmp_path):
         assert result.returncode == 2 and message in result.stderr, result.stderr[-1500:]
 
 
+@pytest.mark.unit
+def test_int8_on_a_gpu_node_runs_on_its_cpu(monkeypatch, digits, trained_digits, tmp_path):
+    """--quantize int8 on a GPU node said "leave out --gpus", which the runner always added, and which on a GPU
+    machine means every GPU anyway. Now INT8 is this node's CPU: the runner plans a CPU run (float32, no --gpus)
+    and says so, the worker resolves the CPU's defaults and takes the CPU, and only an explicit --gpus is refused."""
+    from conftest import report_gpus, runner_main
+    report_gpus(monkeypatch, 8)
+    common = ['--workspace', trained_digits, '--data-root', digits / 'rec', '--mode', 'val', '--quantize', 'int8']
+    plan = runner_main(*common, '--dry-run')
+    assert plan.returncode == 0, plan.stderr
+    line = plan.stdout.strip().splitlines()[-1]
+    assert '--gpus' not in line and '--dtype float32' in line and '--image-shape' not in line
+    assert 'runner: --quantize int8 runs on the CPU of the node' in plan.stderr
+    from rn50.config import resolve
+    args = resolve.for_run(*train.parse_flags(['--data-train', str(digits / 'rec' / 'train.rec'), '--mode', 'val',
+                                               '--quantize', 'int8', '--workspace', str(trained_digits)]),
+                           on_gpu=True)[0]
+    assert args.dtype == 'float32'   # the CPU's default, not a GPU node's float16
+    devices = workers.resolve_devices(args, workers.World('device'))
+    assert devices.kind == 'cpu' and devices.contexts == (mx.cpu(),)
+    refused = train_main('--data-train', digits / 'rec' / 'train.rec', '--mode', 'val', '--quantize', 'int8',
+                         '--gpus', '0', '--workspace', copy_workspace(trained_digits, tmp_path / 'w'))
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+        'error: --quantize int8 uses oneDNN\'s INT8 kernels, which run on the CPU: leave out --gpus (a GPU node runs '
+        'it on its CPU)')
+
+
 GPU_RUN = ['--num-layers', '10', '--num-classes', '10', '--image-shape', '4,32,32', '--data-backend', 'synthetic',
            '--num-examples', '64', '--batch-size', '8', '--mode', 'export', '--dtype', 'float16',
            '--conv-layout', 'NHWC', '--batchnorm-layout', 'NHWC', '--pooling-layout', 'NHWC',

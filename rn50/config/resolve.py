@@ -86,6 +86,7 @@ def for_run(args, origin, on_gpu):
     """(Resolved args, Origin) for this run on this machine (`on_gpu`: it has GPUs), the rest of what the
     module docstring lists; logs what a user should know. RecipeError for a precision the machine lacks."""
     args = argparse.Namespace(**vars(args))
+    on_gpu = on_gpu and not int8_on_cpu(args)
     values, num_classes_source = trained_settings.inherited(args, origin.given, origin.num_classes_source)
     for name, value in values.items():
         setattr(args, name, value)
@@ -104,6 +105,18 @@ def for_run(args, origin, on_gpu):
     resolved = Resolved()
     vars(resolved).update(vars(args))
     return resolved, origin
+
+
+def int8_on_cpu(args):
+    """Whether the run is INT8 inference (--quantize int8), which runs on the CPU (oneDNN's INT8 kernels), a GPU
+    node's too: its defaults are then the CPU's (float32, dali-cpu) and rn50/world/workers.py picks the CPU. An
+    explicit --gpus is a RecipeError."""
+    if not args.quantize:
+        return False
+    if args.gpus is not None:
+        raise RecipeError('--quantize int8 uses oneDNN\'s INT8 kernels, which run on the CPU: leave out --gpus (a GPU '
+                          'node runs it on its CPU)')
+    return True
 
 
 def default_backend(on_gpu):

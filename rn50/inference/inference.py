@@ -74,9 +74,9 @@ def add_inference_args(parser):
     return group
 
 
-def check_inference_flags(args, device):
-    """RecipeError for inference flags that cannot work with the mode or the machine (`device`: 'cpu' or
-    'gpu'), and for a class-name file pred cannot use."""
+def check_inference_flags(args):
+    """RecipeError for inference flags that cannot work with the mode, and for a class-name file pred cannot
+    use. INT8 runs on the CPU, a GPU node's too (rn50/config/resolve.py)."""
     if args.mode == 'pred' and not args.test_io:
         class_names(args)
     if args.quantize is None:
@@ -85,9 +85,6 @@ def check_inference_flags(args, device):
         raise RecipeError(f'--quantize int8 is for --mode val and pred (INT8 inference), not --mode {args.mode}; '
                           'to deploy the INT8 model, run --mode val --quantize int8 and use the '
                           f'{args.model_prefix}_int8-symbol.json/-0000.params it saves')
-    if device != 'cpu':
-        raise RecipeError('--quantize int8 uses oneDNN INT8 kernels, which run on the CPU only: leave out --gpus '
-                          'or run on a CPU machine')
     if args.amp or args.dtype != 'float32':
         raise RecipeError('--quantize int8 starts from the float32 network: leave out --amp and use '
                           '--dtype float32')

@@ -344,7 +344,7 @@ def check_world(world, environ):
 def resolve_devices(args, world):
     """The Devices of this worker, before the model is built: its contexts (checked against the batch and the
     node's other workers) and AMP's dtype, with AMP initialised for it."""
-    num_gpus = mx.context.num_gpus()
+    num_gpus = 0 if args.quantize else mx.context.num_gpus()   # INT8 on the CPU, a GPU node's too (resolve.py)
     contexts = tuple(devices(args, world, num_gpus))
     on_gpu = num_gpus > 0
     if on_gpu and world.size > 1:
@@ -377,7 +377,7 @@ def devices(args, world, num_gpus):
                           f'({num_gpus} found); leave --gpus out to train on the CPU')
     if num_gpus == 0:
         if args.gpus is None:
-            log.info('No GPU found: running on the CPU')
+            log.info('INT8 (--quantize): running on the CPU' if args.quantize else 'No GPU found: running on the CPU')
         # Each Horovod worker of a node on a device id of its own, as each takes gpu(local rank) on a GPU node:
         # the CPU runs the per-device code of a multi-GPU run (optimizer counts, states and copies by device).
         return [mx.cpu(world.local_rank if args.kv_store == 'horovod' else 0)]
