@@ -531,6 +531,47 @@ def test_stochastic_depth_drops_whole_samples_of_the_body_in_training_only(dtype
     np.testing.assert_allclose(inference, np.maximum(0, running + shortcut.asnumpy()), **tolerance)
 
 
+@pytest.mark.parametrize('dtype', ['float32', 'float16'])
+def test_stochastic_depth_keeps_the_fused_kernel_and_computes_the_same(monkeypatch, dtype):
+    """--drop-path with NVIDIA's BatchNormAddRelu: the unit stays one fused operator (gamma and beta scaled by 1 /
+    (1 - rate) for the kept samples, relu(shortcut) for the dropped ones) instead of falling back to three
+    (BatchNorm, Dropout, add + ReLU). With the same draws it gives the composed unit's outputs, gradients and
+    running statistics, in training and inference (CPU stand-ins of NVIDIA's operators)."""
+    kernels = NvidiaKernels()
+    monkeypatch.setattr(mx.nd, 'BatchNorm', kernels.BatchNorm)
+    monkeypatch.setattr(mx.nd, 'BatchNormAddRelu', kernels.BatchNormAddRelu, raising=False)
+    rate = 0.3
+    rng = np.random.default_rng(4)
+    x = mx.nd.array(rng.normal(size=(64, 3, 2, 2)), dtype=dtype)
+    shortcut = mx.nd.array(rng.normal(size=(64, 3, 2, 2)), dtype=dtype)
+    head = mx.nd.array(rng.normal(size=(64, 3, 2, 2)), dtype=dtype)    # the gradient of the output
+    results = []
+    for kernel in ('nvidia', 'composed'):
+        block = layers.BatchNormAddReLU(kernel, rate, in_channels=3)
+        block.initialize()
+        block.gamma.set_data(mx.nd.array([1.5, 0.5, 2.0]))
+        block.beta.set_data(mx.nd.array([0.3, -0.2, 0.1]))
+        if dtype == 'float16':
+            block.cast('float16')
+        inputs = [x.copy(), shortcut.copy()]
+        for array in inputs:
+            array.attach_grad()
+        mx.random.seed(11)
+        kernels.calls.clear()
+        with mx.autograd.record(train_mode=True):
+            out = block(*inputs)
+        out.backward(head)
+        assert [name for name, _ in kernels.calls] == (['BatchNormAddRelu'] if kernel == 'nvidia' else ['BatchNorm'])
+        results.append([out, *(a.grad for a in inputs), block.gamma.grad(), block.beta.grad(),
+                        block.running_mean.data(), block.running_var.data(), block(*inputs)])
+    dropped = (results[1][0].asnumpy() == np.maximum(0, shortcut.asnumpy())).all(axis=(1, 2, 3))
+    assert 0.1 < dropped.mean() < 0.5      # the same draws dropped about `rate` of the samples in both
+    tolerance = dict(atol=2e-2, rtol=1e-2) if dtype == 'float16' else dict(atol=1e-5, rtol=1e-5)
+    for fused, composed in zip(*results):
+        np.testing.assert_allclose(fused.asnumpy().astype(np.float64), composed.asnumpy().astype(np.float64),
+                                   **tolerance)
+
+
 def test_stochastic_depth_rises_linearly_over_the_units_and_leaves_inference_networks_alone():
     net = models.get_model(num_layers=50, num_classes=10, image_shape=(3, 32, 32), drop_path=0.15)
     rates = [block.drop_rate for block in blocks_of(net, layers.BatchNormAddReLU)]

@@ -154,14 +154,14 @@ class BatchNormReLU(nn.BatchNorm):
 
 class BatchNormAddReLU(nn.BatchNorm):
     """relu(batchnorm(x) + addend) with `kernel` 'composed' (three ops) or 'nvidia' (NVIDIA's BatchNormAddRelu
-    operator). Same parameters as nn.BatchNorm. With `drop_rate` (stochastic depth, composed only), in training
-    each sample's batchnorm output is dropped with that probability and the others scaled by 1 / (1 - rate):
-    Dropout with one draw per sample (axes C, H, W), which MXNet applies only in training."""
+    operator). Same parameters as nn.BatchNorm. With `drop_rate` (stochastic depth), in training each sample's
+    batchnorm output is dropped with that probability and the others scaled by 1 / (1 - rate): one Dropout draw
+    per sample, which MXNet applies only in training. Fused, a kept sample's unit is the fused operator with
+    gamma and beta scaled by 1 / (1 - rate) (the statistics are the whole batch's either way) and a dropped
+    one's relu(addend)."""
 
     def __init__(self, kernel, drop_rate=0.0, **kwargs):
         super().__init__(**kwargs)
-        if drop_rate and kernel != 'composed':
-            raise ValueError('stochastic depth needs the composed kernel')
         self.kernel, self.drop_rate = kernel, drop_rate
 
     def _alias(self):
@@ -169,6 +169,8 @@ class BatchNormAddReLU(nn.BatchNorm):
 
     def hybrid_forward(self, F, x, addend, gamma, beta, running_mean, running_var):
         kwargs = batchnorm_kwargs(self)
+        if self.kernel == 'nvidia' and self.drop_rate:
+            return self.dropped_fused(F, x, addend, gamma, beta, running_mean, running_var, kwargs)
         if self.kernel == 'nvidia':
             return F.BatchNormAddRelu(data=x, addend=addend, gamma=gamma, beta=beta, moving_mean=running_mean,
                                       moving_var=running_var, name='fwd', **kwargs)
@@ -176,6 +178,19 @@ class BatchNormAddReLU(nn.BatchNorm):
         if self.drop_rate:
             normalised = F.Dropout(normalised, p=self.drop_rate, axes=(1, 2, 3))
         return F.Activation(normalised + addend, act_type='relu')   # not F.relu: see BatchNormReLU
+
+    def dropped_fused(self, F, x, addend, gamma, beta, running_mean, running_var, kwargs):
+        """Stochastic depth around the fused kernel: `scale`, Dropout of ones, is per sample 0 (dropped) or
+        1 / (1 - rate) (kept) in training and 1 in inference; its largest value scales gamma and beta (1 / (1 -
+        rate) unless the whole batch is dropped, when the fused output is not used), and each sample takes the
+        fused output or relu(addend) by its draw."""
+        scale = F.Dropout(F.ones_like(F.slice(x, begin=(None, 0, 0, 0), end=(None, 1, 1, 1))), p=self.drop_rate)
+        factor = F.cast(F.max(scale), dtype='float32')   # gamma and beta are float32 in a float16 network too
+        fused = F.BatchNormAddRelu(data=x, addend=addend, gamma=F.broadcast_mul(gamma, factor),
+                                   beta=F.broadcast_mul(beta, factor), moving_mean=running_mean,
+                                   moving_var=running_var, name='fwd', **kwargs)
+        kept = scale > 0
+        return F.broadcast_mul(fused, kept) + F.broadcast_mul(F.Activation(addend, act_type='relu'), 1 - kept)
 
 
 def without_weight_decay(block, *names):
@@ -248,11 +263,10 @@ class Builder:
     def batchnorm_add_relu(self, name, channels, drop_rate=0.0):
         """(transposes for the body, the block): the final batchnorm of a residual body (gamma 0 with
         `zero_gamma`), fused with the shortcut addition and the ReLU, and the body dropped per sample with
-        `drop_rate` in training (composed then: the fused kernel has no per-sample scale). The shortcut must
-        `follow` this builder."""
+        `drop_rate` in training (BatchNormAddReLU). The shortcut must `follow` this builder."""
         layers = self._into(self.batchnorm_layout, f'{name}_transpose')
-        kernel = 'composed' if drop_rate else self.bn_add_relu_kernel
-        block = BatchNormAddReLU(kernel, drop_rate, **self._batchnorm_options(channels, self.zero_gamma))
+        block = BatchNormAddReLU(self.bn_add_relu_kernel, drop_rate,
+                                 **self._batchnorm_options(channels, self.zero_gamma))
         return layers, without_weight_decay(block, 'gamma', 'beta')
 
     def max_pool(self, name):
