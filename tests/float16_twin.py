@@ -41,15 +41,15 @@ class Float16Net(gluon.HybridBlock):
         return F.sum(F.broadcast_mul(features.expand_dims(1), weight.expand_dims(0)), axis=2).astype('float32')
 
 
-def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='device', extra=()):
-    """The recipe's TrainingStep for `net` (initialised here, cast to `dtype`) on `contexts`; `extra`: more
-    train.py flags."""
+def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='device', extra=(), kind='cpu'):
+    """The recipe's TrainingStep for `net` (initialised here, cast to `dtype`) on `contexts`, devices of `kind`
+    ('gpu': the step of a GPU worker, on CPU contexts); `extra`: more train.py flags."""
     args = resolved(['--batch-size', str(batch), '--lr', '0.1', '--wd', '0', '--label-smoothing', '0.1',
                      '--num-classes', '3', '--seed', '1', '--kv-store', kv_store] + list(extra), dtype=dtype)
     net.initialize(ctx=list(contexts))
     if dtype == 'float16':
         net.cast('float16')
-    return TrainingStep(args, net, workers.World(kv_store, devices=workers.Devices(tuple(contexts))), seed=1)
+    return TrainingStep(args, net, workers.World(kv_store, devices=workers.Devices(tuple(contexts), kind)), seed=1)
 
 
 def batch_of(values, labels, dtype='float32'):

@@ -12,6 +12,7 @@ import dali
 import fit
 from rn50.config import resolve
 from rn50.training import losses
+from rn50.training import step as step_module
 from rn50.world import workers
 from conftest import digits_flags, gloo_workers, resolved
 from float16_twin import Float16Net, batch_of, step_for
@@ -153,6 +154,25 @@ def test_float16_step_with_loss_scaling_skips_overflows_and_grows():
         step.run(batch_of(bad, labels, 'float16'), 0, 3, 0.1)
 
 
+@pytest.mark.unit
+def test_a_step_that_doubles_the_loss_scale_divides_by_the_scale_it_was_computed_with():
+    """Reading the overflow flag doubles the scale after `interval` clean steps; the update of that step was
+    given the doubled scale (its gradients divided by twice the scale of its loss: half a step every 2000).
+    Scaling by powers of 2 is exact, so a run whose scale grows trains bit for bit as one whose scale stays."""
+    rng = np.random.default_rng(1)
+    batches = [batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), 'float16') for _ in range(3)]
+    weights = []
+    for interval in (2, 1000):
+        mx.random.seed(0)
+        step = step_for(Float16Net(), 'float16')
+        step.loss_scale = losses.DynamicLossScale(scale=8.0, interval=interval)
+        for i, batch in enumerate(batches):
+            step.run(batch, 0, i, 0.1)
+        weights.append(step.net.weight.data().asnumpy())
+    assert step.loss_scale.scale == 8.0
+    np.testing.assert_array_equal(weights[0], weights[1])
+
+
 class RecordingLoader:
     """Fixed batches; records in `events` when each one is requested."""
 
@@ -196,6 +216,75 @@ def test_float16_step_fetches_the_next_batch_before_its_host_synchronisation():
         plain.run(batch, 0, i, fit.learning_rate(i / 3, 0.1, 2))
     assert step.loss_scale.state() == plain.loss_scale.state() and step.loss_scale.skipped == 1
     np.testing.assert_array_equal(step.net.weight.data().asnumpy(), plain.net.weight.data().asnumpy())
+
+
+class HostReads:
+    """Records, in order, the step's backward, its update and every read of a device array by the host."""
+
+    READS = ('asscalar', 'asnumpy', 'wait_to_read')
+
+    def __init__(self, monkeypatch, step):
+        self.events = []
+        for name in self.READS:
+            original = getattr(mx.nd.NDArray, name)
+            monkeypatch.setattr(mx.nd.NDArray, name, self.recorded('read', original))
+        monkeypatch.setattr(mx.autograd, 'backward', self.recorded('backward', mx.autograd.backward))
+        monkeypatch.setattr(step.gluon_trainer, 'update', self.recorded('update', step.gluon_trainer.update))
+
+    def recorded(self, what, function):
+        def call(*args, **kwargs):
+            self.events.append(what)
+            return function(*args, **kwargs)
+        return call
+
+    def between_backward_and_update(self):
+        """The host reads between each backward and the update that follows it."""
+        counts, inside = [], False
+        for event in self.events:
+            if event == 'backward':
+                counts.append(0)
+                inside = True
+            elif event == 'update':
+                inside = False
+            elif inside:
+                counts[-1] += 1
+        return counts
+
+
+@pytest.mark.parametrize('contexts', [[mx.cpu()], [mx.cpu(0), mx.cpu(1)]])
+@pytest.mark.unit
+def test_the_float16_step_on_a_gpu_queues_its_update_before_any_host_read(monkeypatch, contexts):
+    """The GPU default (float16, dynamic loss scaling) read the overflow flag between backward and update: the
+    device idled while the host then queued the update and the next forward (the original recipe read nothing
+    before its update). Now, on GPUs, what the update writes is copied on the device, the update is queued, the
+    flag is read, and an overflowed update is undone. The CPU twin (MXNet made to see a GPU step on CPU
+    contexts, one or two devices): no host read between backward and update after the first step (which creates
+    the optimizer state), and the same weights, master weights, momenta, loss scale and skipped steps as the
+    CPU's skip-before-update, with an inf at steps 2 and 4."""
+    rng = np.random.default_rng(6)
+    batches = [batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), 'float16') for _ in range(6)]
+    for index in (2, 4):
+        batches[index].data[0][1, 0, 0, 0] = np.inf
+    results = []
+    for kind in ('gpu', 'cpu'):
+        mx.random.seed(0)
+        step = step_for(Float16Net(), 'float16', contexts=contexts, kind=kind)
+        step.loss_scale = losses.DynamicLossScale(scale=8.0, interval=2)
+        reads = HostReads(monkeypatch, step)
+        for i, batch in enumerate(batches):
+            step.run(batch, 0, i, 0.1)
+        monkeypatch.undo()
+        counts = reads.between_backward_and_update()
+        assert len(counts) == 6 and counts[0] > 0, counts               # the first step creates the state
+        assert all(count == 0 if kind == 'gpu' else count > 0 for count in counts[1:]), (kind, counts)
+        states = step.gluon_trainer._updaters[0].states
+        results.append([step.net.weight.data(c).asnumpy() for c in contexts] + [
+            array.asnumpy() for index in sorted(states) for array in step_module.flat_arrays(states[index])] + [
+            step.loss_scale.state(), step.gluon_trainer._optimizer.num_update])
+    gpu, cpu = results
+    assert gpu[-2] == cpu[-2] and gpu[-2]['skipped'] == 2 and gpu[-1] == cpu[-1] == 4
+    for a, b in zip(gpu[:-2], cpu[:-2]):
+        np.testing.assert_array_equal(a, b)
 
 
 class RecordedLoss:

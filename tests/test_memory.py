@@ -55,8 +55,12 @@ def test_the_estimate_grows_with_the_batch_and_the_image_area():
     need_8, per_image = memory.batch_need(args, net, 8)
     need_64, _ = memory.batch_need(args, net, 64)
     assert need_64 - need_8 == pytest.approx(56 * per_image)
-    # The fixed part: ResNet-50's 23.5 M parameters (10 classes), weights + gradients + momentum in float32.
+    # The fixed part: ResNet-50's 23.5 M parameters (10 classes), weights + gradients + momentum in float32; in
+    # float16 also the float32 master weights and the undoable update's copies (22 bytes a parameter).
     assert need_8 - 8 * per_image == pytest.approx(23.6e6 * 4 * 3, rel=0.02)
+    half = resolve.replaced(args, dtype='float16')
+    need_half, per_half = memory.batch_need(half, net, 8)
+    assert need_half - 8 * per_half == pytest.approx(23.6e6 * 22, rel=0.02) and per_half == pytest.approx(per_image / 2)
     # The calibration runs (memory.py): 1.86 MB per image measured at 3x32x32, 7.98 MB at 3x64x64.
     assert per_image == pytest.approx(1.86 * 2 ** 20, rel=0.1)
     big, big_net = small_run(['--image-shape', '3,64,64'])

@@ -6,7 +6,7 @@
     images, targets = losses.mix(images, targets, own, boxes, layout)
     scale = losses.DynamicLossScale()                              # --dtype float16 without AMP
     finite = scale.check(params)                                   # queued on the device
-    if not scale.overflowed(finite): trainer.update(batch * scale.scale)   # the host reads it
+    if not scale.overflowed(finite): trainer.update(batch * scale.scale)   # the host reads it (GPUs: after the update)
 
 step.TrainingStep uses them; they are pure functions of their inputs (mixup draws of the position in
 training), so a resumed run computes what an uninterrupted one would.
@@ -161,9 +161,9 @@ class DynamicLossScale:
         return finite
 
     def overflowed(self, finite):
-        """Read the flag of `check` and update the scale; True means skip this step. The host waits for the
-        device here (one synchronisation per step): the update that follows depends on the answer, and
-        deciding it one step later would apply an overflowed update (or skip a clean one)."""
+        """Read the flag of `check` and update the scale; True means skip this step (on the CPU the update is
+        not made; on GPUs it was queued already and is undone: step.UpdateUndo). The host waits for the device
+        here, once per step."""
         if finite.asscalar() == 0:
             self.scale /= 2
             self.clean_steps = 0

@@ -58,6 +58,75 @@ def grouping(horovod, environ=os.environ):
     return {'num_groups': int(text)}
 
 
+class UpdateUndo:
+    """What an optimizer update writes, kept so that an overflowed float16 step can be put back after its update
+    was queued: every device's trainable weights and optimizer state arrays, copied on the device (two
+    multi-tensor kernels per 60 arrays of one device and dtype), and the update counts. On GPUs the step then
+    reads the overflow flag only once the update is queued, so the device works through the update while the
+    host waits for the flag, instead of idling until the host has queued it."""
+
+    def __init__(self, trainer, params):
+        self.trainer, self.params = trainer, [p for p in params.values() if p.grad_req != 'null']
+        self.arrays, self.copies, self.counts = [], [], None
+
+    def ready(self):
+        """Whether the optimizer's state exists (the first update creates it): only then can it be kept."""
+        return all(updater.states for updater in self.trainer._updaters)
+
+    def _written(self):
+        arrays = [array for param in self.params for array in param.list_data()]
+        for updater in self.trainer._updaters:
+            for index in sorted(updater.states):
+                arrays += flat_arrays(updater.states[index])
+        return arrays
+
+    def keep(self):
+        """Queue the copies of what the next update writes, and note the update counts (host values)."""
+        arrays = self._written()
+        if len(arrays) != len(self.arrays) or any(a is not b for a, b in zip(arrays, self.arrays)):
+            self.arrays, self.copies = arrays, [mx.nd.zeros(a.shape, a.context, dtype=a.dtype) for a in arrays]
+        groups = {}
+        for array, copy in zip(self.arrays, self.copies):
+            groups.setdefault((array.context, array.dtype), []).append((array, copy))
+        for pairs in groups.values():
+            for start in range(0, len(pairs), COPIES_PER_CALL):
+                chunk = pairs[start:start + COPIES_PER_CALL]
+                copies = [copy for _, copy in chunk]
+                # MXNet's SGD kernel as a copier: copy = (1 - lr x wd) x copy - lr x rescale x array with lr 1, wd 0
+                # and rescale -1 is the array exactly once the copy is zero (reset_arrays).
+                mx.nd.reset_arrays(*copies, num_arrays=len(copies))
+                mx.nd.multi_sgd_update(*[a for pair in chunk for a in (pair[1], pair[0])], lrs=(1.0,) * len(chunk),
+                                       wds=(0.0,) * len(chunk), rescale_grad=-1.0, num_weights=len(chunk),
+                                       out=copies)
+        optimizer = self.trainer._optimizer
+        self.counts = (optimizer.num_update,
+                       {device: dict(counts) for device, counts in optimizer._all_index_update_counts.items()})
+
+    def undo(self):
+        """Put back what the last update wrote (its step overflowed): the arrays, and the update counts MXNet
+        keeps per device (in place: the optimizer points at the dictionary of the device it updates)."""
+        for array, copy in zip(self.arrays, self.copies):
+            copy.copyto(array)
+        optimizer = self.trainer._optimizer
+        optimizer.num_update = self.counts[0]
+        for device, counts in optimizer._all_index_update_counts.items():
+            counts.clear()
+            counts.update(self.counts[1].get(device, {}))
+
+
+# Arrays per call of MXNet's multi-tensor SGD kernel (its limit is 60 inputs of each kind; UpdateUndo.keep).
+COPIES_PER_CALL = 60
+
+
+def flat_arrays(state):
+    """The NDArrays of an optimizer state (an NDArray, None, or nested tuples and lists of them)."""
+    if isinstance(state, mx.nd.NDArray):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [array for part in state for array in flat_arrays(part)]
+    return []
+
+
 class TrainingStep:
     """The training step of one worker: forward and backward on each of its devices, loss scaling, and the
     update through `gluon_trainer` (a gluon.Trainer, or Horovod's DistributedTrainer)."""
@@ -93,6 +162,10 @@ class TrainingStep:
             from mxnet.contrib import amp
             amp.init_trainer(self.gluon_trainer)
         self.loss_scale = losses.DynamicLossScale() if args.dtype == 'float16' and not args.amp else None
+        # GPUs: read the overflow flag after the update is queued, undoing an overflowed one (UpdateUndo); on the
+        # CPU the host's cores are the device's, and the flag is read before the update, as plain skipping.
+        self.undo = UpdateUndo(self.gluon_trainer, self.params) \
+            if self.loss_scale is not None and world.devices.kind == 'gpu' else None
         self.accumulation = training_extras.Accumulation(args.grad_accum_steps, self.params)
         self.average = None   # --model-ema's ema.WeightAverage, set by train() once the weights are final
         self.teacher = distill.Teacher(args, build_network, self.contexts) if args.teacher else None
@@ -119,9 +192,10 @@ class TrainingStep:
 
     def run(self, batch, epoch, iteration, lr, before_sync=None):
         """One optimisation step; returns the batch's mean loss as an NDArray (not synchronised).
-        `before_sync()` runs once all up to the update is queued, before the host waits for the overflow
-        flag (float16, AMP): the loop fetches the next batch there, so the loader's host work (DALI's feed and
-        copy) overlaps the device's instead of leaving it idle. `batch` is not read after that call."""
+        `before_sync()` runs once all up to the host's wait for the overflow flag is queued (float16, AMP; on
+        GPUs the float16 update too, UpdateUndo): the loop fetches the next batch there, so the loader's host work
+        (DALI's feed and copy) overlaps the device's instead of leaving it idle. `batch` is not read after that
+        call."""
         self.gluon_trainer.set_learning_rate(lr)
         images = device_slices(batch.data[0], self.contexts)
         labels = device_slices(batch.label[0], self.contexts)
@@ -148,12 +222,20 @@ class TrainingStep:
         if isinstance(self.gluon_trainer._optimizer, lamb.TimmLAMB):
             self.gluon_trainer._optimizer.measure_gradients(self.params, self.contexts[0])
         finite = self.loss_scale.check(self.params.values()) if self.loss_scale is not None else None
-        if before_sync is not None:
-            before_sync()
-        if self.loss_scale is None:
-            self.gluon_trainer.update(local_batch)      # AMP's update reads its own overflow flag
-        elif not self.loss_scale.overflowed(finite):
-            self.gluon_trainer.update(local_batch * self.loss_scale.scale)
+        # The scale the gradients were computed with: reading the flag may double it for the next step.
+        scaled_batch = local_batch * (self.loss_scale.scale if self.loss_scale is not None else 1)
+        if self.undo is not None and self.undo.ready():    # the update queued before the host reads the flag
+            self.undo.keep()
+            self.gluon_trainer.update(scaled_batch)
+            if before_sync is not None:
+                before_sync()
+            if self.loss_scale.overflowed(finite):
+                self.undo.undo()
+        else:
+            if before_sync is not None:
+                before_sync()
+            if self.loss_scale is None or not self.loss_scale.overflowed(finite):
+                self.gluon_trainer.update(scaled_batch)     # AMP's update reads its own overflow flag
         self.accumulation.after_step()
         if self.average is not None:
             self.average.update(self.accumulation.step_number(epoch, iteration),

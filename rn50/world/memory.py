@@ -6,8 +6,9 @@ inside the first step (GPU).
     memory.check_batch_fits(args, net, world)   # train.py: after the network is built, before any weight or batch
     memory.check_batch_against_data(loader, world)   # --mode val: a warning when most of a batch is padding
 
-The estimate, per device: batch images x bytes per image + the parameters three times (weights, gradients,
-momentum; once for validation). Bytes per image are a calibrated fraction of the bytes of every operator output
+The estimate, per device: batch images x bytes per image + the parameters' bytes (BYTES_PER_PARAMETER: in
+training the weights, gradients and momentum, and in float16 the float32 master weights and the copies of an
+undoable update too; the weights alone for validation). Bytes per image are a calibrated fraction of the bytes of every operator output
 of the network for one image, read from the network's own graph at the run's image shape, so the figure
 follows the architecture, depth, image area and dtype. What the loaders hold (a few decoded batches) is left
 out: the estimate is what the network alone needs, so only a batch that certainly cannot fit is refused.
@@ -38,11 +39,16 @@ log = logging.getLogger(__name__)
 TRAINING_FRACTION = 0.6
 VALIDATION_FRACTION = 0.05
 GB = 1024 ** 3
+# Bytes per parameter, by mode and dtype. Training in float32: weights, gradients, momentum. In float16 (GPUs):
+# float16 weights and gradients, float32 master weights and momentum, and the device copies of the weights,
+# master weights and momentum that an undoable update keeps (rn50/training/step.py's UpdateUndo).
+BYTES_PER_PARAMETER = {('training', 'float32'): 3 * 4, ('training', 'float16'): 2 + 2 + 4 + 4 + (2 + 4 + 4),
+                       ('inference', 'float32'): 4, ('inference', 'float16'): 2}
 
 
 def graph_bytes(net, image_shape, input_layout, dtype):
-    """(bytes of every operator output for one image, bytes of the parameters once) of `net`, from its graph's
-    shapes at `image_shape` (nothing is allocated; the network need not be initialised)."""
+    """(bytes of every operator output for one image, number of parameters) of `net`, from its graph's shapes at
+    `image_shape` (nothing is allocated; the network need not be initialised)."""
     channels, height, width = image_shape
     shape = (1, channels, height, width) if input_layout == 'NCHW' else (1, height, width, channels)
     internals = net(mx.sym.var('data')).get_internals()
@@ -50,8 +56,7 @@ def graph_bytes(net, image_shape, input_layout, dtype):
     outputs = sum(math.prod(s) for name, s in zip(internals.list_outputs(), out_shapes) if name.endswith('_output'))
     parameters = sum(math.prod(s) for name, s in zip(internals.list_arguments(), arg_shapes) if name != 'data')
     parameters += sum(math.prod(s) for s in aux_shapes)
-    size = 2 if dtype == 'float16' else 4
-    return outputs * size, parameters * size
+    return outputs * (2 if dtype == 'float16' else 4), parameters
 
 
 def batch_need(args, net, images):
@@ -59,7 +64,8 @@ def batch_need(args, net, images):
     training = args.mode in ('train', 'train_val')
     outputs, parameters = graph_bytes(net, image_shape(args, training), args.input_layout, args.dtype)
     per_image = outputs * (TRAINING_FRACTION if training else VALIDATION_FRACTION)
-    return images * per_image + parameters * (3 if training else 1), per_image
+    kept = BYTES_PER_PARAMETER['training' if training else 'inference', args.dtype]
+    return images * per_image + parameters * kept, per_image
 
 
 def host_available():
