@@ -34,11 +34,12 @@ FIELDS = ['namespace', 'time_ms', 'event_type', 'key', 'value', 'metadata']
 # ---- the rules ---------------------------------------------------------------------------------------------------
 
 def checker(path):
-    """MLCommons' compliance checker on the log at `path`, run as its README says (training, ruleset 4.0.0; the
-    division, benchmark and optimizer rules it reads follow the log's own keys): (passed, its report). Passed is
-    its exit status 0 with SUCCESS; the report (stderr) names the rule files it read and every failed check."""
+    """MLCommons' compliance checker on the log at `path` (training, ruleset 4.0.0; the division, benchmark and
+    optimizer rules it reads follow the log's own keys), its warnings counted as failures (--werror): (passed, its
+    report). Passed is its exit status 0 with SUCCESS; the report (stderr) names the rule files it read and every
+    failed check."""
     result = subprocess.run([sys.executable, '-m', 'mlperf_logging.compliance_checker', '--usage', 'training',
-                             '--ruleset', '4.0.0', '--log_output', os.devnull, str(path)],
+                             '--ruleset', '4.0.0', '--werror', '--log_output', os.devnull, str(path)],
                             capture_output=True, text=True, timeout=120)
     return result.returncode == 0 and result.stderr.rstrip().endswith('SUCCESS'), result.stderr
 
