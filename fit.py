@@ -266,7 +266,8 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
         resume(args, net, step, world, state)
         dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': meta['iteration']})
     meta['seed'] = seed   # as every state records it; report.json too
-    mlperf = mlperf_log.start(args, world, seed, resumed=state is not None)   # run_start: before the data is touched
+    # run_start: before the loaders touch the data
+    mlperf = mlperf_log.start(mlperf_log.Run.of(args), world, seed, resumed=state is not None)
     train_loader, val_loader = get_loaders(args, world.rank, world.size, train=True, val=args.mode == 'train_val',
                                            contexts=world.devices.contexts, seed=seed)
     if args.mode == 'train_val' and val_loader is None:

@@ -1,13 +1,14 @@
 """MLPerf Training's result log (`--mlperf-log PATH`): the `:::MLLOG {json}` lines MLCommons' compliance checker
-reads, written by rank 0 of a training run, independent of the recipe's other logs. `--recipe mlperf` writes
-`mlperf.log` in the workspace (recipes.py). Produce one, then check it with MLCommons' checker (mlcommons/logging):
+reads, written by rank 0 of a training run through MLCommons' own library (`mlperf_logging.mllog`, its constants
+for the keys), independent of the recipe's other logs. `--recipe mlperf` writes `mlperf.log` in the workspace
+(recipes.py). Produce one, then check it with MLCommons' checker (the same package):
 
     ./runner -n 8 --recipe mlperf --submission-org ACME --submission-platform 1xDGXH100 --workspace runs/rn50
     python -m mlperf_logging.compliance_checker --usage training --ruleset 4.0.0 runs/rn50/mlperf.log
 
-The format (mlperf_logging.mllog): one line per event, `:::MLLOG ` and a JSON object with `namespace` (""),
-`time_ms` (wall clock in milliseconds), `event_type` (POINT_IN_TIME, INTERVAL_START or INTERVAL_END), `key`,
-`value` and `metadata` (`file` and `lineno` of the recipe's call, plus what the key needs). A run, in order:
+Each run writes through an mllog MLLogger of its own, over a logging.Logger with one file handler: not mllog's
+shared logger (mllog.config adds a file handler to it at every call), so a process that runs the recipe several
+times writes each run's lines to that run's file alone. A run, in order:
 
     init_start (at train.py's start), cache_clear, submission_org, _platform, _division, _status,
     _benchmark (resnet), global_batch_size, gradient_accumulation_steps, seed, opt_name and the optimizer's
@@ -18,28 +19,32 @@ The format (mlperf_logging.mllog): one line per event, `:::MLLOG ` and a JSON ob
 
 MLPerf numbers epochs from 1 (its Training rules, "Epoch numbering"): epoch_num is the recipe's epoch + 1. Time to
 train is run_stop - run_start; report.json's summary gives it (`mlperf.time_to_train`, read back by summary()).
-The rules (training ruleset 4.0.0: common.yaml, closed_common.yaml, closed_resnet.yaml; the Training rules'
-hyper-parameter table and evaluation frequency) are checked before anything starts (check_flags): a run the log
-could not record as asked is one error. A run that resumes a state writes no log (MLPerf times one run from
-initialisation; the first part's log, ending in run_stop aborted, stays), and one with a log evaluates at its
---eval-period epochs only (fit.evaluated), every image of the validation set once (inference.validate).
+The rules (training ruleset 4.0.0: common.yaml, closed_common.yaml, closed_resnet.yaml and the 3.1.0
+closed_resnet_lars.yaml / _sgd.yaml it reads; the Training rules' hyper-parameter table and evaluation frequency)
+are checked before anything starts (check_flags): a run the log could not record as asked is one error. A run that
+resumes a state writes no log (MLPerf times one run from initialisation; the first part's log, ending in run_stop
+aborted, stays), and one with a log evaluates at its --eval-period epochs only (fit.evaluated), every image of the
+validation set once (inference.validate).
 """
 import argparse
+import dataclasses
 import json
 import logging
 import math
 import os
+import re
 import sys
 import time
+
+from mlperf_logging.mllog import constants
+from mlperf_logging.mllog.mllog import MLLogger
 
 from rn50.checkpoints.workspace import Workspace
 from rn50.errors import RecipeError
 
 log = logging.getLogger(__name__)
 
-TOKEN = ':::MLLOG '
-POINT, START, END = 'POINT_IN_TIME', 'INTERVAL_START', 'INTERVAL_END'
-BENCHMARK = 'resnet'
+TOKEN = ':::MLLOG '              # each line's start (summary() reads the log back)
 QUALITY_TARGET = 0.759          # the Training rules' ResNet-50 target; closed_resnet.yaml wants an eval_accuracy >= it
 EVAL_PERIOD = 4                 # the rules' evaluation frequency for ResNet-50: every 4 epochs, offset 0 to 3
 END_LR, POLY_POWER, LARS_EPSILON, MOMENTUM = 0.0001, 2.0, 0.0, 0.9     # fixed to the reference (the HP table)
@@ -184,143 +189,206 @@ def closed_problems(args):
 # ----------------------------------------------------------------------------------------------------------
 # The writer
 
+# The optimizer's keys: mllog's constants for LARS; for SGD the names training 4.0.0 reads (its closed_resnet.yaml
+# takes 3.1.0's closed_resnet_sgd.yaml), which mllog's constants lack.
+OPTIMIZER_KEYS = {
+    constants.LARS: {'base_lr': constants.LARS_OPT_BASE_LEARNING_RATE, 'end_lr': constants.LARS_OPT_END_LR,
+                     'poly_power': constants.LARS_OPT_LR_DECAY_POLY_POWER, 'momentum': constants.LARS_OPT_MOMENTUM,
+                     'weight_decay': constants.LARS_OPT_WEIGHT_DECAY, 'decay_steps': constants.LARS_OPT_LR_DECAY_STEPS},
+    constants.SGD: {'base_lr': 'sgd_opt_base_learning_rate', 'end_lr': 'sgd_opt_end_learning_rate',
+                    'poly_power': 'sgd_opt_learning_rate_decay_poly_power', 'momentum': 'sgd_opt_momentum',
+                    'weight_decay': 'sgd_opt_weight_decay', 'decay_steps': 'sgd_opt_learning_rate_decay_steps'},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What a run's result log records, as values (Run.of takes them from the resolved flags): `path` (None: the
+    run writes no log), the submission (`platform` None: workers x device), the global batch and the optimizer's
+    hyper-parameters, the epochs the decay spans, the target, `load` (weights to start from: refused), and the
+    model (arch, depth, HxW, classes: a closed result needs the reference's)."""
+    path: object
+    org: str
+    platform: object
+    division: str
+    status: str
+    cache_clear: str
+    batch_size: int
+    grad_accum_steps: int
+    optimizer: str
+    lr: float
+    end_lr: float
+    poly_power: float
+    momentum: float
+    weight_decay: float
+    lars_epsilon: float
+    warmup_epochs: float
+    decay_epochs: float
+    target: float
+    load: object
+    model: tuple
+
+    @classmethod
+    def of(cls, args):
+        return cls(path=log_path(args) if enabled(args) else None, org=args.submission_org,
+                   platform=args.submission_platform, division=args.submission_division,
+                   status=args.submission_status, cache_clear=args.mlperf_cache_clear, batch_size=args.batch_size,
+                   grad_accum_steps=args.grad_accum_steps, optimizer=args.optimizer, lr=args.lr, end_lr=args.end_lr,
+                   poly_power=args.lr_poly_power, momentum=args.mom, weight_decay=args.wd,
+                   lars_epsilon=args.lars_eps, warmup_epochs=args.warmup_epochs,
+                   decay_epochs=args.num_epochs - (args.warmup_epochs if args.warmup_prefix else 0),
+                   target=args.target_accuracy, load=args.load,
+                   model=(args.arch, args.num_layers, f'{args.image_shape[1]}x{args.image_shape[2]}',
+                          args.num_classes))
+
+
+def writer(path):
+    """An mllog MLLogger writing `path` alone (created, or emptied): its own logging.Logger, outside logging's
+    registry (freed with the run), with one file handler, which writes each line out as it comes."""
+    logger = logging.Logger(__name__)
+    logger.propagate = False
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        logger.addHandler(logging.FileHandler(path, mode='w'))
+    except OSError as e:
+        raise RecipeError(f'--mlperf-log {path}: cannot write it ({e.strerror or e})') from e
+    # mllog trims root_dir from the caller's file as a regular expression (re.sub('^' + root_dir + '/', ...))
+    return MLLogger(logger=logger, default_namespace=constants.DEFAULT_NAMESPACE, root_dir=re.escape(ROOT))
+
+
+def now_ms():
+    """mllog's clock: wall-clock milliseconds, as an integer."""
+    return int(time.time() * 1000)
+
 
 class ResultLog:
-    """The result log of one run: writes on rank 0 (`path`), is silent elsewhere (None). fit.py calls the
-    hooks: start() before the loaders, data(), epoch_start/epoch_stop, eval_start/eval_stop, run_stop."""
+    """The result log of one run (`run`, a Run): written through `mllogger` (an MLLogger) on rank 0, silent
+    elsewhere (None). fit.py calls the hooks: data() once the loaders exist, epoch_start/epoch_stop,
+    eval_start/eval_stop, run_stop."""
 
-    def __init__(self, path=None, args=None):
-        self.args = args
-        self.path, self.file = path, None
+    def __init__(self, mllogger=None, run=None):
+        self.mllogger, self.run = mllogger, run
         self.run_start_ms = self.open_epoch = None
-        if path is not None:
-            try:
-                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-                self.file = open(path, 'w', buffering=1)
-            except OSError as e:
-                raise RecipeError(f'--mlperf-log {path}: cannot write it ({e.strerror or e})') from e
 
-    def event(self, key, value=None, metadata=None, event_type=POINT, when=None):
-        """One line: `when` (time.time() seconds) or now, the caller's file and line."""
-        if self.file is None:
-            return None
-        frame = sys._getframe(1)
+    def write(self, kind, key, value=None, metadata=None, time_ms=None):
+        """One line through mllog (`kind`: its start, end or event). Its metadata names the recipe's call: the
+        stack_offset skips this module's frames."""
+        if self.mllogger is None:
+            return
+        frame, here = sys._getframe(), 0
         while os.path.abspath(frame.f_code.co_filename) == HERE:
-            frame = frame.f_back
-        ms = int(round((time.time() if when is None else when) * 1000))
-        where = {'file': os.path.relpath(frame.f_code.co_filename, ROOT), 'lineno': frame.f_lineno}
-        record = {'namespace': '', 'time_ms': ms, 'event_type': event_type, 'key': key, 'value': value,
-                  'metadata': dict(where, **(metadata or {}))}
-        self.file.write(TOKEN + json.dumps(record) + '\n')
-        return ms
+            frame, here = frame.f_back, here + 1
+        getattr(self.mllogger, kind)(key, value, metadata=metadata, time_ms=time_ms, stack_offset=here + 1)
 
     def data(self, train_loader, val_loader):
         """After run_start: the samples of an epoch and of an evaluation, and the decay's optimizer steps."""
-        if self.file is None:
+        if self.mllogger is None:
             return
-        args = self.args
-        self.event('train_samples', train_loader.num_examples)
-        self.event('eval_samples', val_loader.num_examples)
-        steps = -(-train_loader.num_batches // args.grad_accum_steps)       # optimizer steps an epoch
-        decay = args.num_epochs - (args.warmup_epochs if args.warmup_prefix else 0)
-        self.event(f'{args.optimizer}_opt_learning_rate_decay_steps', int(round(decay * steps)))
+        steps = -(-train_loader.num_batches // self.run.grad_accum_steps)       # optimizer steps an epoch
+        self.write('event', constants.TRAIN_SAMPLES, train_loader.num_examples)
+        self.write('event', constants.EVAL_SAMPLES, val_loader.num_examples)
+        self.write('event', OPTIMIZER_KEYS[self.run.optimizer]['decay_steps'],
+                   int(round(self.run.decay_epochs * steps)))
 
     def epoch_start(self, epoch):
         self.open_epoch = epoch
-        self.event('epoch_start', metadata={'epoch_num': epoch + 1}, event_type=START)
+        self.write('start', constants.EPOCH_START, metadata={constants.EPOCH_NUM: epoch + 1})
 
     def epoch_stop(self, epoch):
         self.open_epoch = None
-        self.event('epoch_stop', metadata={'epoch_num': epoch + 1}, event_type=END)
+        self.write('end', constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch + 1})
 
     def eval_start(self, epoch):
-        self.event('eval_start', metadata={'epoch_num': epoch + 1}, event_type=START)
+        self.write('start', constants.EVAL_START, metadata={constants.EPOCH_NUM: epoch + 1})
 
     def eval_stop(self, epoch, metrics):
-        """eval_accuracy and eval_stop; run_stop success at once when it reaches --target-accuracy (the rules
-        let the clock stop as soon as the target is known: the checkpoints written after it are not timed)."""
-        if self.file is None:
+        """eval_accuracy and eval_stop; run_stop success at once when it reaches the target (the rules let the
+        clock stop as soon as the target is known: the checkpoints written after it are not timed)."""
+        if self.mllogger is None:
             return
-        self.event('eval_accuracy', metrics['val.accuracy'], {'epoch_num': epoch + 1})
-        self.event('eval_stop', metadata={'epoch_num': epoch + 1}, event_type=END)
-        if metrics['val.accuracy'] >= self.args.target_accuracy:
-            self.stop('success')
+        accuracy = metrics['val.accuracy']
+        self.write('event', constants.EVAL_ACCURACY, accuracy, {constants.EPOCH_NUM: epoch + 1})
+        self.write('end', constants.EVAL_STOP, metadata={constants.EPOCH_NUM: epoch + 1})
+        if accuracy >= self.run.target:
+            self.stop(constants.SUCCESS)
 
     def run_stop(self):
         """run_stop aborted, where the target was not reached (a stop, the end of the epochs, --run-epochs); an
         epoch a signal interrupted ends here."""
-        if self.file is None:
+        if self.mllogger is None:
             return
         if self.open_epoch is not None:
             self.epoch_stop(self.open_epoch)
-        self.stop('aborted')
+        self.stop(constants.ABORTED)
 
     def stop(self, status):
-        stop_ms = self.event('run_stop', metadata={'status': status}, event_type=END)
-        self.file.close()
-        self.file = None
-        log.info('MLPerf result log %s: run_stop %s, time to train %.1f s (run_start to run_stop)', self.path,
+        stop_ms = now_ms()
+        self.write('end', constants.RUN_STOP, metadata={constants.STATUS: status}, time_ms=stop_ms)
+        for handler in self.mllogger.logger.handlers:
+            handler.close()
+        self.mllogger = None
+        log.info('MLPerf result log %s: run_stop %s, time to train %.1f s (run_start to run_stop)', self.run.path,
                  status, (stop_ms - self.run_start_ms) / 1000)
 
 
-def start(args, world, seed, resumed):
-    """The run's ResultLog, opened before the loaders touch the data: init_start (at the process's start,
-    world.start_time), cache_clear, the submission and hyper-parameter keys, init_stop, run_start. A silent one
-    without --mlperf-log, on ranks but 0, and for a resumed run (said in the log). A collective (the page cache
-    of every node): every worker calls it."""
-    if not enabled(args):
+def start(run, world, seed, resumed):
+    """The ResultLog of `run` (a Run), opened before the loaders touch the data: init_start (at the process's
+    start, world.start_time), cache_clear, the submission and hyper-parameter keys, init_stop, run_start. A silent
+    one without a log, on ranks but 0, and for a resumed run (said in the log). A collective (the page cache of
+    every node): every worker calls it."""
+    if run.path is None:
         return ResultLog()
     if resumed:
         if world.rank == 0:
             log.warning('This run resumes a state: MLPerf times one uninterrupted run from initialisation, so it '
                         'writes no MLPerf result log (%s, if there, is the first part\'s: it ends with run_stop '
-                        'aborted). A new --workspace starts a run that writes one', log_path(args))
+                        'aborted). A new --workspace starts a run that writes one', run.path)
         return ResultLog()
-    if args.load:
-        raise RecipeError(f'--load {args.load} starts from weights, and MLPerf\'s rules allow no pre-training: an '
+    if run.load:
+        raise RecipeError(f'--load {run.load} starts from weights, and MLPerf\'s rules allow no pre-training: an '
                           f'MLPerf run starts from the initialisation (leave --load out, or --mlperf-log {OFF})')
-    cleared = clear_cache(args, world)
-    result = ResultLog(log_path(args) if world.rank == 0 else None, args)
-    result.event('init_start', event_type=START, when=world.start_time)
-    result.event('cache_clear', cleared)
-    for key, value in header(args, world, seed):
-        result.event(key, value)
-    if world.rank == 0 and args.submission_division == 'closed':
-        note_closed_model(args)
-    result.event('init_stop', event_type=END)
-    result.run_start_ms = result.event('run_start', event_type=START)
+    cleared = clear_cache(run.cache_clear, world)
+    result = ResultLog(writer(run.path) if world.rank == 0 else None, run)
+    result.write('start', constants.INIT_START, time_ms=int(world.start_time * 1000))
+    result.write('event', constants.CACHE_CLEAR, cleared)
+    for key, value in header(run, world, seed):
+        result.write('event', key, value)
+    if world.rank == 0 and run.division == constants.CLOSED:
+        note_closed_model(run.model)
+    result.write('end', constants.INIT_STOP)
+    result.run_start_ms = now_ms()
+    result.write('start', constants.RUN_START, time_ms=result.run_start_ms)
     return result
 
 
-def header(args, world, seed):
+def header(run, world, seed):
     """(key, value) of the submission and of the hyper-parameters, under MLPerf's names."""
-    batch = args.batch_size * args.grad_accum_steps
-    keys = [('submission_org', args.submission_org),
-            ('submission_platform', args.submission_platform or f'{world.size}x{world.devices.kind.upper()}'),
-            ('submission_division', args.submission_division), ('submission_status', args.submission_status),
-            ('submission_benchmark', BENCHMARK), ('global_batch_size', batch),
-            ('gradient_accumulation_steps', args.grad_accum_steps), ('seed', seed),
-            ('opt_name', args.optimizer)]
-    name = args.optimizer
-    keys += [(f'{name}_opt_base_learning_rate', args.lr), (f'{name}_opt_end_learning_rate', args.end_lr),
-             (f'{name}_opt_learning_rate_decay_poly_power', args.lr_poly_power),
-             (f'{name}_opt_momentum', args.mom), (f'{name}_opt_weight_decay', args.wd)]
-    if name == 'lars':
-        keys += [('lars_epsilon', args.lars_eps), ('lars_opt_learning_rate_warmup_epochs', args.warmup_epochs)]
-    else:       # the batch each batchnorm normalises over: a device's
-        keys += [('model_bn_span', args.batch_size // (world.size * len(world.devices.contexts))),
-                 ('opt_learning_rate_warmup_epochs', args.warmup_epochs)]
-    return keys
+    keys = OPTIMIZER_KEYS[run.optimizer]
+    pairs = [(constants.SUBMISSION_ORG, run.org),
+             (constants.SUBMISSION_PLATFORM, run.platform or f'{world.size}x{world.devices.kind.upper()}'),
+             (constants.SUBMISSION_DIVISION, run.division), (constants.SUBMISSION_STATUS, run.status),
+             (constants.SUBMISSION_BENCHMARK, constants.RESNET),
+             (constants.GLOBAL_BATCH_SIZE, run.batch_size * run.grad_accum_steps),
+             (constants.GRADIENT_ACCUMULATION_STEPS, run.grad_accum_steps), (constants.SEED, seed),
+             (constants.OPT_NAME, run.optimizer), (keys['base_lr'], run.lr), (keys['end_lr'], run.end_lr),
+             (keys['poly_power'], run.poly_power), (keys['momentum'], run.momentum),
+             (keys['weight_decay'], run.weight_decay)]
+    if run.optimizer == constants.LARS:
+        return pairs + [(constants.LARS_EPSILON, run.lars_epsilon),
+                        (constants.LARS_OPT_LEARNING_RATE_WARMUP_EPOCHS, run.warmup_epochs)]
+    # the batch each batchnorm normalises over: a device's
+    return pairs + [(constants.MODEL_BN_SPAN, run.batch_size // (world.size * len(world.devices.contexts))),
+                    (constants.OPT_LR_WARMUP_EPOCHS, run.warmup_epochs)]
 
 
-def note_closed_model(args):
+def note_closed_model(model):
     """A closed result also needs the reference's model, data and image size, which the log does not show: a
-    warning when this run has others."""
-    shape = f'{args.image_shape[1]}x{args.image_shape[2]}'
-    if (args.arch, args.num_layers, shape) != ('resnetv15', 50, '224x224') or args.num_classes not in (1000, 1001):
+    warning when this run (`model`: arch, depth, HxW, classes) has others."""
+    arch, layers, shape, classes = model
+    if (arch, layers, shape) != ('resnetv15', 50, '224x224') or classes not in (1000, 1001):
         log.warning('--submission-division closed: MLPerf\'s reference trains ResNet-50 v1.5 at 224x224 on ImageNet\'s '
                     '1000 classes, this run %s-%d at %s on %d classes; its log follows the rules the checker reads, '
-                    'but it is no closed result', args.arch, args.num_layers, shape, args.num_classes)
+                    'but it is no closed result', arch, layers, shape, classes)
 
 
 def drop_page_cache():
@@ -334,11 +402,11 @@ def drop_page_cache():
     return None
 
 
-def clear_cache(args, world):
-    """cache_clear's value: --mlperf-cache-clear drop drops the page cache on every node (its local rank 0) and
-    is true when all could; done is true, no false."""
-    if args.mlperf_cache_clear != 'drop':
-        return args.mlperf_cache_clear == 'done'
+def clear_cache(mode, world):
+    """cache_clear's value for --mlperf-cache-clear `mode`: drop drops the page cache on every node (its local rank
+    0) and is true when all could; done is true, no false."""
+    if mode != 'drop':
+        return mode == 'done'
     reason = drop_page_cache() if world.local_rank == 0 else None
     failed = world.allreduce_sum([reason is not None])[0]
     if failed and world.rank == 0:
@@ -356,7 +424,8 @@ def summary(args):
     with open(log_path(args)) as f:
         records = {r['key']: r for r in (json.loads(line[len(TOKEN):]) for line in f if line.startswith(TOKEN))}
     result = {'mlperf.log': log_path(args)}
-    if 'run_start' in records and 'run_stop' in records:
-        result['mlperf.status'] = records['run_stop']['metadata']['status']
-        result['mlperf.time_to_train'] = (records['run_stop']['time_ms'] - records['run_start']['time_ms']) / 1000
+    if constants.RUN_START in records and constants.RUN_STOP in records:
+        stop, run_start = records[constants.RUN_STOP], records[constants.RUN_START]
+        result['mlperf.status'] = stop['metadata'][constants.STATUS]
+        result['mlperf.time_to_train'] = (stop['time_ms'] - run_start['time_ms']) / 1000
     return result
