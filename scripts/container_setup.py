@@ -38,7 +38,7 @@ bootstrap.on_path()   # rn50/ importable for `check` (`constraints` runs before 
 
 # What requirements-container.txt installs, by import name (the Dockerfile's build imports each).
 PACKAGES = ('tqdm', 'safetensors.numpy', 'PIL', 'psutil', 'sklearn', 'matplotlib', 'onnx', 'onnxruntime',
-            'tensorboardX')
+            'tensorboardX', 'mlperf_logging.mllog')
 # The lowest protobuf the pins of requirements-container.txt accept (onnx 1.14.1: >=3.20.2; tensorboardX 2.6.2.2:
 # >=3.20); tests/test_container.py reads their metadata to keep this true.
 PROTOBUF_FLOOR = (3, 20, 2)
