@@ -32,10 +32,11 @@ from rn50.config import flags  # noqa: E402
 from rn50.reports import logs  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-METRICS = {'train': ['train.ips'],
+# train.epoch_gap: seconds between an epoch's last step and the next one's first, besides validation (fit.py)
+METRICS = {'train': ['train.ips', 'train.epoch_gap'],
            'val': ['val.ips', 'val.latency_avg', 'val.latency_50', 'val.latency_90', 'val.latency_95',
                    'val.latency_99', 'val.latency_100'],
-           'train_val': ['train.ips', 'val.ips', 'val.latency_avg']}
+           'train_val': ['train.ips', 'train.epoch_gap', 'val.ips', 'val.latency_avg']}
 
 
 def parse_args(argv=None):

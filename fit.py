@@ -39,6 +39,7 @@ from rn50.reports import logs
 from rn50.reports import mlperf_log
 from rn50.reports import tensorboard_log
 from rn50.training import distill
+from rn50.training import losses
 from rn50.training import training_extras
 from rn50.training.epoch_loss import EpochLoss
 from rn50.training.step import TrainingStep
@@ -283,57 +284,72 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
                  os.path.abspath(args.workspace))
     dllogger = tensorboard_log.teed(args, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
     clock = training_extras.WallClock(meta, world.start_time)
-    for epoch in range(meta['epoch'], last_epoch):
-        start_batch = meta['iteration'] if epoch == meta['epoch'] else 0
-        if start_batch == 0:
-            meta['loss_sum'], meta['loss_count'] = 0.0, 0
-        log.info('Starting epoch %d%s', epoch, '' if args.progressive_size is None else
-                 ' (training at %dx%d)' % resolution.training_shape(args, epoch)[1:])
-        mlperf.epoch_start(epoch)
-        next_batch, durations, stopped = train_epoch(args, step, train_loader, epoch, start_batch, meta,
-                                                     dllogger, stop)
-        check_parameters(args, net, world, epoch, next_batch)
-        loss_sum, loss_count = world.allreduce_sum([meta['loss_sum'], meta['loss_count']])
-        if stopped:
-            # The state holds the sums of every worker; rank 0 alone takes them back on resume.
-            meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
+    with checkpoint.BackgroundWriter() as writer:   # the files of an epoch are written while the next one trains
+        for epoch in range(meta['epoch'], last_epoch):
+            start_batch = meta['iteration'] if epoch == meta['epoch'] else 0
+            if start_batch == 0:
+                meta['loss_sum'], meta['loss_count'] = 0.0, 0
+            log.info('Starting epoch %d%s', epoch, '' if args.progressive_size is None else
+                     ' (training at %dx%d)' % resolution.training_shape(args, epoch)[1:])
+            mlperf.epoch_start(epoch)
+            next_batch, durations, stopped = train_epoch(args, step, train_loader, epoch, start_batch, meta,
+                                                         dllogger, stop)
+            trained = time.time()
+            writer.wait()   # the files of the epoch before, written meanwhile (an error of theirs stops the run)
+            check_parameters(args, net, world, epoch, next_batch)
+            loss_sum, loss_count = world.allreduce_sum([meta['loss_sum'], meta['loss_count']])
+            if stopped:
+                # The state holds the sums of every worker; rank 0 alone takes them back on resume.
+                meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
+                clock.record(meta)
+                write_state(args, net, step, meta, world, writer)
+                log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, resume_note(args))
+                mlperf.run_stop()
+                return meta
+            world.average_copies([p.list_data() for p in net.collect_params().values() if p.grad_req == 'null'])
+            mlperf.epoch_stop(epoch)
+            steady = logs.steady_durations(durations)
+            metrics = {'train.loss': loss_sum / max(loss_count, 1),
+                       'train.ips': train_loader.batch_size * world.size / float(np.mean(steady))}
+            validating = time.time()
+            if val_loader is not None and evaluated(args, epoch):
+                log.info('Validating epoch %d', epoch)
+                mlperf.eval_start(epoch)
+                val_metrics, _ = inference.validate(args, net, val_loader, world)
+                mlperf.eval_stop(epoch, val_metrics)
+                metrics.update(val_metrics)
+                metrics.update(training_extras.validate_average(args, net, step.average, val_loader, world, meta,
+                                                                epoch, writer))
+            validated = time.time()
+            meta['history'].append(dict(metrics, epoch=epoch))
             clock.record(meta)
-            write_state(args, net, step, meta, world)
-            log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, resume_note(args))
-            mlperf.run_stop()
-            return meta
-        world.average_copies([p.list_data() for p in net.collect_params().values() if p.grad_req == 'null'])
-        mlperf.epoch_stop(epoch)
-        steady = logs.steady_durations(durations)
-        metrics = {'train.loss': loss_sum / max(loss_count, 1),
-                   'train.ips': train_loader.batch_size * world.size / float(np.mean(steady))}
-        if val_loader is not None and evaluated(args, epoch):
-            log.info('Validating epoch %d', epoch)
-            mlperf.eval_start(epoch)
-            val_metrics, _ = inference.validate(args, net, val_loader, world)
-            mlperf.eval_stop(epoch, val_metrics)
-            metrics.update(val_metrics)
-            metrics.update(training_extras.validate_average(args, net, step.average, val_loader, world, meta, epoch))
-        dllogger.log((epoch,), metrics)
-        meta['history'].append(dict(metrics, epoch=epoch))
-        clock.record(meta)
-        meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0)
-        # Host memory that grows epoch after epoch is a leak (MXNet 1.9.1's LAMB kernel on GPUs: docs/training.md).
-        log.info('[Epoch %d] Peak resident host memory of this worker: %.0f MiB', epoch, logs.peak_memory_mb())
-        save_epoch_checkpoints(args, net, epoch, metrics, meta, world)
-        write_state(args, net, step, meta, world)
-        optimizer_state.check_replicas(net, step.gluon_trainer, world, epoch)
-        logs.write_report(Workspace.of(args).report(args.mode), args, world, meta['history'],
-                          duration=meta['wall_seconds'], seed=seed)
-        if training_extras.target_reached(args, meta):
-            break
-        if stop_agreed(stop, world, 0, 1):
-            log.info('Stopped after epoch %d%s', epoch, resume_note(args))
-            break
+            meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0)
+            # Host memory that grows epoch after epoch is a leak (MXNet 1.9.1's LAMB kernel on GPUs: docs/training.md).
+            log.info('[Epoch %d] Peak resident host memory of this worker: %.0f MiB', epoch, logs.peak_memory_mb())
+            save_epoch_checkpoints(args, net, epoch, metrics, meta, world, writer)
+            write_state(args, net, step, meta, world, writer)
+            optimizer_state.check_replicas(net, step.gluon_trainer, world, epoch)
+            logs.write_report(Workspace.of(args).report(args.mode), args, world, meta['history'],
+                              duration=meta['wall_seconds'], seed=seed)
+            log_epoch(dllogger, epoch, metrics, time.time() - trained - (validated - validating),
+                      validated - validating)
+            if training_extras.target_reached(args, meta):
+                break
+            if stop_agreed(stop, world, 0, 1):
+                log.info('Stopped after epoch %d%s', epoch, resume_note(args))
+                break
     clock.record(meta)   # report.json's total_duration: the training's wall time over all its resumes
     mlperf.run_stop()
     training_extras.note_inherited_epochs(meta['history'])   # which epochs the summary leaves out
     return meta
+
+
+def log_epoch(dllogger, epoch, metrics, gap, validation):
+    """The epoch's DLLogger record: its `metrics` and `train.epoch_gap`, the time between its last step and the
+    next epoch's first besides validation (`gap`, seconds: the checks, the host copies of the files, which are
+    written in the background, the replica check, the report; benchmark.py reports it beside train.ips)."""
+    log.info('[Epoch %d] %.2f s between epochs besides validation (%.2f s)', epoch, gap, validation)
+    dllogger.log((epoch,), dict(metrics, **{'train.epoch_gap': gap}))
 
 
 def resumed_seed(state, seed):
@@ -383,8 +399,17 @@ def resume(args, net, step, world, state):
 
 def check_parameters(args, net, world, epoch, iteration):
     """Stop with a clear error, before anything is written, when a parameter holds NaN or inf: a
-    diverged run must never overwrite its last good checkpoint. Every worker takes the same decision."""
-    bad = checkpoint.nonfinite_parameters(net)
+    diverged run must never overwrite its last good checkpoint. Every worker takes the same decision. On GPUs
+    the check runs there (one flag read per GPU) and only a failed one copies the weights to the host to name
+    them; on the CPU numpy reads them where they are (MXNet's CPU multi_all_finite took 0.6 s for ResNet-50,
+    numpy 0.06 s)."""
+    copies = {}
+    for param in net.collect_params().values():
+        for array in param.list_data():
+            copies.setdefault(array.context, []).append(array)
+    finite = all(losses.finite_flag(arrays).asscalar() == 1 for arrays in copies.values()) \
+        if world.devices.kind == 'gpu' else None
+    bad = [] if finite else checkpoint.nonfinite_parameters(net)
     if world.allreduce_sum([len(bad)])[0] == 0:
         return
     total = len(net._collect_params_with_prefix())
@@ -394,29 +419,29 @@ def check_parameters(args, net, world, epoch, iteration):
                       f'{Workspace.of(args).last_state} (if it exists); lower --lr or add --warmup-epochs')
 
 
-def save_epoch_checkpoints(args, net, epoch, metrics, meta, world):
-    """<prefix>_NNNN.params every --save-frequency epochs and <prefix>_best.params on a new best top-1; none
-    for a --benchmark-iters measurement."""
+def save_epoch_checkpoints(args, net, epoch, metrics, meta, world, writer=None):
+    """<prefix>_NNNN.params every --save-frequency epochs and <prefix>_best.params on a new best top-1, written
+    by `writer` (checkpoint.BackgroundWriter) from copies made now; none for a --benchmark-iters measurement."""
     if world.rank != 0 or args.save_frequency == 0 or args.benchmark_iters:
         return
     workspace = Workspace.of(args)
     if args.save_frequency > 0 and (epoch + 1) % args.save_frequency == 0:
         path = workspace.epoch_params(epoch)
-        checkpoint.save_params(net, path)
-        log.info('[Epoch %d] Saved %s', epoch, path)
-        workspace.prune_epoch_params(args.keep_checkpoints)
+        checkpoint.save_params(net, path, writer)
+        checkpoint.run_or_submit(lambda: workspace.prune_epoch_params(args.keep_checkpoints), writer)
+        log.info('[Epoch %d] Saving %s', epoch, path)
     accuracy = metrics.get('val.accuracy')
     if accuracy is not None and (meta['best_accuracy'] is None or accuracy > meta['best_accuracy']):
         meta['best_accuracy'] = accuracy
         path = workspace.best_params
-        checkpoint.save_params(net, path)
-        log.info('[Epoch %d] Saved %s with accuracy %.4f', epoch, path, accuracy)
+        checkpoint.save_params(net, path, writer)
+        log.info('[Epoch %d] Saving %s with accuracy %.4f', epoch, path, accuracy)
 
 
-def write_state(args, net, step, meta, world):
-    """<prefix>_last.state (rank 0 writes it, with every worker's batchnorm statistics), the one it replaces
-    kept as <prefix>_prev.state. A --benchmark-iters run is a measurement: it writes no state (and so never
-    replaces a training run's), and it resumes none (resume_policy.training_start)."""
+def write_state(args, net, step, meta, world, writer=None):
+    """<prefix>_last.state (rank 0 writes it, with every worker's batchnorm statistics; by `writer` from copies
+    made now), the one it replaces kept as <prefix>_prev.state. A --benchmark-iters run is a measurement: it
+    writes no state (and so never replaces a training run's), and it resumes none (resume_policy.training_start)."""
     if args.benchmark_iters:
         return
     statistics = checkpoint.worker_statistics(net, world)
@@ -431,7 +456,7 @@ def write_state(args, net, step, meta, world):
                     'val_image_shape': list(args.val_image_shape or args.image_shape)})
     workspace = Workspace.of(args)
     checkpoint.save_state(workspace.last_state, net, step.gluon_trainer, meta, previous=workspace.previous_state,
-                          worker_statistics=statistics, extra=average)
+                          worker_statistics=statistics, extra=average, writer=writer)
 
 
 def training_summary(history, target_accuracy=None):

@@ -87,12 +87,12 @@ def link_copy(source, target):
 
 
 def epoch_metrics(ws):
-    """Per-epoch metrics without the speed fields (tests/test_train.py metrics_without_speed)."""
+    """Per-epoch metrics without their timings (logs.without_timings)."""
     from rn50.reports import logs
     path = os.path.join(ws, 'dllogger_log.log')
     if not os.path.exists(path):
         return []
-    return [{k: v for k, v in r['data'].items() if not k.endswith(('ips', 'latency_avg'))} | {'epoch': r['step'][0]}
+    return [logs.without_timings(r['data']) | {'epoch': r['step'][0]}
             for r in logs.read_dllogger(path) if isinstance(r['step'], list) and len(r['step']) == 1]
 
 

@@ -21,8 +21,8 @@ if b == 2:
 path = args[args.index('--dllogger-log') + 1]
 with open(path, 'w') as f:
     for epoch, ips in enumerate([10.0, 100.0 * n, 300.0 * n]):
-        record = {{'type': 'LOG', 'step': [epoch], 'data': {{'train.ips': ips}}}}
-        f.write('DLLL ' + json.dumps(record) + '\\n')
+        for data in ({{'train.ips': ips}}, {{'train.epoch_gap': 0.5 * n}}):
+            f.write('DLLL ' + json.dumps({{'type': 'LOG', 'step': [epoch], 'data': data}}) + '\\n')
 '''
 
 
@@ -55,9 +55,11 @@ def test_report_plots_and_failed_point(tmp_path, capsys):
     text = open(output).read()
     assert 'NaN' not in text
     report = json.loads(text)
-    assert report['ngpus'] == [1, 2] and report['bs'] == [8, 13] and report['metric_keys'] == ['train.ips']
-    assert report['metrics']['2']['8']['train.ips'] == pytest.approx(2 / (1 / 200 + 1 / 600))
-    assert report['metrics']['1']['13'] == {'train.ips': None}
+    assert report['ngpus'] == [1, 2] and report['bs'] == [8, 13]
+    assert report['metric_keys'] == ['train.ips', 'train.epoch_gap']     # the time between epochs beside the speed
+    assert report['metrics']['2']['8'] == {'train.ips': pytest.approx(2 / (1 / 200 + 1 / 600)),
+                                           'train.epoch_gap': 1.0}
+    assert report['metrics']['1']['13'] == {'train.ips': None, 'train.epoch_gap': None}
     failed = report['points']['1']['13']
     assert failed['returncode'] == 3 and 'something broke' in failed['error']
     assert report['points']['1']['8']['command'][-2:] == ['--dtype', 'float32']

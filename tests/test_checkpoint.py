@@ -322,3 +322,87 @@ def test_a_resume_on_a_backend_that_resizes_otherwise_for_validation_is_refused(
         resume.check_same_run(resolved(['--data-backend', 'dali-cpu']), {'settings': imagerecorditer}, 'mx.state')
     del imagerecorditer['val_interpolation']           # a state from before the interpolation was recorded
     resume.check_same_run(resolved(['--data-backend', 'dali-cpu']), {'settings': imagerecorditer}, 'old.state')
+
+
+def step_once(net, trainer):
+    with mx.autograd.record():
+        loss = net(mx.nd.ones((2, 3))).sum()
+    loss.backward()
+    trainer.step(2)
+
+
+def test_a_state_written_in_the_background_is_the_one_of_the_moment_it_was_asked_for(tmp_path, monkeypatch):
+    """fit.py's files are written while the next epoch trains: the copies are made when the save is asked for,
+    so the steps that follow (here, five, before the writer may start) are not in the file, which is byte for
+    byte the file written at once. Weights, the optimizer's momenta, an extra array and the meta."""
+    import threading
+    net = tiny_net()
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9})
+    step_once(net, trainer)
+    average = {'ema:w': mx.nd.ones((2,)) / 4}
+    at_once, later = str(tmp_path / 'at_once.state'), str(tmp_path / 'later.state')
+    checkpoint.save_state(at_once, net, trainer, {'epoch': 1}, extra=average)
+    held = threading.Event()
+    monkeypatch.setattr(checkpoint, 'write_state', lambda *args, original=checkpoint.write_state: (
+        held.wait(60), original(*args)))
+    with checkpoint.BackgroundWriter() as writer:
+        checkpoint.save_state(later, net, trainer, {'epoch': 1}, extra=average, writer=writer)
+        meta = {'epoch': 1}
+        meta['epoch'] = 2                 # the caller's dict changes too
+        for _ in range(5):
+            step_once(net, trainer)
+        average['ema:w'] += 1
+        held.set()
+    with open(at_once, 'rb') as a, open(later, 'rb') as b:
+        assert a.read() == b.read()
+
+
+def test_a_background_write_that_fails_is_an_error_that_leaves_the_old_file(tmp_path, monkeypatch):
+    """A full disk in the writer's thread: the training thread gets its error at the next wait, the file is the
+    old one, and the files queued after it are not written."""
+    net = tiny_net()
+    path, params = str(tmp_path / 'm_last.state'), str(tmp_path / 'm_best.params')
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    step_once(net, trainer)
+    checkpoint.save_state(path, net, trainer, {'epoch': 1})
+    with open(path, 'rb') as f:
+        before = f.read()
+
+    def full(tmp, arrays):
+        raise mx.base.MXNetError('write failed')
+    monkeypatch.setattr(mx.nd, 'save', full)
+    writer = checkpoint.BackgroundWriter()
+    checkpoint.save_state(path, net, trainer, {'epoch': 2}, writer=writer)
+    checkpoint.save_params(net, params, writer)
+    with pytest.raises(RecipeError, match=r'could not write .*m_last\.state: write failed'):
+        writer.wait()
+    writer.wait()    # reported once
+    with open(path, 'rb') as f:
+        assert f.read() == before
+    assert not os.path.exists(params) and [p.name for p in tmp_path.iterdir()] == ['m_last.state']
+
+
+@pytest.mark.parametrize('on_gpu', [False, True])
+def test_the_replica_fingerprint_tells_workers_apart(on_gpu):
+    """The workers' check after each epoch compares sums computed where the arrays are (MXNet's kernels on GPUs,
+    numpy on the CPU) instead of a SHA-256 of host copies: equal for equal replicas; different for one weight
+    changed by a thousandth, a momentum changed, or one more update count on one device."""
+    def replica():
+        mx.random.seed(3)
+        net = tiny_net()
+        trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9})
+        step_once(net, trainer)
+        return net, trainer
+    reference = optimizer_state.replica_fingerprint(*replica(), on_gpu)
+    assert reference.dtype == np.float32
+    np.testing.assert_array_equal(optimizer_state.replica_fingerprint(*replica(), on_gpu), reference)
+    net, trainer = replica()
+    weight = net[0].weight.data()
+    weight[0, 0] = weight[0, 0] * 1.001
+    assert not np.array_equal(optimizer_state.replica_fingerprint(net, trainer, on_gpu), reference)
+    net, trainer = replica()
+    trainer._updaters[0].states[0][:] *= 1.001
+    assert not np.array_equal(optimizer_state.replica_fingerprint(net, trainer, on_gpu), reference)
+    net, trainer = replica()
+    trainer._optimizer._all_index_update_counts[0][0] += 1
+    assert not np.array_equal(optimizer_state.replica_fingerprint(net, trainer, on_gpu), reference)

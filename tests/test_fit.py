@@ -12,7 +12,7 @@ import dali
 import fit
 from rn50.config import resolve
 from rn50.training import losses
-from rn50.training import step as step_module
+from rn50.checkpoints import optimizer_state
 from rn50.world import workers
 from conftest import digits_flags, gloo_workers, resolved
 from float16_twin import Float16Net, batch_of, step_for
@@ -279,7 +279,7 @@ def test_the_float16_step_on_a_gpu_queues_its_update_before_any_host_read(monkey
         assert all(count == 0 if kind == 'gpu' else count > 0 for count in counts[1:]), (kind, counts)
         states = step.gluon_trainer._updaters[0].states
         results.append([step.net.weight.data(c).asnumpy() for c in contexts] + [
-            array.asnumpy() for index in sorted(states) for array in step_module.flat_arrays(states[index])] + [
+            array.asnumpy() for index in sorted(states) for array in optimizer_state.flat_arrays(states[index])] + [
             step.loss_scale.state(), step.gluon_trainer._optimizer.num_update])
     gpu, cpu = results
     assert gpu[-2] == cpu[-2] and gpu[-2]['skipped'] == 2 and gpu[-1] == cpu[-1] == 4

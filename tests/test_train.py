@@ -1,6 +1,7 @@
 """End to end through train.py on the digits set: outputs, exact resume, signals, NaN, modes, workers."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -43,7 +44,7 @@ def epoch_records(workspace):
 
 
 def metrics_without_speed(records):
-    return [{k: v for k, v in r['data'].items() if not k.endswith(('ips', 'latency_avg'))} | {'epoch': r['step'][0]}
+    return [logs.without_timings(r['data']) | {'epoch': r['step'][0]}
             for r in records]
 
 
@@ -63,7 +64,11 @@ def test_train_val_outputs(digits, tmp_path):
     epochs = epoch_records(ws)
     assert len(epochs) == 2
     assert set(epochs[0]['data']) == {'train.loss', 'train.ips', 'val.loss', 'val.accuracy',
-                                      'val.top_k_accuracy_5', 'val.ips', 'val.latency_avg'}
+                                      'val.top_k_accuracy_5', 'val.ips', 'val.latency_avg', 'train.epoch_gap'}
+    assert all(0 <= epoch['data']['train.epoch_gap'] < 60 for epoch in epochs)
+    gaps = re.findall(r'\[Epoch (\d)\] ([0-9.]+) s between epochs besides validation', (ws / 'log.log').read_text())
+    assert [(int(e), float(g)) for e, g in gaps] == [(e['step'][0], pytest.approx(e['data']['train.epoch_gap'],
+                                                                                abs=0.01)) for e in epochs]
     assert records[-1]['step'] == [] and 'val.accuracy' in records[-1]['data']
     report = json.loads((ws / 'report.json').read_text())
     assert {'model', 'config', 'versions', 'hardware', 'epochs', 'total_duration', 'summary',
@@ -98,11 +103,12 @@ def test_exact_resume_after_sigterm_or_ctrl_c(digits, tmp_path, backend, stop_si
 
 
 def kill_once_logged(digits, workspace, flags, step='"step": [1, 2]'):
-    """Start train.py in `workspace` and kill -9 it once its DLLogger file holds `step`; returns that file."""
+    """Start train.py in `workspace` and kill -9 it once its DLLogger file holds `step` and the state of the epoch
+    before is on disk (it is written in the background while the next epoch trains); returns that file."""
     process = subprocess.Popen(train_cmd(digits, workspace, *flags), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    log_file = workspace / 'dllogger_log.log'
-    while not (log_file.exists() and step in log_file.read_text()):
+    log_file, state = workspace / 'dllogger_log.log', workspace / 'model_last.state'
+    while not (log_file.exists() and step in log_file.read_text() and state.exists()):
         assert process.poll() is None
         time.sleep(0.05)
     process.kill()                                   # no chance to save

@@ -28,10 +28,12 @@ weights.py recognises (`.params` of NVIDIA's original recipe or GluonCV, torchvi
     arrays = checkpoint.read_arrays(path)                         # name -> numpy array, of any weights file
 """
 import collections
+import functools
 import hashlib
 import json
 import logging
 import os
+import threading
 import zipfile
 
 import mxnet as mx
@@ -66,10 +68,77 @@ EXTRA_PREFIXES = ('ema:',)
 # Writing
 
 
-def save_params(net, path):
-    """Gluon parameter file, written atomically."""
-    with logs.atomic_path(path) as tmp:
-        net.save_parameters(tmp)
+class BackgroundWriter:
+    """Writes checkpoint files in threads of their own, in the order they were submitted, while training goes
+    on: the caller makes the host copies of what a file holds first (MXNet's engine orders those copies before
+    any later update of the arrays), the job hashes and writes them (atomically, as every file here). fit.py
+    waits for the files of an epoch before it copies the next epoch's, so at most one epoch's copies are held.
+    A job's error is raised by `wait`, or when the `with` block ends; the jobs after a failed one are skipped:
+
+        with checkpoint.BackgroundWriter() as writer:      # fit.train
+            checkpoint.save_state(path, net, trainer, meta, writer=writer)
+            writer.wait()
+    """
+
+    def __init__(self):
+        self.threads, self.error = [], None
+
+    def submit(self, job):
+        """Queue `job()` after the jobs submitted before it; returns at once."""
+        previous = self.threads[-1] if self.threads else None
+        thread = threading.Thread(target=self._run, args=(job, previous), name='checkpoint-writer')
+        thread.start()
+        self.threads.append(thread)
+
+    def _run(self, job, previous):
+        if previous is not None:
+            previous.join()
+        if self.error is not None:
+            return
+        try:
+            job()
+        except BaseException as e:     # raised in the training thread by wait()
+            self.error = e
+
+    def wait(self):
+        """Until every submitted job is written; the first error, if one failed."""
+        while self.threads:
+            self.threads.pop(0).join()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is None:
+            self.wait()
+            return
+        try:          # another error is on its way out: the pending files are still written, an error logged
+            self.wait()
+        except Exception as e:   # noqa: BLE001
+            log.error('%s', e)
+
+
+def run_or_submit(job, writer):
+    """`job()` now, or by `writer` (a BackgroundWriter) in the background."""
+    if writer is None:
+        job()
+    else:
+        writer.submit(job)
+
+
+def save_params(net, path, writer=None):
+    """Gluon parameter file (save_parameters' names and format), written atomically, at once or by `writer` from
+    host copies made now."""
+    arrays = {name: param._reduce() for name, param in net._collect_params_with_prefix().items()}
+    run_or_submit(functools.partial(write_arrays, path, arrays), writer)
+
+
+def write_arrays(path, arrays, previous=None):
+    with logs.atomic_path(path, previous=previous) as tmp:
+        mx.nd.save(tmp, arrays)
 
 
 def nonfinite_parameters(net):
@@ -95,26 +164,32 @@ def checksum(arrays):
     return digest.hexdigest()
 
 
-def save_state(path, net, trainer, meta, previous=None, worker_statistics=None, extra=None):
+def save_state(path, net, trainer, meta, previous=None, worker_statistics=None, extra=None, writer=None):
     """One file with everything an exact resume needs: parameters (by their save_parameters names), every
     worker's batchnorm statistics (`worker_statistics`: {rank: {name: array}}), the gluon.Trainer's optimizer
     state, `meta` as JSON, the `extra` named arrays (names starting with one of EXTRA_PREFIXES) and a
-    checksum; written atomically, the replaced file kept as `previous`."""
+    checksum; written atomically, the replaced file kept as `previous`, at once or by `writer` from host copies
+    made now."""
     arrays = {f'param:{name}': p._reduce() for name, p in net._collect_params_with_prefix().items()}
     for rank, statistics in (worker_statistics or {}).items():
         arrays.update({f'rank{rank}:{name}': mx.nd.array(value) for name, value in statistics.items()})
     # mx.nd.save records each array's device and mx.nd.load recreates it there: CPU arrays only, so that a
     # resume allocates nothing on the device that rank 0 saved from (the weight average lives on a GPU).
-    arrays.update({name: value.as_in_context(mx.cpu()) for name, value in (extra or {}).items()})
-    payloads = {'trainer': optimizer_state.trainer_state_bytes(trainer),
-                'meta': json.dumps(logs.finite_or_none(meta)).encode()}
+    arrays.update({name: value.copyto(mx.cpu()) for name, value in (extra or {}).items()})
+    optimizer = optimizer_state.trainer_state_copy(trainer)
+    payloads = {'meta': json.dumps(logs.finite_or_none(meta)).encode()}
+    run_or_submit(functools.partial(write_state, path, arrays, optimizer, payloads, previous), writer)
+
+
+def write_state(path, arrays, optimizer, payloads, previous):
+    """save_state's writing: the optimizer state's bytes, the checksum, the file."""
+    payloads = dict(payloads, trainer=optimizer_state.state_bytes(*optimizer))
     # Hashed from the bytes themselves, not from copies of their NDArrays (the optimizer state is as large as the
     # weights: a copy of it was a tenth of every save).
     digest = checksum(dict(arrays, **{name: np.frombuffer(data, dtype=np.uint8) for name, data in payloads.items()}))
-    arrays.update({name: bytes_array(data) for name, data in payloads.items()})
+    arrays = dict(arrays, **{name: bytes_array(data) for name, data in payloads.items()})
     arrays['checksum'] = bytes_array(digest.encode())
-    with logs.atomic_path(path, previous=previous) as tmp:
-        mx.nd.save(tmp, arrays)
+    write_arrays(path, arrays, previous)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -136,6 +136,16 @@ class DLLogger:
             self.file = None
 
 
+# The keys of a record that are times, not results (speed, latency, the gap between epochs): they differ between
+# two runs that train alike.
+TIMINGS = ('ips', 'latency_avg', 'epoch_gap')
+
+
+def without_timings(data):
+    """A DLLogger record's data without its TIMINGS: what a rerun or a resumed run must reproduce."""
+    return {key: value for key, value in data.items() if not key.endswith(TIMINGS)}
+
+
 def read_dllogger(path):
     """The LOG records of a DLLogger file, as dicts (METADATA records and other lines are skipped).
 

@@ -129,6 +129,21 @@ def mix(images, targets, own, boxes, layout='NCHW'):
     return mixed_images, mixed_targets
 
 
+def finite_flag(arrays):
+    """An NDArray (1,) on the device of `arrays` (all on one device), not read: 1 when every value of every
+    array is finite, else 0. multi_all_finite reads all its inputs as the first one's type, so float16 and
+    float32 arrays are checked in separate calls (of at most 200 arrays)."""
+    groups = {}
+    for array in arrays:
+        groups.setdefault(array.dtype, []).append(array)
+    finite = mx.nd.ones((1,), ctx=arrays[0].context)
+    for group in groups.values():
+        for i in range(0, len(group), 200):
+            chunk = group[i:i + 200]
+            mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=finite)
+    return finite
+
+
 class DynamicLossScale:
     """Loss scaling for --dtype float16 without AMP: multiply the loss so small float16 gradients survive,
     skip the step and halve the scale when a gradient overflows, double it after `interval` clean steps.
@@ -148,17 +163,7 @@ class DynamicLossScale:
         After the all-reduce every device of every worker holds the same gradient sums, so one copy per
         parameter is checked, on the first device; multi_all_finite reads all its inputs as the first one's
         type, so float16 (convolution, dense) and float32 (batchnorm) gradients are checked in separate calls."""
-        groups = {}
-        for param in params:
-            if param.grad_req != 'null':
-                grad = param.list_grad()[0]
-                groups.setdefault(grad.dtype, []).append(grad)
-        finite = mx.nd.ones((1,), ctx=next(iter(groups.values()))[0].context)
-        for group in groups.values():
-            for i in range(0, len(group), 200):
-                chunk = group[i:i + 200]
-                mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=finite)
-        return finite
+        return finite_flag([param.list_grad()[0] for param in params if param.grad_req != 'null'])
 
     def overflowed(self, finite):
         """Read the flag of `check` and update the scale; True means skip this step (on the CPU the update is

@@ -13,6 +13,7 @@ import os
 import mxnet as mx
 from mxnet import autograd, gluon
 
+from rn50.checkpoints.optimizer_state import flat_arrays
 from rn50.data.contract import device_slices
 from rn50.errors import RecipeError
 from rn50.optim import factory
@@ -116,15 +117,6 @@ class UpdateUndo:
 
 # Arrays per call of MXNet's multi-tensor SGD kernel (its limit is 60 inputs of each kind; UpdateUndo.keep).
 COPIES_PER_CALL = 60
-
-
-def flat_arrays(state):
-    """The NDArrays of an optimizer state (an NDArray, None, or nested tuples and lists of them)."""
-    if isinstance(state, mx.nd.NDArray):
-        return [state]
-    if isinstance(state, (tuple, list)):
-        return [array for part in state for array in flat_arrays(part)]
-    return []
 
 
 class TrainingStep:

@@ -226,8 +226,9 @@ def average_state(average, net, world):
     return average.state_arrays(statistics)
 
 
-def validate_average(args, net, average, val_loader, world, meta, epoch):
-    """`val.ema.*` metrics of the weight average, and `<prefix>_ema_best.params` (rank 0) on its best top-1."""
+def validate_average(args, net, average, val_loader, world, meta, epoch, writer=None):
+    """`val.ema.*` metrics of the weight average, and `<prefix>_ema_best.params` (rank 0) on its best top-1
+    (written by `writer`, checkpoint.BackgroundWriter, from copies made while the average is swapped in)."""
     if average is None or val_loader is None:
         return {}
     if not average.updates:   # the same on every worker: all return before the collective below
@@ -245,8 +246,8 @@ def validate_average(args, net, average, val_loader, world, meta, epoch):
             meta['ema_best_accuracy'] = accuracy
             if world.rank == 0 and args.save_frequency != 0:
                 path = Workspace.of(args).ema_best_params
-                checkpoint.save_params(net, path)
-                log.info('[Epoch %d] Saved %s with accuracy %.4f', epoch, path, accuracy)
+                checkpoint.save_params(net, path, writer)
+                log.info('[Epoch %d] Saving %s with accuracy %.4f', epoch, path, accuracy)
     return {'val.ema.' + key[len('val.'):]: metrics[key] for key in EMA_METRICS if key in metrics}
 
 

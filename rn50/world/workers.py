@@ -143,12 +143,12 @@ class World:
             for copy in copies:
                 copy[:] = mx.nd.array(value, ctx=copy.context, dtype=copy.dtype)
 
-    def differing_ranks(self, digest):
-        """The ranks whose `digest` (bytes, the same length on every worker) differs from rank 0's: a
-        collective, every worker gets the same answer."""
+    def differing_ranks(self, values):
+        """The ranks whose `values` (a float32 vector, the same length on every worker) differ from rank 0's:
+        a collective, every worker gets the same answer."""
         if self.size == 1:
             return []
-        rows = self.gather(np.frombuffer(digest, dtype=np.uint16).astype(np.float32))   # exact in float32
+        rows = self.gather(values)
         return [rank for rank, row in enumerate(rows) if not np.array_equal(row, rows[0])]
 
     # Broadcasts are all-reduces here: rank 0 contributes its values, every other rank zeros (x + 0 = x,
