@@ -5,10 +5,15 @@
     python scripts/gpu_check.py --gpus 2 -o gpu_check.json
     python scripts/gpu_check.py --device cpu         # the CPU twins of the same paths (what CI runs)
 
-It first prints the versions of MXNet, DALI, Horovod and NCCL. Each check is a short run of the recipe
-(ResNet-18 at 32x32 on a small set: seconds, not minutes) and a test of its outcome; every multi-worker run
-must also say after each epoch that its workers hold the same weights, batchnorm statistics and optimizer
-state. On GPUs:
+It first prints the versions of MXNet, DALI, Horovod and NCCL, and each GPU's compute capability against the
+ones this MXNet has kernels for. Each check is a short run of the recipe and a test of its outcome (ResNet-18
+at 32x32 on a small set, seconds, but for `default`); every multi-worker run must also say after each epoch
+that its workers hold the same weights, batchnorm statistics and optimizer state. On GPUs:
+
+    default        ./runner -n <every GPU> -b B shortened: ResNet-50 at 224 on ImageNet-sized JPEGs, dali-gpu,
+                   float16, NHWC, 4-channel input, fused kernels; two epochs, val and pred on the GPUs, --amp; the
+                   images/s, the time between epochs and the ratio to the original's published figure for this
+                   GPU at its batch (scripts/gpu_check_default.py; minutes)
 
     float16        the default GPU run: float16 with float32 master weights and dynamic loss scaling,
                    NHWC convolution/batchnorm/pooling, NVIDIA's fused batchnorm kernels where MXNet has them
@@ -37,7 +42,8 @@ state. On GPUs:
     drop-path      images/s of ResNet-50 at 224 with and without --drop-path 0.05 (both on the fused kernel)
 
 (the last seven: scripts/gpu_check_training.py). With --device cpu each check runs its CPU twin, the same
-recipe code on this CPU: float16 -> the recipe's float16 step on CPU-capable operators with 2 Gloo workers and
+recipe code on this CPU: default -> the same runs at ResNet-10, 32x32, on 2 Gloo workers of 8 images, dali-cpu,
+float32 (--amp skipped without AVX-512); float16 -> the recipe's float16 step on CPU-capable operators with 2 Gloo workers and
 an inf on one of them (tests/float16_twin.py); amp -> bfloat16 AMP (needs AVX-512, else reported as skipped);
 dali-gpu, dali-augment and the augmentation checks -> dali-cpu; dali-copy -> the same with CPU outputs;
 kvstore-device -> the step over two CPU contexts against one (pytest); horovod, resume, optimizers and ema ->
@@ -56,13 +62,14 @@ import time
 
 import bootstrap
 bootstrap.start()   # the repository importable, .venv: before any third-party import
+import gpu_check_default  # noqa: E402
 import gpu_check_training  # noqa: E402
 from gpu_check_training import (SMALL, digits_dataset, epoch_metrics, last_error, replicas_agree, run,  # noqa: E402
                                 runner, trained)
 
 HERE, ROOT = os.path.dirname(os.path.abspath(__file__)), bootstrap.ROOT
 
-CHECKS = ('float16', 'amp', 'dali-gpu', 'dali-copy', 'dali-augment', 'kvstore-device', 'horovod', 'resume', 'export',
+CHECKS = ('default', 'float16', 'amp', 'dali-gpu', 'dali-copy', 'dali-augment', 'kvstore-device', 'horovod', 'resume', 'export',
           'auto-augment', 'erase', 'recipes', 'optimizers', 'ema', 'extras', 'drop-path')
 
 
@@ -301,7 +308,7 @@ def gpu_layout_checkpoint(path):
 RUNS = {'float16': check_float16, 'amp': check_amp, 'dali-gpu': check_dali, 'dali-copy': check_dali_copy,
         'dali-augment': check_dali_augment,
         'kvstore-device': check_kvstore_device, 'horovod': check_horovod, 'resume': check_resume,
-        'export': check_export, **gpu_check_training.RUNS}
+        'export': check_export, **gpu_check_training.RUNS, **gpu_check_default.RUNS}
 
 
 def library_versions():
@@ -345,6 +352,8 @@ def main(argv=None):
     options.gpus = options.gpus or gpus
     versions = library_versions()
     print('versions: ' + ', '.join(f'{name} {version}' for name, version in versions.items()), flush=True)
+    if options.device == 'gpu':
+        print(gpu_check_default.device_line(), flush=True)
     workdir = options.workdir or tempfile.mkdtemp(prefix='gpu_check.')
     os.makedirs(workdir, exist_ok=True)
     try:

@@ -1,0 +1,198 @@
+"""scripts/gpu_check.py's check of the default command, and what it says of the GPUs first.
+
+    python scripts/gpu_check.py --only default               # ./runner -n <every GPU> -b B, shortened
+    python scripts/gpu_check.py --device cpu --only default  # its CPU twin: ResNet-10 at 32x32, 2 Gloo workers
+
+`default` is `./runner -n 8 -b 192` shortened: ResNet-50 at 224 on ImageNet-sized JPEGs (made here: noise photos
+of 400x300, about 90 KB each, as ImageNet's average) through dali-gpu, with the runner's float16, NHWC layouts,
+4-channel input and NVIDIA's fused kernels, two short epochs on every GPU of the node (the state written after
+each), then `--mode val` and `--mode pred` on the GPUs, and `--amp` as the runner gives it. It reports the
+images/s of the second epoch, the time between the epochs besides validation (train.epoch_gap), and the ratio to
+the original recipe's published figure for this GPU and GPU count at its batch (PUBLISHED), where there is one.
+
+`device_line` names each GPU's compute capability against the ones this MXNet was built for: the PyPI wheel
+mxnet-cu112 1.9.1 has kernels for 5.0 to 8.6, so an H100 (9.0) runs it through the driver's compilation of its
+PTX (a slower first start, kernels not tuned for it).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import bootstrap
+from gpu_check_training import epoch_metrics, last_error, replicas_agree, run, runner, trained
+
+# The original recipe's published training throughput, mixed precision (its README, 22.10 and 20.12 containers;
+# benchmark.py --mode train -i 500 -e 3 -w 1): images/s of all GPUs by GPU count, at its batch per GPU.
+PUBLISHED = {'A100 80GB': {'batch': 512, 1: 3410.52, 4: 13442.66, 8: 26673.72},
+             'V100 16GB': {'batch': 192, 1: 1376, 2: 2768, 4: 5357, 8: 10723},
+             'V100 32GB': {'batch': 256, 1: 1492, 2: 2935, 4: 5726, 8: 11368, 16: 21484}}
+DEFAULT_BATCH = 192
+STEPS = {'gpu': 20, 'cpu': 3}    # per epoch and worker
+PHOTOS = {'gpu': (2048, (400, 300)), 'cpu': (64, (48, 36))}     # how many, of what size
+TWIN = ['--num-layers', '10', '--image-shape', '3,32,32', '--num-classes', '10', '--data-val-resize', '36',
+        '--dali-threads', '1', '--dali-validation-threads', '1']
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The GPUs
+
+
+def gpu_facts(nvidia_smi_output):
+    """[(name, compute capability, memory in MiB)] of `nvidia-smi --query-gpu=name,compute_cap,memory.total
+    --format=csv,noheader,nounits`."""
+    facts = []
+    for line in nvidia_smi_output.strip().splitlines():
+        parts = [part.strip() for part in line.split(',')]
+        if len(parts) == 3:
+            facts.append((parts[0], parts[1], int(float(parts[2])) if parts[2].replace('.', '').isdigit() else 0))
+    return facts
+
+
+def built_capabilities(cuobjdump_elf, cuobjdump_ptx):
+    """(the compute capabilities this MXNet has kernels for, those it has PTX for), as '8.6', from `cuobjdump
+    --list-elf` and `--list-ptx` of libmxnet.so."""
+    def capabilities(text, kind):
+        return sorted({f'{m[:-1]}.{m[-1]}' for m in re.findall(rf'\.{kind}_(\d+)\.', text)}, key=float)
+    return capabilities(cuobjdump_elf, 'sm'), capabilities(cuobjdump_ptx, 'compute')
+
+
+def capability_words(capability, kernels, ptx):
+    """How a GPU of `capability` runs this MXNet (built_capabilities' lists)."""
+    if not kernels:
+        return 'this MXNet\'s kernels could not be listed (cuobjdump not found)'
+    built = f'this MXNet has kernels for {", ".join(kernels)}'
+    if capability in kernels:
+        return f'{built}: native'
+    if ptx and float(capability) >= float(ptx[-1]):
+        return f'{built} and PTX for {ptx[-1]}: runs through the driver\'s compilation of the PTX (a slower first ' \
+               'start, kernels not tuned for this GPU)'
+    return f'{built}: none for this GPU'
+
+
+def device_line():
+    """One line per GPU: its name, memory and compute capability against this MXNet's build."""
+    status, smi = run(['nvidia-smi', '--query-gpu=name,compute_cap,memory.total', '--format=csv,noheader,nounits'])
+    if status:
+        return f'GPUs: nvidia-smi failed ({last_error(smi)})'
+    import mxnet as mx
+    library = mx.libinfo.find_lib_path()[0]
+    listings = []
+    for flag in ('--list-elf', '--list-ptx'):
+        status, text = run(['cuobjdump', flag, library]) if shutil.which('cuobjdump') else (1, '')
+        listings.append(text if status == 0 else '')
+    kernels, ptx = built_capabilities(*listings)
+    return '\n'.join(f'GPU {i}: {name}, {memory} MiB, compute capability {capability}; '
+                     f'{capability_words(capability, kernels, ptx)}'
+                     for i, (name, capability, memory) in enumerate(gpu_facts(smi)))
+
+
+def gpu_key(name, memory):
+    """PUBLISHED's key for a GPU of this name and memory (MiB), or None."""
+    model = next((model for model in ('A100', 'V100') if model in name), None)
+    size = min((80, 40, 32, 16), key=lambda gb: abs(gb * 1024 - memory))
+    key = f'{model} {size}GB'
+    return key if key in PUBLISHED else None
+
+
+def published(key, gpus, batch):
+    """The original recipe's images/s for the GPU of `key` at `gpus` GPUs and `batch` per GPU, or None."""
+    figures = PUBLISHED.get(key) or {}
+    return figures.get(gpus) if figures.get('batch') == batch else None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The check
+
+
+def photo_dataset(workdir, device):
+    """ImageNet-sized JPEGs of noise in 10 class folders (written by a process of their own: this one has loaded
+    MXNet, whose JPEG symbols Pillow would then use), converted by the recipe's own prepare_dataset.py (a tenth
+    held out for validation); made once per workdir. Returns (the RecordIO folder, one image)."""
+    count, (width, height) = PHOTOS[device]
+    folder = os.path.join(workdir, 'photos')
+    images, records = os.path.join(folder, 'images'), os.path.join(folder, 'rec')
+    if not os.path.exists(os.path.join(records, 'val.idx')):
+        for command in ([sys.executable, os.path.abspath(__file__), images, str(count), str(width), str(height)],
+                        [sys.executable, os.path.join(bootstrap.ROOT, 'scripts', 'prepare_dataset.py'), images,
+                         records, '--val-fraction', '0.1']):
+            status, output = run(command)
+            if status:
+                raise RuntimeError(f'could not build the photo dataset: {last_error(output)}')
+    return records, os.path.join(images, 'class_0', 'image_0.jpg')
+
+
+def write_photos(folder, count, width, height):
+    """`count` JPEGs of noise, width x height, image_<i // 10>.jpg in class_<i % 10>/ of `folder`."""
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8) // 4 * 4
+        path = os.path.join(folder, f'class_{i % 10}', f'image_{i // 10}.jpg')
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        Image.fromarray(pixels).save(path, format='JPEG', quality=85)
+
+
+def gpu_model():
+    """(name, memory in MiB) of GPU 0, or ('', 0)."""
+    status, smi = run(['nvidia-smi', '--query-gpu=name,compute_cap,memory.total', '--format=csv,noheader,nounits'])
+    facts = gpu_facts(smi) if status == 0 else []
+    return (facts[0][0], facts[0][2]) if facts else ('', 0)
+
+
+def check_default(options, workdir):
+    """The default command shortened (the module docstring): passed when it trains, its workers agree after each
+    epoch, val and pred run on its weights and --amp trains; the figures in the detail. On GPUs at the batch of
+    the original's figure for this GPU (192 where it has none); the CPU twin runs ResNet-10 at 32x32 on 2 Gloo
+    workers of 8 images, 3 steps an epoch."""
+    on_gpu = options.device == 'gpu'
+    workers = options.gpus if on_gpu else 2
+    name, memory = gpu_model() if on_gpu else ('', 0)
+    key = gpu_key(name, memory)
+    batch = (PUBLISHED[key]['batch'] if key else DEFAULT_BATCH) if on_gpu else 8
+    data, image = photo_dataset(workdir, options.device)
+    common = ['-n', str(workers), '-b', str(batch), '--data-root', data] + ([] if on_gpu else TWIN)
+    size = ['--num-examples', str(workers * batch * STEPS[options.device]), '--seed', '1']
+    workspace = os.path.join(workdir, 'default')
+    status, output = run(runner(*common, '-e', '2', *size, '--workspace', workspace), timeout=3600)
+    passed, detail = trained(workspace, status, output)
+    if not passed:
+        return False, f'training: {detail}'
+    agreed, agreement = replicas_agree(output, workers, [0, 1])
+    if not agreed:
+        return False, agreement
+    plan = 'float32, the CPU twin' if not on_gpu else 'float16, NHWC, 4-channel input, ' + (
+        'fused kernels' if '--fuse-bn-relu 1' in output else 'no fused kernels in this MXNet')
+    metrics = epoch_metrics(workspace)
+    ips, figure = metrics[-1]['train.ips'], published(key, workers, batch)
+    words = [f'{workers} x {batch} ({plan}): {ips:.1f} img/s' +
+             (f', {ips / figure:.2f} of the original\'s {figure:g} on {key}' if figure else ''),
+             f'{metrics[0]["train.epoch_gap"]:.2f} s between epochs']
+    status, output = run(runner('--mode', 'val', *common, '--workspace', workspace))
+    validated = epoch_metrics(workspace)[-1] if status == 0 else {}
+    if 'val.ips' not in validated:
+        return False, f'val: {last_error(output)}'
+    words.append(f'val {validated["val.ips"]:.1f} img/s, top-1 {validated["val.accuracy"]:.3f}')
+    status, output = run(runner('--mode', 'pred', '--data-root', data, '--workspace', workspace, '--data-pred', image))
+    if status or 'class_' not in output:
+        return False, f'pred: {last_error(output)}'
+    words.append('pred ok')
+    amp = os.path.join(workdir, 'default-amp')
+    status, output = run(runner(*common, '-e', '1', *size, '--amp', '--workspace', amp), timeout=3600)
+    if not on_gpu and status == 2 and 'needs an AVX-512 CPU' in output:
+        words.append('--amp skipped (bfloat16 needs AVX-512)')
+    else:
+        passed, detail = trained(amp, status, output)
+        if not passed:
+            return False, f'--amp: {detail}'
+        words.append(f'--amp {epoch_metrics(amp)[-1]["train.ips"]:.1f} img/s')
+    return True, '; '.join(words)
+
+
+RUNS = {'default': check_default}
+
+
+if __name__ == '__main__':   # photo_dataset's writer: FOLDER COUNT WIDTH HEIGHT
+    write_photos(sys.argv[1], *map(int, sys.argv[2:]))
