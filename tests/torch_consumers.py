@@ -9,7 +9,9 @@ the file with strict=True (torchvision: load_state_dict; timm: pretrained=True w
 as its pretrained configuration: with its configuration's 1000 classes timm would drop another classifier), both in eval mode with PyTorch's batchnorm epsilon and momentum set to E and M (torch's convention), and
 write their float32 logits of the inputs (N, 3, H, W) to PREFIX.torchvision.npy and PREFIX.timm.npy. A case with
 "save": {"file": FILE.safetensors, "seed": S} instead writes the builder's network with random weights and
-batchnorm statistics (the seed's) to FILE, as torchvision's own state dict, for a round trip through the recipe.
+batchnorm statistics (the seed's) to FILE, as torchvision's own state dict, for a round trip through the recipe;
+a case {"keys": "resnet50", "num_classes": N, "outputs": PREFIX} writes the keys, shapes and dtypes of the
+builder's state dict, in its order, to PREFIX.keys.json.
 """
 import functools
 import json
@@ -27,7 +29,9 @@ def norm_layer(case):
 
 
 def randomised(case):
-    """torchvision's network of the case with random batchnorm parameters and statistics too."""
+    """torchvision's network of the case with random batchnorm parameters and statistics too, the residual
+    branches scaled down as training leaves them (the last batchnorm of each block at a tenth): logits of a few
+    units, as a trained network's."""
     torch.manual_seed(case['save']['seed'])
     model = getattr(torchvision.models, case['builder'])(num_classes=case['num_classes'])
     for module in model.modules():
@@ -36,6 +40,9 @@ def randomised(case):
                                       (module.running_mean, -0.5, 0.5), (module.running_var, 0.5, 1.5)):
                 tensor.data.uniform_(low, high)
             module.num_batches_tracked.fill_(1234)
+        if isinstance(module, (torchvision.models.resnet.BasicBlock, torchvision.models.resnet.Bottleneck)):
+            last = module.bn3 if isinstance(module, torchvision.models.resnet.Bottleneck) else module.bn2
+            last.weight.data.mul_(0.1)
     return model
 
 
@@ -45,6 +52,12 @@ def logits(model, inputs):
 
 
 def run(case):
+    if 'keys' in case:
+        model = getattr(torchvision.models, case['keys'])(num_classes=case['num_classes'])
+        with open(case['outputs'] + '.keys.json', 'w') as f:
+            json.dump([[key, list(value.shape), str(value.dtype).replace('torch.', '')]
+                       for key, value in model.state_dict().items()], f)
+        return
     if 'save' in case:
         safetensors.torch.save_file(randomised(case).state_dict(), case['save']['file'])
         return
