@@ -25,9 +25,12 @@ BASE_IMAGE_MODULES = ('mxnet', 'numpy', 'nvidia.dali', 'horovod', 'google.protob
 # Import name -> distribution, for packages that may not be installed where the test runs (Horovod is built by
 # `make setup` last; OpenCV is what MXNet's im2rec.py imports).
 KNOWN = {'cv2': 'opencv-python-headless', 'horovod': 'horovod', 'openvino': 'openvino', 'torch': 'torch',
-         'torchvision': 'torchvision'}
+         'torchvision': 'torchvision', 'tensorrt': 'tensorrt'}
 # The scripts that may import the optional benchmark extras (requirements-bench.txt), the peers they measure.
 BENCHMARK_SCRIPTS = {'scripts/benchmark_inference.py', 'scripts/benchmark_training.py', 'scripts/pytorch_peer.py'}
+# What only a GPU node's check imports, from that node's own software (NVIDIA's containers, `pip install tensorrt`);
+# the check reports SKIP without it: module -> the scripts that may import it.
+GPU_NODE_ONLY = {'tensorrt': {'scripts/gpu_check_export.py'}}
 
 
 def normalise(name):
@@ -117,6 +120,8 @@ def missing(modules, provided, base_modules=()):
         if any(module == base or module.startswith(base + '.') for base in base_modules):
             continue
         if files <= BENCHMARK_SCRIPTS and distributions(module) & extras:
+            continue
+        if files <= GPU_NODE_ONLY.get(module, set()):
             continue
         if not distributions(module) & provided:
             gaps[module] = sorted(files)
