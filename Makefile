@@ -5,7 +5,7 @@
 #   make test-fast  set up, run the unit tier alone (in process, seconds a test; the tiers are in pytest.ini)
 # `make setup` alone creates .venv with requirements.txt, requirements-dev.txt and Horovod (built from source
 # with MXNet and Gloo support when missing); `make test` also installs requirements-consumers.txt, the PyTorch
-# packages that check export's torchvision weights (about 2 GB, 2.5 minutes). Pick another MXNet wheel with e.g.
+# packages that check export's torchvision weights (2 GB of wheels, about 1.5 minutes). Pick another MXNet wheel with e.g.
 #   make setup MXNET=mxnet-cu112==1.9.1
 # (a CUDA build of MXNet; Horovod then also needs HOROVOD_GPU_OPERATIONS=NCCL in the environment).
 

@@ -11,9 +11,13 @@ write their float32 logits of the inputs (N, 3, H, W) to PREFIX.torchvision.npy 
 "save": {"file": FILE.safetensors, "seed": S} instead writes the builder's network with random weights and
 batchnorm statistics (the seed's) to FILE, as torchvision's own state dict, for a round trip through the recipe;
 a case {"keys": "resnet50", "num_classes": N, "outputs": PREFIX} writes the keys, shapes and dtypes of the
-builder's state dict, in its order, to PREFIX.keys.json.
+builder's state dict, in its order, to PREFIX.keys.json; a case {"readme": CODE, "names": [...], "pixels": FILE.npy,
+"outputs": PREFIX} runs the README's PyTorch lines with the snippet's `names` and `pixels` (C, H, W) and writes
+what they print to PREFIX.readme.txt.
 """
+import contextlib
 import functools
+import io
 import json
 import sys
 
@@ -52,6 +56,13 @@ def logits(model, inputs):
 
 
 def run(case):
+    if 'readme' in case:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(case['readme'], {'names': case['names'], 'pixels': np.load(case['pixels'])})
+        with open(case['outputs'] + '.readme.txt', 'w') as f:
+            f.write(printed.getvalue())
+        return
     if 'keys' in case:
         model = getattr(torchvision.models, case['keys'])(num_classes=case['num_classes'])
         with open(case['outputs'] + '.keys.json', 'w') as f:
