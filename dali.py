@@ -20,7 +20,8 @@ is the same whether the epoch started at 0 or was resumed at k, and the pipeline
 once per loader and reset between epochs, not rebuilt. With --dali-fuse-decoder 1 only the crop window is
 decoded (decoders.image_slice); then resize to the image shape, mirror, normalisation and
 layout/dtype/4th-channel padding in one crop_mirror_normalize.
-Validation (validation_input; pred's too, PredictionImages): decode, shorter side to --data-val-resize with
+Validation (validation_input; pred's too, PredictionImages, and the model.dali of export --triton,
+serialize_preprocessing): decode, shorter side to --data-val-resize with
 ImageRecordIter's geometry and the run's interpolation (validation_resize.val_interpolation), center crop. dali-gpu decodes
 with nvJPEG ("mixed"),
 one pipeline per device of --gpus (each decodes its slice of the worker's batch, which stays on that device:

@@ -23,12 +23,13 @@ def checks():
         sys.path.remove(os.path.join(ROOT, 'scripts'))
 
 
-@pytest.fixture
-def repository(tmp_path):
-    """A repository of a ResNet-10 at 32x32, batches of up to 8, and the digits of three classes."""
-    checkpoint_of(tmp_path / 'model_best.params')
-    export_in_process(tmp_path, '--triton', str(tmp_path / 'triton'))
-    return tmp_path / 'triton'
+@pytest.fixture(scope='module')
+def repository(tmp_path_factory):
+    """A repository of a ResNet-10 at 32x32 for 10 classes, batches of up to 8 (made once: tests read it)."""
+    workspace = tmp_path_factory.mktemp('repository')
+    checkpoint_of(workspace / 'model_best.params')
+    export_in_process(workspace, '--triton', str(workspace / 'triton'))
+    return workspace / 'triton'
 
 
 def some_digits(digits, count=11):

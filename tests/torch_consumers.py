@@ -64,7 +64,8 @@ def run(case):
             f.write(printed.getvalue())
         return
     if 'keys' in case:
-        model = getattr(torchvision.models, case['keys'])(num_classes=case['num_classes'])
+        with torch.device('meta'):          # shapes and dtypes without weights: no time spent drawing them
+            model = getattr(torchvision.models, case['keys'])(num_classes=case['num_classes'])
         with open(case['outputs'] + '.keys.json', 'w') as f:
             json.dump([[key, list(value.shape), str(value.dtype).replace('torch.', '')]
                        for key, value in model.state_dict().items()], f)

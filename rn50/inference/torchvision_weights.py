@@ -23,8 +23,13 @@ def write(path, net, twin, num_classes, batchnorm_eps, batchnorm_momentum):
     as torchvision's state dict in a .safetensors file at `path`, with what builds the network in its metadata."""
     from safetensors.numpy import save_file
     params = {name: param.data().asnumpy() for name, param in net._collect_params_with_prefix().items()}
-    loading = how_to_load(twin, num_classes, batchnorm_eps, batchnorm_momentum, path)
-    save_file(weights.to_torchvision(params), path, metadata={'format': 'pt', 'torchvision': loading['torchvision']})
+    save_file(weights.to_torchvision(params), path,
+              metadata={'format': 'pt', 'torchvision': builder_call(twin, num_classes, batchnorm_eps, batchnorm_momentum)})
+
+
+def builder_call(twin, num_classes, batchnorm_eps, batchnorm_momentum):
+    """torchvision's call that builds the network, as Python text."""
+    return f'torchvision.models.{twin}(num_classes={num_classes}{norm_layer(batchnorm_eps, batchnorm_momentum)})'
 
 
 def norm_layer(batchnorm_eps, batchnorm_momentum):
@@ -42,6 +47,6 @@ def how_to_load(twin, num_classes, batchnorm_eps, batchnorm_momentum, path):
     Python text for the log and report_export.json. timm's call names the class count in the overlay too: timm
     drops a classifier whose class count differs from its configuration's (1000), silently."""
     extra = norm_layer(batchnorm_eps, batchnorm_momentum)
-    return {'torchvision': f'torchvision.models.{twin}(num_classes={num_classes}{extra})',
+    return {'torchvision': builder_call(twin, num_classes, batchnorm_eps, batchnorm_momentum),
             'timm': f"timm.create_model('{twin}', num_classes={num_classes}{extra}, pretrained=True, "
                     f"pretrained_cfg_overlay=dict(file={path!r}, num_classes={num_classes}))"}
