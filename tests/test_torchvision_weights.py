@@ -130,8 +130,8 @@ def test_torchvision_and_timm_load_the_export_strictly_give_mxnet_s_logits_and_g
         cases.append({'keys': builder, 'num_classes': 7, 'outputs': str(tmp_path / f'twin-{builder}')})
     readme = next(block for block in code_blocks('python') if 'model.torchvision.safetensors' in block)
     np.save(tmp_path / 'pixels.npy', images[3])
-    cases.append({'readme': readme.replace("'runs/photos/export/model.torchvision.safetensors'", repr(cases[0]['weights']))
-                  .replace('resnet50', 'resnext50_32x4d'), 'names': [f'digit {i}' for i in range(10)],
+    readme = readme.replace("'runs/photos/export/model.torchvision.safetensors'", repr(cases[0]['weights']))
+    cases.append({'readme': readme.replace('resnet50', 'resnext50_32x4d'), 'names': [f'digit {i}' for i in range(10)],
                   'pixels': str(tmp_path / 'pixels.npy'), 'outputs': str(tmp_path / 'readme')})
     consumers(cases, tmp_path)
     assert (tmp_path / 'readme.readme.txt').read_text() == f'digit {expected["resnext50_32x4d"][3].argmax()}\n'

@@ -6,8 +6,9 @@ Horovod, and MXNet's and PyTorch's OpenMP runtimes are best kept apart): run as
 REQUEST.json lists cases {"weights": FILE.safetensors, "builder": "resnet50", "num_classes": N, "eps": E,
 "momentum": M, "inputs": FILE.npy, "outputs": PREFIX}: torchvision's builder and timm's model of that name load
 the file with strict=True (torchvision: load_state_dict; timm: pretrained=True with the file and the class count
-as its pretrained configuration: with its configuration's 1000 classes timm would drop another classifier), both in eval mode with PyTorch's batchnorm epsilon and momentum set to E and M (torch's convention), and
-write their float32 logits of the inputs (N, 3, H, W) to PREFIX.torchvision.npy and PREFIX.timm.npy. A case with
+as its pretrained configuration: with its configuration's 1000 classes timm would drop another classifier), both
+in eval mode with PyTorch's batchnorm epsilon and momentum set to E and M (torch's convention), and write their
+float32 logits of the inputs (N, 3, H, W) to PREFIX.torchvision.npy and PREFIX.timm.npy. A case with
 "save": {"file": FILE.safetensors, "seed": S} instead writes the builder's network with random weights and
 batchnorm statistics (the seed's) to FILE, as torchvision's own state dict, for a round trip through the recipe;
 a case {"keys": "resnet50", "num_classes": N, "outputs": PREFIX} writes the keys, shapes and dtypes of the

@@ -23,8 +23,8 @@ def write(path, net, twin, num_classes, batchnorm_eps, batchnorm_momentum):
     as torchvision's state dict in a .safetensors file at `path`, with what builds the network in its metadata."""
     from safetensors.numpy import save_file
     params = {name: param.data().asnumpy() for name, param in net._collect_params_with_prefix().items()}
-    save_file(weights.to_torchvision(params), path,
-              metadata={'format': 'pt', 'torchvision': builder_call(twin, num_classes, batchnorm_eps, batchnorm_momentum)})
+    builder = builder_call(twin, num_classes, batchnorm_eps, batchnorm_momentum)
+    save_file(weights.to_torchvision(params), path, metadata={'format': 'pt', 'torchvision': builder})
 
 
 def builder_call(twin, num_classes, batchnorm_eps, batchnorm_momentum):

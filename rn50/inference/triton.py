@@ -64,8 +64,8 @@ def configs(repository):
     def model(name, **fields):
         return pb.ModelConfig(name=name, max_batch_size=repository.max_batch_size, **fields)
 
-    preprocessing = model(repository.preprocessing, backend='dali',
-                          input=[pb.ModelInput(name=IMAGE, data_type=pb.TYPE_UINT8, dims=[-1], allow_ragged_batch=True)],
+    ragged_image = pb.ModelInput(name=IMAGE, data_type=pb.TYPE_UINT8, dims=[-1], allow_ragged_batch=True)
+    preprocessing = model(repository.preprocessing, backend='dali', input=[ragged_image],
                           output=[pb.ModelOutput(name=DATA, data_type=fp32, dims=repository.input_shape)],
                           instance_group=[pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.KIND_CPU, count=1)],
                           dynamic_batching=pb.ModelDynamicBatching())

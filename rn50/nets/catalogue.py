@@ -19,8 +19,8 @@ RESNEXT_WIDTH_PER_GROUP = 4     # the "4d" of ResNeXt-50 32x4d: channels per gro
 # model of that name is the same network too). ResNet v1 is v1.5 at 18 and 34 layers (basic units have no 1x1
 # convolution for the stride); torchvision's other ResNeXts have 8 channels per group (resnext101_32x8d), its
 # wide ResNets twice the bottleneck width.
-TORCHVISION_TWINS = {**{(arch, depth, None): f'resnet{depth}' for arch in ('resnetv1', 'resnetv15') for depth in (18, 34)},
-                     **{('resnetv15', depth, None): f'resnet{depth}' for depth in (50, 101, 152)},
+TORCHVISION_TWINS = {**{('resnetv1', depth, None): f'resnet{depth}' for depth in (18, 34)},
+                     **{('resnetv15', depth, None): f'resnet{depth}' for depth in (18, 34, 50, 101, 152)},
                      ('resnextv15', 50, 32): 'resnext50_32x4d', ('resnextv15', 101, 64): 'resnext101_64x4d'}
 
 
