@@ -4,8 +4,9 @@
 # and one is for the edit loop:
 #   make test-fast  set up, run the unit tier alone (in process, seconds a test; the tiers are in pytest.ini)
 # `make setup` alone creates .venv with requirements.txt, requirements-dev.txt and Horovod (built from source
-# with MXNet and Gloo support when missing); `make test` also installs requirements-consumers.txt, the PyTorch
-# packages that check export's torchvision weights (2 GB of wheels, about 1.5 minutes). Pick another MXNet wheel with e.g.
+# with MXNet and Gloo support when missing); `make test` also makes .venv-consumers, the PyTorch packages that
+# check export's torchvision weights (requirements-consumers.txt: 2 GB of wheels, 1-2 minutes). Pick another
+# MXNet wheel with e.g.
 #   make setup MXNET=mxnet-cu112==1.9.1
 # (a CUDA build of MXNet; Horovod then also needs HOROVOD_GPU_OPERATIONS=NCCL in the environment).
 
@@ -13,6 +14,7 @@ PYTHON ?= python3
 MXNET ?= mxnet==1.9.1
 VENV := .venv
 PY := $(VENV)/bin/python
+CONSUMERS := .venv-consumers
 DEMO_DATA := data/demo
 DEMO_RUN := runs/demo
 
@@ -20,10 +22,12 @@ DEMO_RUN := runs/demo
 
 setup: $(VENV)/.requirements $(VENV)/.horovod
 
-# torchvision and timm, the consumers of export's torchvision weights, for the tests (requirements-consumers.txt
-# says why --no-deps and which of their declared dependencies are needed).
-$(VENV)/.consumers: requirements-consumers.txt $(VENV)/.requirements
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-warn-conflicts --no-deps -r requirements-consumers.txt
+# torchvision and timm, the consumers of export's torchvision weights, for the tests, in an environment of their
+# own (requirements-consumers.txt says why, why --no-deps, and which of their declared dependencies are needed).
+$(CONSUMERS)/.installed: requirements-consumers.txt
+	test -x $(CONSUMERS)/bin/python || $(PYTHON) -m venv $(CONSUMERS)
+	$(CONSUMERS)/bin/python -m pip install --quiet --disable-pip-version-check --no-warn-conflicts --no-deps \
+		-r requirements-consumers.txt
 	touch $@
 
 $(VENV)/.requirements: requirements.txt requirements-dev.txt
@@ -54,16 +58,15 @@ $(VENV)/.horovod: $(VENV)/.requirements
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-warn-conflicts horovod==0.28.1 \
 		--no-build-isolation --no-cache-dir
 	$(PY) -c 'import horovod.mxnet'
-	# pip check, less the dependencies gluoncv, onnxruntime and the consumers go without on purpose: any other
-	$(PY) -m pip check | grep -v -e '^gluoncv ' -e '^onnxruntime ' -e '^torch ' -e '^torchvision ' -e '^timm ' \
-		| sed 's/^/pip check: /' || true
+	# pip check, less the dependencies gluoncv and onnxruntime go without on purpose: prints any other conflict
+	$(PY) -m pip check | grep -v -e '^gluoncv ' -e '^onnxruntime ' | sed 's/^/pip check: /' || true
 	touch $@
 
 # One test process per core (-n auto), each with its share of the cores as OpenMP threads (tests/conftest.py);
 # --dist loadgroup runs the multi-worker tests one after another on one of them.
 PYTEST := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest tests -q -p no:cacheprovider -n auto --dist loadgroup
 
-test: setup $(VENV)/.consumers
+test: setup $(CONSUMERS)/.installed
 	$(PYTEST)
 
 test-fast: setup

@@ -1,7 +1,8 @@
 """Every third-party package the recipe imports is installed by both set-ups that run it: the CPU set-up
 (requirements.txt and the Makefile's own installs) and NVIDIA's container (its base image's MXNet, numpy, DALI
 and Horovod, plus the Dockerfile's requirements-container*.txt). The tests' own imports come from
-requirements-dev.txt and requirements-consumers.txt (the PyTorch packages that load export's torchvision weights);
+requirements-dev.txt and requirements-consumers.txt (the PyTorch packages that load export's torchvision weights, in
+an environment of their own: tests/torch_consumers.py);
 the peers the benchmark scripts measure, and nothing else, from the optional requirements-bench.txt. Imports are read with `ast`, inside functions too; an import name is mapped to its
 distribution through the installed packages' metadata (plus KNOWN for names not installed here)."""
 import ast
@@ -25,7 +26,7 @@ BASE_IMAGE_MODULES = ('mxnet', 'numpy', 'nvidia.dali', 'horovod', 'google.protob
 # Import name -> distribution, for packages that may not be installed where the test runs (Horovod is built by
 # `make setup` last; OpenCV is what MXNet's im2rec.py imports).
 KNOWN = {'cv2': 'opencv-python-headless', 'horovod': 'horovod', 'openvino': 'openvino', 'torch': 'torch',
-         'torchvision': 'torchvision', 'tensorrt': 'tensorrt'}
+         'torchvision': 'torchvision', 'tensorrt': 'tensorrt', 'timm': 'timm'}
 # The scripts that may import the optional benchmark extras (requirements-bench.txt), the peers they measure.
 BENCHMARK_SCRIPTS = {'scripts/benchmark_inference.py', 'scripts/benchmark_training.py', 'scripts/pytorch_peer.py'}
 # What only a GPU node's check imports, from that node's own software (NVIDIA's containers, `pip install tensorrt`);

@@ -7,6 +7,7 @@ torchvision's; a network torchvision does not build gets no such file, and the l
 import functools
 import json
 import os
+import subprocess
 
 import mxnet as mx
 import numpy as np
@@ -16,7 +17,7 @@ from safetensors.numpy import load_file
 import dali
 import models
 import train
-from conftest import ROOT, digits_flags, randomise_batchnorm, resolved, run_script, train_main
+from conftest import ROOT, digits_flags, randomise_batchnorm, resolved, train_main
 from rn50.checkpoints import checkpoint, weights
 from rn50.data import validation_resize
 from rn50.inference import export
@@ -27,12 +28,17 @@ from test_readme import code_blocks
 TOLERANCE = 1e-4      # float32 logits of the same network in two frameworks (the issue's bound)
 
 
+# PyTorch's environment (make test makes it): never .venv, where tensorboardX would import it after Horovod
+CONSUMERS_PYTHON = os.path.join(ROOT, '.venv-consumers', 'bin', 'python')
+
+
 def consumers(cases, tmp_path):
-    """Run tests/torch_consumers.py on `cases` (a process of its own: PyTorch never shares one with MXNet or
-    Horovod here)."""
+    """Run tests/torch_consumers.py on `cases` with PyTorch's environment's Python (a process of its own)."""
+    assert os.path.exists(CONSUMERS_PYTHON), 'no .venv-consumers: `make test` makes it (requirements-consumers.txt)'
     request = tmp_path / 'request.json'
     request.write_text(json.dumps(cases))
-    result = run_script(os.path.join(ROOT, 'tests', 'torch_consumers.py'), request, check=False, timeout=600)
+    result = subprocess.run([CONSUMERS_PYTHON, os.path.join(ROOT, 'tests', 'torch_consumers.py'), str(request)],
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
 
 

@@ -1,7 +1,7 @@
-"""The real consumers of export's torchvision weights, in a process of their own (PyTorch must not load after
-Horovod, and MXNet's and PyTorch's OpenMP runtimes are best kept apart): run as
+"""The real consumers of export's torchvision weights, in a process and an environment of their own (PyTorch
+must not load after Horovod, and MXNet's and PyTorch's OpenMP runtimes are best kept apart): run as
 
-    python tests/torch_consumers.py REQUEST.json
+    .venv-consumers/bin/python tests/torch_consumers.py REQUEST.json
 
 REQUEST.json lists cases {"weights": FILE.safetensors, "builder": "resnet50", "num_classes": N, "eps": E,
 "momentum": M, "inputs": FILE.npy, "outputs": PREFIX}: torchvision's builder and timm's model of that name load
