@@ -4,7 +4,9 @@
 # and one is for the edit loop:
 #   make test-fast  set up, run the unit tier alone (in process, seconds a test; the tiers are in pytest.ini)
 # `make setup` alone creates .venv with requirements.txt, requirements-dev.txt and Horovod (built from source
-# with MXNet and Gloo support when missing). Pick another MXNet wheel with e.g.
+# with MXNet and Gloo support when missing); `make test` also makes .venv-consumers, the PyTorch packages that
+# check export's torchvision weights (requirements-consumers.txt: 2 GB of wheels, 1-2 minutes). Pick another
+# MXNet wheel with e.g.
 #   make setup MXNET=mxnet-cu112==1.9.1
 # (a CUDA build of MXNet; Horovod then also needs HOROVOD_GPU_OPERATIONS=NCCL in the environment).
 
@@ -12,12 +14,21 @@ PYTHON ?= python3
 MXNET ?= mxnet==1.9.1
 VENV := .venv
 PY := $(VENV)/bin/python
+CONSUMERS := .venv-consumers
 DEMO_DATA := data/demo
 DEMO_RUN := runs/demo
 
 .PHONY: setup test test-fast demo clean
 
 setup: $(VENV)/.requirements $(VENV)/.horovod
+
+# torchvision and timm, the consumers of export's torchvision weights, for the tests, in an environment of their
+# own (requirements-consumers.txt says why, why --no-deps, and which of their declared dependencies are needed).
+$(CONSUMERS)/.installed: requirements-consumers.txt
+	test -x $(CONSUMERS)/bin/python || $(PYTHON) -m venv $(CONSUMERS)
+	$(CONSUMERS)/bin/python -m pip install --quiet --disable-pip-version-check --no-warn-conflicts --no-deps \
+		-r requirements-consumers.txt
+	touch $@
 
 $(VENV)/.requirements: requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,7 +66,7 @@ $(VENV)/.horovod: $(VENV)/.requirements
 # --dist loadgroup runs the multi-worker tests one after another on one of them.
 PYTEST := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest tests -q -p no:cacheprovider -n auto --dist loadgroup
 
-test: setup
+test: setup $(CONSUMERS)/.installed
 	$(PYTEST)
 
 test-fast: setup

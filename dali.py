@@ -20,7 +20,8 @@ is the same whether the epoch started at 0 or was resumed at k, and the pipeline
 once per loader and reset between epochs, not rebuilt. With --dali-fuse-decoder 1 only the crop window is
 decoded (decoders.image_slice); then resize to the image shape, mirror, normalisation and
 layout/dtype/4th-channel padding in one crop_mirror_normalize.
-Validation (validation_input; pred's too, PredictionImages): decode, shorter side to --data-val-resize with
+Validation (validation_input; pred's too, PredictionImages, and the model.dali of export --triton,
+serialize_preprocessing): decode, shorter side to --data-val-resize with
 ImageRecordIter's geometry and the run's interpolation (validation_resize.val_interpolation), center crop. dali-gpu decodes
 with nvJPEG ("mixed"),
 one pipeline per device of --gpus (each decodes its slice of the worker's batch, which stays on that device:
@@ -37,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 import mxnet as mx
 import numpy as np
 
-from rn50.config import flags
+from rn50.config import flags, resolve
 from rn50.data import augment
 from rn50.data import contract
 from rn50.data import records
@@ -233,6 +234,31 @@ def validation_input(jpegs, args, decoder):
                                     output_layout='CHW' if args.input_layout == 'NCHW' else 'HWC')
 
 
+def encoded_images_pipeline(args, input_name, batch_size, num_threads, **options):
+    """A CPU-only pipeline (device_id None) of the validation graph from encoded image files: the external
+    source `input_name` (one uint8 array of the file's bytes per image) through validation_input with the CPU
+    decoder; `options` go to the pipeline (pred's runs one image at a time, synchronously)."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    def graph():
+        jpegs = fn.external_source(name=input_name, dtype=types.UINT8, ndim=1)
+        return validation_input(jpegs, args, dict(device='cpu', output_type=types.RGB))
+    return pipeline_def(graph, batch_size=batch_size, num_threads=num_threads, device_id=None, **options)()
+
+
+def serialize_preprocessing(args, path, input_name, max_batch_size):
+    """Write the validation graph from encoded images to the input of export's portable network (float32, 3
+    channels, --input-layout) as a serialized DALI pipeline at `path`: the model.dali that Triton's DALI backend
+    runs, with the external source `input_name`, batches of up to `max_batch_size` images and
+    --dali-validation-threads threads, on the CPU (Triton's DALI backend runs a CPU-only pipeline on CPU instances).
+    The composer hands `functools.partial(serialize_preprocessing, args)` to export."""
+    from nvidia.dali import types
+    portable = resolve.replaced(args, image_shape=(3,) + tuple(args.image_shape[1:]), dtype='float32', amp=False)
+    pipe = encoded_images_pipeline(portable, input_name, max_batch_size, args.dali_validation_threads,
+                                   output_dtype=types.FLOAT, output_ndim=3)
+    pipe.serialize(filename=path)
+
+
 class PredictionImages:
     """pred's input for a run that validates with DALI: each file through validation_input on the CPU (one
     pipeline of batch 1, fed file by file), the very graph of validation."""
@@ -241,13 +267,8 @@ class PredictionImages:
         self.args, self.pipe = args, None
 
     def build(self):
-        from nvidia.dali import fn, pipeline_def, types
-
-        def graph():
-            jpegs = fn.external_source(name='encoded', dtype=types.UINT8, ndim=1)
-            return validation_input(jpegs, self.args, dict(device='cpu', output_type=types.RGB))
-        pipe = pipeline_def(graph, batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1,
-                            exec_pipelined=False, exec_async=False)()
+        pipe = encoded_images_pipeline(self.args, 'encoded', 1, 1, prefetch_queue_depth=1, exec_pipelined=False,
+                                       exec_async=False)
         pipe.build()
         return pipe
 

@@ -37,14 +37,13 @@ from mxnet.gluon import HybridBlock, nn
 from rn50.config import flags
 from rn50.errors import RecipeError
 from rn50.nets import layers
-from rn50.nets.catalogue import ARCHITECTURES, RESNET_DEPTHS
+from rn50.nets.catalogue import ARCHITECTURES, RESNET_DEPTHS, RESNEXT_WIDTH_PER_GROUP
 from rn50.nets.layers import Builder, Stack
 
 log = logging.getLogger(__name__)
 
 LAYOUTS = ('NCHW', 'NHWC')
 STAGE_CHANNELS = {'basic': (64, 128, 256, 512), 'bottleneck': (256, 512, 1024, 2048)}
-RESNEXT_WIDTH_PER_GROUP = 4     # the "4d" of ResNeXt-50 32x4d: channels per group in the first stage
 
 # (widths of the separable convolutions, downsampling?) of Xception's twelve blocks
 XCEPTION_BLOCKS = ([((128, 128), True), ((256, 256), True), ((728, 728), True)] + [((728, 728, 728), False)] * 8

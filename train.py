@@ -105,7 +105,8 @@ def run_mode(args, net, world, seed, dllogger, stop):
         data.measure_loader(args, loaders[args.test_io_mode == 'val'], world, dllogger)
         return
     if args.mode == 'export':
-        summary = export.export(args, world, get_loaders, functools.partial(models.build, args, 'cpu'))
+        summary = export.export(args, world, get_loaders, functools.partial(models.build, args, 'cpu'),
+                                functools.partial(dali.serialize_preprocessing, args))
         logs.write_report(Workspace.of(args).report(args.mode), args, world, [], summary, seed=seed)
         return
     if args.mode in ('val', 'pred'):

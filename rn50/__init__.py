@@ -10,6 +10,6 @@ per concern. Code here never imports a root module; the root passes in what it n
     optim/        the learning-rate schedule, LARS and LAMB
     training/     the step, losses and targets, EMA, distillation and the other training extras
     checkpoints/  the recipe's checkpoint files, the optimizer state, weights of other origins
-    inference/    validation, --mode val and pred, INT8, --mode export
+    inference/    validation, --mode val and pred, INT8, --mode export (MXNet, ONNX, PyTorch, Triton)
     reports/      the human log, DLLogger, report.json, TensorBoard, MLPerf's result log
 """

@@ -30,6 +30,7 @@ bootstrap.start(prepare_cpu=True)   # the repository importable, .venv, this CPU
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+import dali  # noqa: E402
 import data  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
@@ -119,7 +120,8 @@ def main():
                'cores': os.cpu_count(), 'cpu': cpu.cpuinfo_field('model name'), 'onednn': cpu.describe()}
 
     # In this order: INT8 calibration needs the unfused network, which float32 inference then fuses.
-    exported = export.export(args, world, train.get_loaders, functools.partial(models.build, args, 'cpu'))
+    exported = export.export(args, world, train.get_loaders, functools.partial(models.build, args, 'cpu'),
+                             functools.partial(dali.serialize_preprocessing, args))
     checkpoint.load_weights(net, resume.find_weights(args), args)
     engines = {}
     try:

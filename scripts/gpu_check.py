@@ -40,10 +40,14 @@ that its workers hold the same weights, batchnorm statistics and optimizer state
     ema            --model-ema --model-ema-steps 2, stopped and resumed, the average validated every epoch
     extras         --bce-loss, --teacher, --aug-repeats 2, --tta flip
     drop-path      images/s of ResNet-50 at 224 with and without --drop-path 0.05 (both on the fused kernel)
+    tensorrt       a float16 TensorRT plan of export --triton's ONNX network: top-1 against MXNet's
+    triton         a Triton server (TRITON_URL, TRITON_REPOSITORY) answers the repository's request as pred does
 
-(the last seven: scripts/gpu_check_training.py). With --device cpu each check runs its CPU twin, the same
-recipe code on this CPU: default -> the same runs at ResNet-10, 32x32, on 2 Gloo workers of 8 images, dali-cpu,
-float32 (--amp skipped without AVX-512); float16 -> the recipe's float16 step on CPU-capable operators with 2 Gloo workers and
+(default: scripts/gpu_check_default.py; auto-augment to drop-path: scripts/gpu_check_training.py; tensorrt and
+triton: scripts/gpu_check_export.py, which skip without TensorRT or a server). With --device cpu each check runs
+its CPU twin, the same recipe code on this CPU: default -> the same runs at ResNet-10, 32x32, on 2 Gloo workers of
+8 images, dali-cpu, float32 (--amp skipped without AVX-512); float16 -> the recipe's float16 step on CPU-capable
+operators with 2 Gloo workers and
 an inf on one of them (tests/float16_twin.py); amp -> bfloat16 AMP (needs AVX-512, else reported as skipped);
 dali-gpu, dali-augment and the augmentation checks -> dali-cpu; dali-copy -> the same with CPU outputs;
 kvstore-device -> the step over two CPU contexts against one (pytest); horovod, resume, optimizers and ema ->
@@ -63,14 +67,16 @@ import time
 import bootstrap
 bootstrap.start()   # the repository importable, .venv: before any third-party import
 import gpu_check_default  # noqa: E402
+import gpu_check_export  # noqa: E402
 import gpu_check_training  # noqa: E402
 from gpu_check_training import (SMALL, digits_dataset, epoch_metrics, last_error, replicas_agree, run,  # noqa: E402
                                 runner, trained)
 
 HERE, ROOT = os.path.dirname(os.path.abspath(__file__)), bootstrap.ROOT
 
-CHECKS = ('default', 'float16', 'amp', 'dali-gpu', 'dali-copy', 'dali-augment', 'kvstore-device', 'horovod', 'resume', 'export',
-          'auto-augment', 'erase', 'recipes', 'optimizers', 'ema', 'extras', 'drop-path')
+CHECKS = ('default', 'float16', 'amp', 'dali-gpu', 'dali-copy', 'dali-augment', 'kvstore-device', 'horovod', 'resume',
+          'export', 'auto-augment', 'erase', 'recipes', 'optimizers', 'ema', 'extras', 'drop-path', 'tensorrt',
+          'triton')
 
 
 def parse_args(argv=None):
@@ -308,7 +314,7 @@ def gpu_layout_checkpoint(path):
 RUNS = {'float16': check_float16, 'amp': check_amp, 'dali-gpu': check_dali, 'dali-copy': check_dali_copy,
         'dali-augment': check_dali_augment,
         'kvstore-device': check_kvstore_device, 'horovod': check_horovod, 'resume': check_resume,
-        'export': check_export, **gpu_check_training.RUNS, **gpu_check_default.RUNS}
+        'export': check_export, **gpu_check_training.RUNS, **gpu_check_default.RUNS, **gpu_check_export.RUNS}
 
 
 def library_versions():

@@ -1,8 +1,9 @@
 """Every third-party package the recipe imports is installed by both set-ups that run it: the CPU set-up
 (requirements.txt and the Makefile's own installs) and NVIDIA's container (its base image's MXNet, numpy, DALI
 and Horovod, plus the Dockerfile's requirements-container*.txt). The tests' own imports come from
-requirements-dev.txt; the peers the benchmark scripts measure, and nothing else, from the optional
-requirements-bench.txt. Imports are read with `ast`, inside functions too; an import name is mapped to its
+requirements-dev.txt and requirements-consumers.txt (the PyTorch packages that load export's torchvision weights, in
+an environment of their own: tests/torch_consumers.py);
+the peers the benchmark scripts measure, and nothing else, from the optional requirements-bench.txt. Imports are read with `ast`, inside functions too; an import name is mapped to its
 distribution through the installed packages' metadata (plus KNOWN for names not installed here)."""
 import ast
 import functools
@@ -19,14 +20,18 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
-# What nvcr.io/nvidia/mxnet ships itself (the Dockerfile installs none of these): module prefixes.
-BASE_IMAGE_MODULES = ('mxnet', 'numpy', 'nvidia.dali', 'horovod')
+# What nvcr.io/nvidia/mxnet ships itself (the Dockerfile installs none of these; its protobuf, which the ONNX
+# tools need, is a constraint of the Dockerfile's install): module prefixes.
+BASE_IMAGE_MODULES = ('mxnet', 'numpy', 'nvidia.dali', 'horovod', 'google.protobuf')
 # Import name -> distribution, for packages that may not be installed where the test runs (Horovod is built by
 # `make setup` last; OpenCV is what MXNet's im2rec.py imports).
 KNOWN = {'cv2': 'opencv-python-headless', 'horovod': 'horovod', 'openvino': 'openvino', 'torch': 'torch',
-         'torchvision': 'torchvision'}
+         'torchvision': 'torchvision', 'tensorrt': 'tensorrt', 'timm': 'timm'}
 # The scripts that may import the optional benchmark extras (requirements-bench.txt), the peers they measure.
 BENCHMARK_SCRIPTS = {'scripts/benchmark_inference.py', 'scripts/benchmark_training.py', 'scripts/pytorch_peer.py'}
+# What only a GPU node's check imports, from that node's own software (NVIDIA's containers, `pip install tensorrt`);
+# the check reports SKIP without it: module -> the scripts that may import it.
+GPU_NODE_ONLY = {'tensorrt': {'scripts/gpu_check_export.py'}}
 
 
 def normalise(name):
@@ -117,6 +122,8 @@ def missing(modules, provided, base_modules=()):
             continue
         if files <= BENCHMARK_SCRIPTS and distributions(module) & extras:
             continue
+        if files <= GPU_NODE_ONLY.get(module, set()):
+            continue
         if not distributions(module) & provided:
             gaps[module] = sorted(files)
     return gaps
@@ -145,7 +152,7 @@ def test_the_container_gets_every_package_the_recipe_imports():
 
 
 def test_the_tests_imports_come_from_the_dev_requirements():
-    provided = requirement_names(*CPU_SET_UP, 'requirements-dev.txt') | makefile_installs()
+    provided = requirement_names(*CPU_SET_UP, 'requirements-dev.txt', 'requirements-consumers.txt') | makefile_installs()
     assert missing(third_party(suite_files()), provided) == {}
 
 
@@ -158,10 +165,12 @@ def test_every_import_maps_to_a_distribution():
 def test_the_checker_finds_what_the_old_dockerfile_missed():
     """The Dockerfile's install before the pins (`pip install Pillow scikit-learn matplotlib psutil onnx
     onnxruntime`) lacked tqdm (logs.py, so every start) and safetensors (--load *.safetensors), and lacks what the
-    recipe imported since: tensorboardX (--tensorboard) and mlperf_logging (the MLPerf result log)."""
+    recipe imported since: tensorboardX (--tensorboard), mlperf_logging (the MLPerf result log) and tritonclient
+    (--triton)."""
     old = {normalise(name) for name in 'Pillow scikit-learn matplotlib psutil onnx onnxruntime'.split()}
     gaps = missing(third_party(runtime_files()), old, BASE_IMAGE_MODULES)
-    assert {module.split('.')[0] for module in gaps} == {'tqdm', 'safetensors', 'tensorboardX', 'mlperf_logging'}
+    assert {module.split('.')[0] for module in gaps} == {'tqdm', 'safetensors', 'tensorboardX', 'mlperf_logging',
+                                                         'tritonclient'}
     assert gaps['mlperf_logging.mllog'] == ['rn50/reports/mlperf_log.py']
     assert 'rn50/reports/logs.py' in gaps['tqdm'] and 'rn50/checkpoints/checkpoint.py' in gaps['safetensors.numpy']
 

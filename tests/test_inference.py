@@ -11,6 +11,7 @@ import pytest
 from rn50.checkpoints import checkpoint
 from rn50.world import cpu
 import checkpoint_formats as formats
+import dali
 from rn50.inference import export
 from rn50.inference import inference
 from rn50.reports import logs
@@ -291,7 +292,8 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
     onnxruntime = pytest.importorskip('onnxruntime')
     gpu_checkpoint(tmp_path / 'model_best.params')
     args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
-    outputs = export.export(args, workers.World('device'), train.get_loaders, functools.partial(models.build, args, 'cpu'))
+    outputs = export.export(args, workers.World('device'), train.get_loaders,
+                            functools.partial(models.build, args, 'cpu'), functools.partial(dali.serialize_preprocessing, args))
     assert outputs['onnxruntime_max_difference'] < 1e-4
     session = onnxruntime.InferenceSession(outputs['onnx'], providers=['CPUExecutionProvider'])
     assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
@@ -313,7 +315,8 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(export, 'write_onnx', unsupported)
     with pytest.raises(RecipeError, match='exporting .*NotImplementedError: no ONNX conversion.*nothing was written'):
         args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
-        export.export(args, workers.World('device'), train.get_loaders, functools.partial(models.build, args, 'cpu'))
+        export.export(args, workers.World('device'), train.get_loaders, functools.partial(models.build, args, 'cpu'),
+                      functools.partial(dali.serialize_preprocessing, args))
     assert os.listdir(tmp_path / 'export') == []
 
 

@@ -280,7 +280,8 @@ def infer_shapes(net, shape=(1, 3, 32, 32)):
     ('gluoncv-deep-stem', r'deep stem.*v1c/v1d.*different network from ResNet v1.5'),
     ('timm-deep-stem', r'deep stem'),
     ('model-zoo-v1', r'MXNet Gluon model zoo resnet\*_v1/_v2'),
-    ('resnext', r'ResNeXt-50 \(grouped 3x3 convolutions, 32 groups\): not ResNet v1.5'),
+    ('resnext', r'ResNeXt-50 32x4d weights: the network is resnetv15_50: use --arch resnextv15 --num-layers 50 '
+                r'--num-groups 32'),
     ('resnet-v1-target', r'ResNet v1.5 \(stride on the 3x3 convolution\), the network is ResNet v1'),
     ('xception-target', r'the network is xception, not a ResNet: use --arch resnetv15 --num-layers 50'),
     ('unknown', r'unrecognised parameter names \(e.g. classifier.bias, encoder.conv.weight\)'),

@@ -24,13 +24,16 @@ Origins recognised (see /work/shared/reference/foreign-weights.md for the facts)
   float16 `_net.`-prefixed names with the stem in `features.0.1` and OHWI weights; a 4-channel stem; the
   fused-batchnorm names without the inner `.0` / `.bn` level.
 * 'gluoncv': GluonCV `resnet{18,34,50,101,152}_v1b` (`conv1`, `bn1.gamma`, `layer1.0.conv1`, `fc`).
-* 'torchvision': torchvision / timm ResNet state dicts (batchnorm `weight`/`bias`, `num_batches_tracked`
-  ignored; a `module.` prefix from DataParallel is removed).
+* 'torchvision': torchvision / timm ResNet and ResNeXt (Nx4d) state dicts (batchnorm `weight`/`bias`,
+  `num_batches_tracked` ignored; a `module.` prefix from DataParallel is removed).
 
 Whatever the origin, `convert` produces the target network's layout (OIHW <-> OHWI, decided by each
 convolution's configured layout), stem width (a 4th input channel is dropped or zero-padded: the recipe
 feeds that channel zeros) and dtypes (float16 <-> float32). Anything else (another architecture, a deep
 stem, a depth or class-count mismatch) is a RecipeError that says what was found and what was expected.
+
+The way out uses the same names: `to_torchvision(params)` gives the state dict torchvision's (and timm's) network
+of the same shape loads with strict=True, from the portable network's parameters (export's).
 """
 import collections
 import dataclasses
@@ -40,7 +43,7 @@ import numpy as np
 from mxnet.gluon import nn
 
 from rn50.errors import RecipeError
-from rn50.nets.catalogue import RESNET_DEPTHS
+from rn50.nets.catalogue import RESNET_DEPTHS, RESNEXT_WIDTH_PER_GROUP
 
 BATCHNORM_STATS = ('gamma', 'beta', 'running_mean', 'running_var')
 CLASSIFIER = ('output.weight', 'output.bias')
@@ -319,10 +322,11 @@ def _architecture(oihw, kind):
         width, per_group = conv1[0], conv2[1]
         if per_group != width:
             groups = width // per_group
-            if kind == 'recipe':
-                return f'ResNeXt-{depth} {groups}x{width // groups}d', depth
-            raise RecipeError(f'{origin} weights of a ResNeXt-{depth} (grouped 3x3 convolutions, {groups} groups): '
-                              'not ResNet v1.5 (use this recipe\'s own ResNeXt checkpoints)')
+            if kind == 'recipe' or per_group == RESNEXT_WIDTH_PER_GROUP:
+                return f'ResNeXt-{depth} {groups}x{per_group}d', depth
+            raise RecipeError(f'{origin} weights of a ResNeXt-{depth} {groups}x{per_group}d (grouped 3x3 '
+                              f'convolutions, {per_group} channels per group): this recipe builds ResNeXt with '
+                              f'{RESNEXT_WIDTH_PER_GROUP} channels per group in the first stage (Nx4d)')
         if width != 64:
             raise RecipeError(f'{origin} weights of a wide ResNet-{depth} (bottleneck width {width} in the first '
                               'stage, ResNet v1.5 has 64): another architecture')
@@ -368,16 +372,11 @@ def convert(arrays, net, new_classifier=False, source='weights'):
                           'declared input channels (models.get_model does)')
     target_structure = resnet_structure(own)
     target_depth = DEPTH_OF.get(target_structure) if target_structure else None
-    target_arch = re.search(r'(resnetv15?)_\d+_$', getattr(net, 'prefix', ''))
+    target_arch = re.search(r'(resnetv15?|resnextv15?)_\d+(?:_\d+x\d+d)?_$', getattr(net, 'prefix', ''))
     target_arch = target_arch.group(1) if target_arch else None
     what = f'{source}: {ORIGINS[origin.kind]} {origin.arch} weights'
     if origin.kind != 'recipe':
-        if target_depth is None or target_arch is None:
-            raise RecipeError(f'{what}: the network is {_describe_target(net)}, not a ResNet: use --arch '
-                              f'resnetv15 --num-layers {origin.depth}')
-        if target_arch == 'resnetv1' and target_structure[0] == 'bottleneck':
-            raise RecipeError(f'{what} are ResNet v1.5 (stride on the 3x3 convolution), the network is ResNet v1 '
-                              f'(stride on the first 1x1): use --arch resnetv15')
+        _check_foreign_target(what, origin, net, target_arch, target_structure)
     if target_depth is not None and origin.depth is not None and origin.depth != target_depth:
         raise RecipeError(f'{what}: the network is a ResNet-{target_depth}: pass '
                           f'--num-layers {origin.depth} (or use weights of depth {target_depth})')
@@ -425,6 +424,22 @@ def convert(arrays, net, new_classifier=False, source='weights'):
     return params, _description(origin, net, source, counts, new_classifier, len(params), layouts, stem_name)
 
 
+def _check_foreign_target(what, origin, net, target_arch, target_structure):
+    """RecipeError when foreign weights (ResNet or ResNeXt v1.5) cannot go into the network at all."""
+    grouped = origin.arch.startswith('ResNeXt')
+    suggestion = f'--arch {"resnextv15" if grouped else "resnetv15"} --num-layers {origin.depth}'
+    if grouped:
+        suggestion += f' --num-groups {origin.arch.split()[-1].split("x")[0]}'
+    if target_structure is None or target_arch is None:
+        raise RecipeError(f'{what}: the network is {_describe_target(net)}, not a ResNet: use {suggestion}')
+    if target_arch.endswith('v1') and target_structure[0] == 'bottleneck':
+        family = 'ResNeXt' if grouped else 'ResNet'
+        raise RecipeError(f'{what} are {family} v1.5 (stride on the 3x3 convolution), the network is {family} v1 '
+                          f'(stride on the first 1x1): use {suggestion}')
+    if grouped != target_arch.startswith('resnext'):
+        raise RecipeError(f'{what}: the network is {_describe_target(net)}: use {suggestion}')
+
+
 def _weight_layout(layout):
     return 'OHWI' if layout == 'NHWC' else 'OIHW'
 
@@ -463,6 +478,42 @@ def _description(origin, net, source, counts, new_classifier, converted, layouts
     return (f'{source}: {origin.describe()} -> {_describe_target(net)} ({"+".join(weight_dtypes)}, '
             f'{"/".join(target_layouts)}, {stem_channels}-channel stem): {converted} arrays, '
             f'{", ".join(changes) or "unchanged"}')
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The way out: torchvision's names
+
+TORCH_BATCHNORM = ('weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked')
+
+
+def torchvision_keys(names):
+    """torchvision's state-dict keys, in its order, of the ResNet or ResNeXt whose parameters (this recipe's
+    structural names) are `names`: conv1, bn1, layerS.B.convK / bnK, layerS.B.downsample.0 / .1 where the unit
+    has a projection shortcut, fc."""
+    kind, units = resnet_structure(names)
+    layers = range(1, 4 if kind == 'bottleneck' else 3)
+    keys = ['conv1.weight'] + [f'bn1.{leaf}' for leaf in TORCH_BATCHNORM]
+    for stage, count in enumerate(units, start=1):
+        for block in range(count):
+            prefix = f'layer{stage}.{block}.'
+            for i in layers:
+                keys += [f'{prefix}conv{i}.weight'] + [f'{prefix}bn{i}.{leaf}' for leaf in TORCH_BATCHNORM]
+            if f'features.stage{stage}.unit{block + 1}.shortcut.conv.weight' in names:
+                keys += [f'{prefix}downsample.0.weight'] + [f'{prefix}downsample.1.{leaf}' for leaf in TORCH_BATCHNORM]
+    return keys + ['fc.weight', 'fc.bias']
+
+
+def to_torchvision(params):
+    """torchvision's state dict ({key: numpy array}, in torchvision's order) of a ResNet or ResNeXt whose
+    parameters `params` ({this recipe's name: array}) are float32, OIHW, with a 3-channel stem (export's portable
+    network): the reading's own name mapping turned around, every array as it is (bit for bit), and each
+    batchnorm's num_batches_tracked, a counter that torchvision's default momentum never reads, at 0."""
+    keys = torchvision_keys(params)
+    names = _torch_style_names(set(keys), 'torchvision')
+    left = sorted(set(params) - set(names.values()))
+    if left:
+        raise ValueError(f'{len(left)} parameters have no torchvision name, e.g. {left[:3]}')
+    return {key: np.zeros((), np.int64) if names[key] is None else params[names[key]] for key in keys}
 
 
 # ----------------------------------------------------------------------------------------------------------

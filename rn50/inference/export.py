@@ -4,9 +4,11 @@
     ./runner --mode export --dtype float32 ... --workspace runs/demo     # -> runs/demo/export/model.onnx
 
 Export writes `<workspace>/export/<prefix>-symbol.json`, `<prefix>-0000.params` and `<prefix>.onnx` (float32,
-any batch size, input named `data` in --input-layout) and `<prefix>.preprocessing.json`, what the model expects
+any batch size, input named `data` in --input-layout), `<prefix>.preprocessing.json`, what the model expects
 (the run's validation preprocessing: size, resize, interpolation, crop, mean, std, layout, channels; also in
-report_export.json), all four or none. The ONNX file keeps the weights as
+report_export.json), and for a network torchvision builds too, `<prefix>.torchvision.safetensors`, the weights
+under torchvision's names (torchvision_weights.py); with --triton DIR also a Triton model repository in DIR
+(triton.py). All of them or none. The ONNX file keeps the weights as
 initializers only (mx2onnx also lists them as graph inputs, which stops onnxruntime from folding them). When
 onnxruntime is installed and --data-val is given, export checks that onnxruntime and MXNet agree on a batch of
 validation images and logs the largest difference.
@@ -23,19 +25,26 @@ from rn50.checkpoints.workspace import Workspace
 from rn50.data.contract import image_shape, whole
 from rn50.data.validation_resize import val_interpolation
 from rn50.errors import RecipeError, mxnet_message
-from rn50.inference.inference import input_shape
+from rn50.inference import torchvision_weights, triton
+from rn50.inference.inference import class_names, input_shape
+from rn50.nets import catalogue
 from rn50.reports import logs
 
 log = logging.getLogger(__name__)
 
 
-def export(args, world, get_loaders, build_network):
-    """--mode export: symbol+params and ONNX of the trained weights in <workspace>/export (rank 0 only), as
-    the portable network. Every file is written under a temporary name and renamed only when all three
+def export(args, world, get_loaders, build_network, serialize_preprocessing):
+    """--mode export: symbol+params, ONNX and the torchvision weights of the trained weights in
+    <workspace>/export (rank 0 only), as the portable network, and with --triton a Triton model repository whose
+    preprocessing model `serialize_preprocessing(path, input_name, max_batch_size)` writes (the composer's
+    dali.serialize_preprocessing). Every file is written under a temporary name and renamed only when all
     exist, so a failure leaves no partial export behind."""
     if args.quantize:
         raise RecipeError('--mode export writes the float32 network (ONNX has no MXNet INT8 operators); the INT8 '
                           f'model is saved by --mode val --quantize int8 as {args.model_prefix}_int8-symbol.json')
+    names = class_names(args)        # a class-name file that names another number of classes is an error
+    if args.triton:
+        triton.check_folder(args.triton)
     source = resume.inference_weights(args)
     net, shape = portable_network(args, build_network)
     checkpoint.load_weights(net, source, args)
@@ -45,17 +54,26 @@ def export(args, world, get_loaders, build_network):
     os.makedirs(folder, exist_ok=True)
     prefix = os.path.join(folder, args.model_prefix)
     partial = os.path.join(folder, f'.{args.model_prefix}.partial')
+    twin = catalogue.torchvision_twin(args.arch, args.num_layers, args.num_groups)
     files = {'-symbol.json': prefix + '-symbol.json', '-0000.params': prefix + '-0000.params',
              '.onnx': prefix + '.onnx', '.preprocessing.json': prefix + '.preprocessing.json'}
+    if twin:
+        files['.torchvision.safetensors'] = prefix + '.torchvision.safetensors'
     expects = preprocessing(args)
     try:
         net(mx.nd.zeros((1,) + shape))            # the hybridized graph exists after one call
         net.export(partial, 0)
         write_onnx(partial + '-symbol.json', partial + '-0000.params', shape, partial + '.onnx')
         logs.write_json(partial + '.preprocessing.json', expects)
+        if twin:
+            torchvision_weights.write(partial + '.torchvision.safetensors', net, twin, args.num_classes,
+                                      args.batchnorm_eps, args.batchnorm_mom)
+        if args.triton:
+            repository = triton.Repository(args.model_prefix, shape, tuple(names), args.batch_size)
+            triton.write(args.triton, repository, partial + '.onnx', serialize_preprocessing)
         for suffix, path in files.items():
             os.replace(partial + suffix, path)
-    except (NotImplementedError, AttributeError, KeyError, mx.base.MXNetError) as e:
+    except (RuntimeError, OSError, AttributeError, KeyError, mx.base.MXNetError) as e:   # DALI's: RuntimeError
         raise RecipeError(f'exporting {source} failed ({type(e).__name__}: {mxnet_message(e)[:200]}); nothing '
                           'was written') from e
     finally:
@@ -65,10 +83,28 @@ def export(args, world, get_loaders, build_network):
     log.info('Exported %s to %s', source, ', '.join(files.values()))
     log.info('The exported model expects: %s (%s)', '; '.join(expects['steps']), files['.preprocessing.json'])
     outputs = {'symbol': files['-symbol.json'], 'params': files['-0000.params'], 'onnx': files['.onnx'],
-               'weights': source, 'preprocessing_file': files['.preprocessing.json'], 'preprocessing': expects}
+               'weights': source, 'preprocessing_file': files['.preprocessing.json'], 'preprocessing': expects,
+               'torchvision': pytorch_summary(args, twin, files.get('.torchvision.safetensors')),
+               'triton': os.path.abspath(args.triton) if args.triton else None}
+    if args.triton:
+        log.info('Triton model repository: %s (model %r: encoded images in, probabilities out)', args.triton,
+                 args.model_prefix)
     if args.data_val or args.data_backend == 'synthetic':
         outputs['onnxruntime_max_difference'] = check_onnx(args, net, files['.onnx'], get_loaders)
     return outputs
+
+
+def pytorch_summary(args, twin, path):
+    """How PyTorch loads the torchvision weights at `path` (logged; for report_export.json), or None, said, for a
+    network torchvision does not build."""
+    if twin is None:
+        log.info('No %s.torchvision.safetensors: torchvision builds no twin of --arch %s --num-layers %d (its '
+                 'twins: %s)', args.model_prefix, args.arch, args.num_layers, catalogue.describe_twins())
+        return None
+    loading = torchvision_weights.how_to_load(twin, args.num_classes, args.batchnorm_eps, args.batchnorm_mom, path)
+    log.info('PyTorch: %s.load_state_dict(safetensors.torch.load_file(%r)); timm: %s', loading['torchvision'], path,
+             loading['timm'])
+    return dict(loading, file=path)
 
 
 def preprocessing(args):

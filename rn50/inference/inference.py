@@ -59,6 +59,11 @@ def add_inference_args(parser):
                             'name per line (default: the classes.json beside --data-train/--data-val, else '
                             'ImageNet names for 1000 classes)')
     group.add_argument('--pred-output', default=None, help='pred mode: write the predictions to this JSON file')
+    group.add_argument('--triton', default=None, metavar='DIR',
+                       help='export mode: also write a Triton Inference Server model repository to DIR (new or '
+                            'empty): an ensemble of the validation preprocessing (DALI backend) and the network '
+                            '(onnxruntime backend) that takes encoded images and gives probabilities, labelled; '
+                            'its models batch up to --batch-size images')
     group.add_argument('--tta', choices=['flip'], default=None,
                        help='test-time augmentation in validation (during training too) and pred: flip takes the '
                             'mean of the logits of each image and its mirror image (twice the compute)')
@@ -79,6 +84,8 @@ def check_inference_flags(args):
     use. INT8 runs on the CPU, a GPU node's too (rn50/config/resolve.py)."""
     if args.mode == 'pred' and not args.test_io:
         class_names(args)
+    if args.triton and args.mode != 'export':
+        raise RecipeError(f'--triton writes a model repository in --mode export, not --mode {args.mode}')
     if args.quantize is None:
         return
     if args.mode not in ('val', 'pred'):
