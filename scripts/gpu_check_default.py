@@ -52,10 +52,12 @@ def gpu_facts(nvidia_smi_output):
 
 def built_capabilities(cuobjdump_elf, cuobjdump_ptx):
     """(the compute capabilities this MXNet has kernels for, those it has PTX for), as '8.6', from `cuobjdump
-    --list-elf` and `--list-ptx` of libmxnet.so."""
-    def capabilities(text, kind):
-        return sorted({f'{m[:-1]}.{m[-1]}' for m in re.findall(rf'\.{kind}_(\d+)\.', text)}, key=float)
-    return capabilities(cuobjdump_elf, 'sm'), capabilities(cuobjdump_ptx, 'compute')
+    --list-elf` and `--list-ptx` of libmxnet.so (lines such as "ELF file    1: libmxnet.1.sm_86.cubin" and
+    "PTX file    1: libmxnet.1.sm_86.ptx")."""
+    def capabilities(text, suffix):
+        found = re.findall(rf'\.sm_(\d+)[a-z]?\.{suffix}\b', text)
+        return sorted({f'{m[:-1]}.{m[-1]}' for m in found}, key=float)
+    return capabilities(cuobjdump_elf, 'cubin'), capabilities(cuobjdump_ptx, 'ptx')
 
 
 def capability_words(capability, kernels, ptx):

@@ -176,8 +176,9 @@ def check_optimizers(options, workdir):
 def lamb_kernel_host_memory(on_gpu, calls=1000, rounds=6):
     """KiB of host memory MXNet's multi_lamb_update (45 arrays, LAMB's call in lamb.py) keeps per call on the
     device: the growth of the resident memory over the last of `rounds` rounds of `calls` calls (the first
-    rounds fill MXNet's and the allocator's pools; on a CPU the growth stops there, on GPUs MXNet 1.9.1 keeps
-    about 4 KiB per call)."""
+    rounds fill MXNet's and the allocator's pools; on a CPU the growth stops there). On GPUs MXNet 1.9.1's kernel
+    keeps host memory on every call: about 4 KB per step of ResNet-50 (docs/training.md, several calls a step);
+    this figure is per call of the check's 45 arrays of 256 values, for the first GPU run to measure."""
     import mxnet as mx
     import psutil
     from mxnet.ndarray.contrib import multi_lamb_update

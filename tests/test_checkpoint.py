@@ -287,14 +287,21 @@ def test_finetuning_loads_everything_but_a_classifier_of_another_width(tmp_path)
             np.testing.assert_array_equal(value, original[name])
 
 
-def test_a_state_that_does_not_record_a_setting_resumes_and_one_that_does_is_checked():
+def test_a_state_that_does_not_record_a_setting_resumes_and_one_that_does_is_checked(caplog):
     """States written before --end-lr and the LARS, poly and --eval-period settings were recorded resume (not
-    'None in the saved run'); a state that records them refuses a command that changes one."""
+    'None in the saved run'), saying which values they took (a state older than --mixup-mode went on with
+    today's default silently); a state that records them refuses a command that changes one."""
     from conftest import resolved
     args = resolved(['--lr-schedule', 'poly', '--optimizer', 'lars'])
     old = {name: value for name, value in resume.run_settings(args).items()
-           if name not in ('lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps', 'eval_period', 'eval_offset')}
-    resume.check_same_run(args, {'settings': old}, 'old.state')
+           if name not in ('lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps', 'eval_period', 'eval_offset',
+                           'mixup_mode', 'auto_augment_fill')}
+    with caplog.at_level('INFO'):
+        resume.check_same_run(args, {'settings': old}, 'old.state')
+    assert ('old.state does not record --lr-poly-power, --end-lr, --lars-eta, --lars-eps, --eval-period, '
+            '--eval-offset, --mixup-mode, --auto-augment-fill (written before the recipe recorded them): the run goes '
+            'on with this command\'s, as if the run had them: --lr-poly-power 2.0, --end-lr 0.0001, --lars-eta 0.001, '
+            '--lars-eps 0.0, --eval-period 1, --eval-offset 0, --mixup-mode elem, --auto-augment-fill 0') in caplog.text
     recorded = resume.run_settings(args)
     for flag, value in (('lars_eta', 0.002), ('lr_poly_power', 1.0), ('eval_period', 4), ('mixup_mode', 'batch'),
                         ('warmup_prefix', 0), ('ra_prob', 0.5), ('auto_augment_fill', '1.0,2.0,3.0')):

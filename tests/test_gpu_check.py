@@ -65,3 +65,34 @@ def test_a_multi_worker_check_passes_only_when_the_workers_said_they_hold_one_mo
     assert not gpu_check_training.replicas_agree(said.splitlines()[0], 2, [0, 1])[0]   # epoch 1 unsaid
     assert not gpu_check_training.replicas_agree(said, 4, [0, 1])[0]                   # said by 2 of 4
     assert gpu_check_training.replicas_agree('', 1, [0]) == (True, '')
+
+
+@pytest.mark.unit
+def test_each_gpu_is_named_with_its_capability_against_the_kernels_of_this_mxnet():
+    """mxnet-cu112 1.9.1 has kernels for compute capability 5.0 to 8.6 (and PTX of 8.6): an A100 runs them, an
+    H100 compiles the PTX; gpu_check says which, from nvidia-smi and cuobjdump as they print."""
+    sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+    import gpu_check_default as default
+    smi = 'NVIDIA A100-SXM4-80GB, 8.0, 81920\nNVIDIA H100 80GB HBM3, 9.0, 81559\n'
+    assert default.gpu_facts(smi) == [('NVIDIA A100-SXM4-80GB', '8.0', 81920), ('NVIDIA H100 80GB HBM3', '9.0', 81559)]
+    elf = ''.join(f'ELF file {i:4d}: libmxnet.{i}.sm_{arch}.cubin\n' for i, arch in enumerate((50, 60, 70, 75, 80, 86)))
+    ptx = 'PTX file    1: libmxnet.1.sm_86.ptx\n'
+    kernels, ptx_versions = default.built_capabilities(elf, ptx)
+    assert kernels == ['5.0', '6.0', '7.0', '7.5', '8.0', '8.6'] and ptx_versions == ['8.6']
+    assert default.capability_words('8.0', kernels, ptx_versions).endswith(': native')
+    assert "runs through the driver's compilation of the PTX" in default.capability_words('9.0', kernels, ptx_versions)
+    assert 'none for this GPU' in default.capability_words('9.0', kernels, [])
+    assert 'could not be listed' in default.capability_words('9.0', [], [])
+
+
+@pytest.mark.unit
+def test_the_default_check_compares_with_the_originals_figure_at_its_batch_only():
+    sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+    import gpu_check_default as default
+    assert default.gpu_key('NVIDIA A100-SXM4-80GB', 81920) == 'A100 80GB'
+    assert default.gpu_key('Tesla V100-SXM2-16GB', 16160) == 'V100 16GB'
+    assert default.gpu_key('Tesla V100-SXM2-32GB', 32510) == 'V100 32GB'
+    assert default.gpu_key('NVIDIA A100-SXM4-40GB', 40960) is None        # no published figure
+    assert default.gpu_key('NVIDIA H100 80GB HBM3', 81559) is None
+    assert default.published('A100 80GB', 8, 512) == 26673.72 and default.published('A100 80GB', 8, 256) is None
+    assert default.published('V100 16GB', 2, 192) == 2768 and default.published(None, 8, 192) is None

@@ -154,6 +154,11 @@ def check_same_run(args, meta, path):
     saved, now = meta.get('settings'), run_settings(args)
     if saved is None:
         return
+    unrecorded = [name for name in RUN_SETTINGS if name not in saved]
+    if unrecorded:   # a state of a version that did not record them yet (--mixup-mode, --auto-augment-fill, ...)
+        log.info('%s does not record %s (written before the recipe recorded them): the run goes on with this '
+                 'command\'s, as if the run had them: %s', path, ', '.join('--' + n.replace('_', '-') for n in unrecorded),
+                 ', '.join(f'--{n.replace("_", "-")} {now[n]}' for n in unrecorded))
     names = [name for name in RUN_SETTINGS if name in saved and saved[name] != now[name]]
     if saved.get('global_batch') == now['global_batch'] and saved.get('lr') != now['lr']:
         names.append('lr')
