@@ -328,9 +328,16 @@ def test_every_train_flag_alone_plans_a_launch_or_is_one_error_line(digits, monk
     """Every train.py flag given alone through the runner (everything else at its default; the digits as data,
     a new workspace) plans a launch or prints one `error:` line, on a CPU machine and on a mocked GPU node:
     `--progressive-size 16` without -e ended in a TypeError (its ramp read the epochs before they were
-    resolved)."""
+    resolved). The runner's check writes none of the resolution's log lines, which are the workers' (here with
+    logging set up as an earlier run in this process, a worker, sets it up: they came out before each error)."""
+    import logging
     import train
+    from rn50.reports import logs
     monkeypatch.chdir(tmp_path)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, 'handlers', list(root.handlers))
+    monkeypatch.setattr(root, 'level', root.level)
+    logs.setup_logging()
     outcomes, failures = {}, []
     for gpus in (0, 8):
         report_gpus(monkeypatch, gpus)
