@@ -8,7 +8,8 @@ of 400x300, about 90 KB each, as ImageNet's average) through dali-gpu, with the 
 4-channel input and NVIDIA's fused kernels, two short epochs on every GPU of the node (the state written after
 each), then `--mode val` and `--mode pred` on the GPUs, and `--amp` as the runner gives it. It reports the
 images/s of the second epoch, the time between the epochs besides validation (train.epoch_gap), and the ratio to
-the original recipe's published figure for this GPU and GPU count at its batch (PUBLISHED), where there is one.
+the original recipe's published figure for this GPU and GPU count at its batch (PUBLISHED), where there is one,
+and the training loader's speed alone on the node's storage with the page cache dropped (reader_speeds).
 
 `device_line` names each GPU's compute capability against the ones this MXNet was built for: the PyPI wheel
 mxnet-cu112 1.9.1 has kernels for 5.0 to 8.6, so an H100 (9.0) runs it through the driver's compilation of its
@@ -137,6 +138,40 @@ def write_photos(folder, count, width, height):
         Image.fromarray(pixels).save(path, format='JPEG', quality=85)
 
 
+def drop_page_cache(path):
+    """Evict `path` from the page cache (posix_fadvise DONTNEED; pages mapped by a process stay)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def reader_speeds(common, data, workdir):
+    """The training loader alone (--test-io) on this node's storage, images/s: the page cache dropped, with the
+    .rec mapped (the default: the feed thread's page faults hold Python's lock, which the training thread needs)
+    and with positioned reads (--dali-dont-use-mmap, which release it), then warm. Slow storage shows in the
+    first two."""
+    speeds = []
+    for name, cold, flags in (('cold, mmap', True, []), ('cold, positioned reads', True, ['--dali-dont-use-mmap']),
+                              ('warm', False, [])):
+        if cold:
+            drop_page_cache(os.path.join(data, 'train.rec'))
+        workspace = os.path.join(workdir, 'reader-' + name.replace(', ', '-').replace(' ', '-'))
+        status, output = run(runner(*common, '--test-io', '--workspace', workspace, *flags))
+        summary = read_summary(workspace) if status == 0 else {}
+        if 'train.ips' not in summary:
+            raise RuntimeError(f'--test-io ({name}): {last_error(output)}')
+        speeds.append(f'{name} {summary["train.ips"]:.0f}')
+    return 'reader alone (--test-io): ' + ', '.join(speeds) + ' img/s'
+
+
+def read_summary(workspace):
+    bootstrap.on_path()
+    from rn50.reports import logs
+    return logs.read_dllogger(os.path.join(workspace, 'dllogger_log.log'))[-1]['data']
+
+
 def gpu_model():
     """(name, memory in MiB) of GPU 0, or ('', 0)."""
     status, smi = run(['nvidia-smi', '--query-gpu=name,compute_cap,memory.total', '--format=csv,noheader,nounits'])
@@ -181,6 +216,7 @@ def check_default(options, workdir):
     if status or 'class_' not in output:
         return False, f'pred: {last_error(output)}'
     words.append('pred ok')
+    words.append(reader_speeds(common, data, workdir))
     amp = os.path.join(workdir, 'default-amp')
     status, output = run(runner(*common, '-e', '1', *size, '--amp', '--workspace', amp), timeout=3600)
     if not on_gpu and status == 2 and 'needs an AVX-512 CPU' in output:
