@@ -9,6 +9,7 @@ and resume at ImageNet scale, each optionally against the code of another git re
     python scripts/benchmark_loaders.py --startup [--baseline REV]     # loaders on a 1,281,167-record index
     python scripts/benchmark_loaders.py --resume [--baseline REV]      # start at 90% of a 100,000-record epoch
     python scripts/benchmark_loaders.py --augmentations --rounds 3     # dali-cpu with each of augment.py's pieces
+    python scripts/benchmark_loaders.py --gil --rounds 2               # the training thread beside the reader
 
 Throughput: writes --images synthetic photographs (500x375 JPEGs of about ImageNet's file size) to a
 RecordIO file once (in --workdir), then measures, with the same number of decoding threads or processes:
@@ -32,6 +33,11 @@ two records that shared a (global) batch in epoch 0 share one again (goal <= 1.3
 from the page cache). --resume: the time to the first batch of epoch(0, k) with k at 90% of a
 100,000-record epoch, against k = 0. --augmentations: the recipe's dali-cpu throughput without and with each
 automatic augmentation policy and random erasing (augment.py), in interleaved rounds, the median of each.
+--gil: a training thread beside the recipe's dali-cpu loader (whose feed thread reads the records and parses
+their JPEG headers in Python): per batch it runs a fixed piece of pure Python (a step's queueing) and sleeps 50 ms
+(the device's part, the lock free); its Python time and its wait for the next batch, with the page cache of the
+.rec warm and dropped (posix_fadvise DONTNEED before the loader is made), through the mmap and with positioned
+reads (--dali-dont-use-mmap), in --rounds rounds.
 """
 import argparse
 import io
@@ -59,6 +65,7 @@ def parse_args():
     parser.add_argument('--startup', action='store_true', help='loader start-up on a 1,281,167-record index')
     parser.add_argument('--resume', action='store_true', help='start time at 90%% of a 100,000-record epoch')
     parser.add_argument('--augmentations', action='store_true', help='dali-cpu with and without each augmentation')
+    parser.add_argument('--gil', action='store_true', help='the training thread beside the reader, cache warm/cold')
     parser.add_argument('--measure', help=argparse.SUPPRESS)      # internal: one measurement in this process
     parser.add_argument('--code', default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument('--backend', help=argparse.SUPPRESS)
@@ -374,6 +381,59 @@ def compare_augmentations(args):
         print(f'  {name:18} {statistics.median(values):8.1f} images/s  ({statistics.median(values) / base:.2f}x)')
 
 
+def python_work(n=20000):
+    """A fixed piece of pure Python (needs the interpreter's lock): the host's queueing of a step."""
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def drop_page_cache(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def training_thread(args, rec, idx, extra, cold, device_seconds=0.05):
+    """(mean and 90th percentile of the wait for a batch, the same of the Python piece), ms, over one epoch of
+    the dali-cpu loader beside a training thread (the --gil docstring)."""
+    if cold:
+        drop_page_cache(rec)
+    flags = ['--data-train', rec, '--data-train-idx', idx, '--batch-size', str(args.batch_size),
+             '--data-backend', 'dali-cpu', '--dali-threads', str(args.workers), '--seed', '1', *extra]
+    loader = get_loaders(options(flags), 0, 1, val=False)[0]
+    if cold:
+        drop_page_cache(rec)     # making the loader read some records' headers
+    waits, pieces = [], []
+    asked = time.perf_counter()
+    for batch in loader.epoch(0):
+        waits.append(time.perf_counter() - asked)
+        start = time.perf_counter()
+        python_work()
+        pieces.append(time.perf_counter() - start)
+        time.sleep(device_seconds)
+        asked = time.perf_counter()
+    waits, pieces = np.array(waits[2:]) * 1e3, np.array(pieces[2:]) * 1e3
+    return waits.mean(), np.percentile(waits, 90), pieces.mean(), np.percentile(pieces, 90)
+
+
+def measure_gil(args):
+    rec, idx = make_dataset(args)
+    start = time.perf_counter()
+    python_work()
+    print(f'{args.images} JPEGs of 500x375, batch {args.batch_size}, {args.workers} DALI threads; the Python piece '
+          f'alone {(time.perf_counter() - start) * 1e3:.2f} ms, the device\'s part 50 ms; {cpu_name()}')
+    for round_ in range(args.rounds):
+        for name, extra in (('mmap', []), ('pread', ['--dali-dont-use-mmap'])):
+            for cold in (False, True):
+                wait, wait90, piece, piece90 = training_thread(args, rec, idx, extra, cold)
+                print(f'round {round_}: {name:5} {"cold" if cold else "warm"}: wait {wait:6.2f} ms (p90 {wait90:6.2f}), '
+                      f'Python {piece:5.2f} ms (p90 {piece90:5.2f})', flush=True)
+
+
 def cpu_name():
     with open('/proc/cpuinfo') as f:
         return next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), 'unknown CPU')
@@ -390,6 +450,9 @@ def main():
             return
     if args.augmentations:
         compare_augmentations(args)
+        return
+    if args.gil:
+        measure_gil(args)
         return
     if args.baseline:
         compare(args, 'throughput')
