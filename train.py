@@ -147,7 +147,7 @@ def run(args, origin):
     args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
     world.devices = workers.resolve_devices(args, world)
     if world.devices.kind == 'cpu':
-        log.info('CPU: %s; %s', cpu.cpuinfo_field('model name') or 'unknown model', cpu.describe())
+        log.info('CPU: %s; %s', cpu.identity(), cpu.describe())
     data.check_backend(args, origin.given, on_gpu=world.devices.kind == 'gpu')
     inference.check_inference_flags(args)
     net = models.get_model(**models.model_options(args, world.devices.kind))

@@ -117,7 +117,7 @@ def main():
     net.hybridize(static_alloc=True, static_shape=True)
     batches = validation_batches(args, world)
     results = {'batch_size': args.batch_size, 'images': sum(real for _, _, real in batches),
-               'cores': os.cpu_count(), 'cpu': cpu.cpuinfo_field('model name'), 'onednn': cpu.describe()}
+               'cores': os.cpu_count(), 'cpu': cpu.identity(), 'onednn': cpu.describe()}
 
     # In this order: INT8 calibration needs the unfused network, which float32 inference then fuses.
     exported = export.export(args, world, train.get_loaders, functools.partial(models.build, args, 'cpu'),

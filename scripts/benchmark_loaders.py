@@ -435,8 +435,8 @@ def measure_gil(args):
 
 
 def cpu_name():
-    with open('/proc/cpuinfo') as f:
-        return next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), 'unknown CPU')
+    from rn50.world import cpu
+    return cpu.identity()
 
 
 def main():

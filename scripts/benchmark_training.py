@@ -117,7 +117,7 @@ def pieces(args):
                 rates[name].append(round(recipe_ips(args, variants[name])[0], 2))
     best = {name: max(values) for name, values in rates.items()}
     print(json.dumps({'batch_size': args.batch_size, 'image_size': args.image_size,
-                      'cpu': cpu.cpuinfo_field('model name'), 'onednn': cpu.describe(), 'train_ips': best,
+                      'cpu': cpu.identity(), 'onednn': cpu.describe(), 'train_ips': best,
                       'relative': {name: round(ips / best['plain'], 3) for name, ips in best.items()}, 'rounds': rates}))
 
 
@@ -142,7 +142,7 @@ def main():
     peak_mb['bare'] = logs.peak_memory_mb()
     best = {name: max(values) for name, values in rounds.items()}
     results = {'batch_size': args.batch_size, 'image_size': args.image_size, 'amp': args.amp,
-               'cpu': cpu.cpuinfo_field('model name'), 'cpu_flags': sorted(cpu.cpu_flags() & DISPATCH_FLAGS),
+               'cpu': cpu.identity(), 'cpu_flags': sorted(cpu.cpu_flags() & DISPATCH_FLAGS),
                'onednn': cpu.describe(), 'recipe_ips': best['recipe'], 'bare_ips': best['bare'],
                'ratio': round(best['recipe'] / best['bare'], 3)}
     if with_pytorch:

@@ -137,3 +137,16 @@ def test_train_py_uses_every_core_and_names_the_isa(digits, tmp_path):
     isa = cpu.effective_isa(THIS_CPU, 'AVX512_CORE_AMX' if HAS_AMX else None)
     assert f'oneDNN runs {isa}' in log
     assert f'OMP_NUM_THREADS={max(1, cpu.available_cores())}' in log
+
+
+@pytest.mark.unit
+def test_the_cpu_is_named_by_family_model_and_the_flags_that_decide_its_speed():
+    """An AMD EPYC's model name says nothing of its generation (Zen 3, 4 and 5 are all "AMD EPYC"): every
+    measurement names the family, the model and the instruction sets (report.json's hardware, the logs, the
+    benchmarks)."""
+    family, model = cpu.cpuinfo_field('cpu family'), cpu.cpuinfo_field('model')
+    assert f'(cpu family {family}, model {model}; avx2, no AVX-512, no AMX)' in cpu.identity({'avx2', 'sse4_1'})
+    assert cpu.identity({'avx2', 'avx512f', 'avx512_vnni', 'avx512_bf16', 'amx_bf16', 'amx_int8', 'amx_tile'}) \
+        .endswith('; avx2, avx512f, avx512_vnni, avx512_bf16, amx_bf16, amx_int8)')
+    from rn50.reports import logs
+    assert logs.hardware()['cpu'] == cpu.identity()

@@ -356,7 +356,7 @@ def library_versions(all_known=False):
 
 def hardware():
     """CPU model and count, memory and GPU names: what a throughput number needs next to it."""
-    info = {'cpu': cpu.cpuinfo_field('model name') or platform.processor() or platform.machine(),
+    info = {'cpu': cpu.identity() if cpu.cpuinfo_field('model name') else platform.processor() or platform.machine(),
             'cpu_count': os.cpu_count(), 'gpus': mx.context.num_gpus()}
     try:
         import psutil

@@ -79,6 +79,22 @@ def cpu_flags():
     return set(cpuinfo_field('flags').split())
 
 
+# The flags named with every measurement: what oneDNN's kernels, bfloat16 and INT8 run on.
+SPEED_FLAGS = ('avx2', 'avx512f', 'avx512_vnni', 'avx512_bf16', 'amx_bf16', 'amx_int8')
+
+
+def identity(flags=None):
+    """The CPU as every measurement names it: its model name, family and model (an AMD EPYC's model name says
+    nothing of its generation: family 25 model 1 is a Zen 3, model 17 a Zen 4, family 26 a Zen 5) and which of
+    SPEED_FLAGS it has, e.g. 'AMD EPYC (cpu family 25, model 1; avx2; no AVX-512, no AMX)'."""
+    flags = cpu_flags() if flags is None else flags
+    words = [flag for flag in SPEED_FLAGS if flag in flags]
+    words += [] if 'avx512f' in flags else ['no AVX-512']
+    words += [] if has_amx(flags) else ['no AMX']
+    return (f'{cpuinfo_field("model name") or "unknown CPU"} (cpu family {cpuinfo_field("cpu family") or "?"}, model '
+            f'{cpuinfo_field("model") or "?"}; {", ".join(words)})')
+
+
 def has_amx(flags):
     return {'amx_tile', 'amx_bf16', 'amx_int8'} <= flags
 
