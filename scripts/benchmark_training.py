@@ -4,6 +4,7 @@ PyTorch, in one run.
 
     python scripts/benchmark_training.py [--batch-size 32] [--iters 12] [--image-size 224] [--rounds 2] [--amp]
     python scripts/benchmark_training.py --pieces      # the recipe's step with --drop-path and with --teacher
+    python scripts/benchmark_training.py --environment --image-size 32 --iters 60 --rounds 3   # engine variables
 
 Both train ResNet-50 v1.5 (float32, or AMP with --amp) on synthetic data on this machine with the same math
 (sparse labels, SGD with momentum 0.875 and weight decay 1/32768 on the weights): the recipe through
@@ -16,7 +17,9 @@ its turn too (scripts/pytorch_peer.py: channels_last, bfloat16 autocast with --a
 process of its own. Prints each one's images/s, the ratios (the recipe is held to >= 0.97 of the bare loop,
 and to PyTorch's speed), every round, and the peak resident memory of the recipe and the bare loop. --pieces instead measures
 the recipe alone, without and with the training-step pieces of issue 31 (stochastic depth 0.05, distillation
-from a ResNet-50 teacher), alternating, the best of --rounds each.
+from a ResNet-50 teacher), alternating, the best of --rounds each. --environment measures the recipe alone with
+none of the engine variables the runner gives GPU runs (ENGINE_VARIABLES), each alone, and all of them, in
+turns, the best of --rounds each: which ones a CPU run should get (the runner sets only those).
 """
 import argparse
 import importlib.util
@@ -47,20 +50,31 @@ def parse_args():
     parser.add_argument('--batch-size', type=int, default=32)
     parser.add_argument('--iters', type=int, default=12, help='iterations per measurement (the first is warm-up)')
     parser.add_argument('--image-size', type=int, default=224)
+    parser.add_argument('--num-classes', type=int, default=1000, help='the classifier\'s width (the demo: 10)')
     parser.add_argument('--rounds', type=int, default=2, help='alternating measurements of each; the best counts')
     parser.add_argument('--amp', action='store_true', help='bfloat16 AMP on CPU, float16 on GPU')
     parser.add_argument('--pieces', action='store_true', help='the recipe without and with --drop-path, --teacher')
+    parser.add_argument('--environment', action='store_true', help='the recipe without and with each engine variable')
     return parser.parse_args()
 
 
-def recipe_ips(args, extra=()):
+# The engine variables the runner gives GPU runs that a CPU run might take (--environment measures them there).
+ENGINE_VARIABLES = {'MXNET_OPTIMIZER_AGGREGATION_SIZE': '60', 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': '999',
+                    'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': '25', 'MXNET_UPDATE_ON_KVSTORE': '0',
+                    'MXNET_EXEC_ENABLE_ADDTO': '1'}
+
+
+def recipe_ips(args, extra=(), environment=None):
+    """(train.ips, peak MB) of train.py's synthetic step; `environment`: variables added to this process's."""
     with tempfile.TemporaryDirectory() as workspace:
         command = [sys.executable, os.path.join(ROOT, 'train.py'), '--data-backend', 'synthetic', '--mode', 'train',
                    '--batch-size', str(args.batch_size), '--benchmark-iters', str(args.iters), '--num-epochs', '1',
                    '--image-shape', f'3,{args.image_size},{args.image_size}', '--workspace', workspace,
+                   '--num-classes', str(args.num_classes),
                    '--dtype', 'float32', '--seed', '1', '--label-smoothing', '0'] + (['--amp'] if args.amp else []) + \
             list(extra)
-        subprocess.run(command, check=True, capture_output=True)
+        env = {name: value for name, value in os.environ.items() if name not in ENGINE_VARIABLES}
+        subprocess.run(command, check=True, capture_output=True, env=dict(env, **(environment or {})))
         epoch = [r for r in logs.read_dllogger(os.path.join(workspace, 'dllogger_log.log')) if r['step'] == [0]]
         with open(os.path.join(workspace, 'report.json')) as f:
             peak_memory_mb = json.load(f)['peak_memory_mb']
@@ -71,14 +85,14 @@ def bare_ips(args):
     if args.amp:
         from mxnet.contrib import amp
         amp.init(target_dtype='bfloat16' if mx.context.num_gpus() == 0 else 'float16')
-    net = models.get_model()
+    net = models.get_model(num_classes=args.num_classes)
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.01, 'momentum': 0.875,
                                                                'wd': 1 / 32768})
     images = mx.nd.random.uniform(-1, 1, (args.batch_size, 3, args.image_size, args.image_size))
-    labels = mx.nd.array([i % 1000 for i in range(args.batch_size)])
+    labels = mx.nd.array([i % args.num_classes for i in range(args.batch_size)])
     durations = []
     for _ in range(args.iters):
         start = time.time()
@@ -121,10 +135,28 @@ def pieces(args):
                       'relative': {name: round(ips / best['plain'], 3) for name, ips in best.items()}, 'rounds': rates}))
 
 
+def environment(args):
+    """The recipe's train.ips with no engine variable, each of ENGINE_VARIABLES alone, and all of them, in turns
+    (the order reversed every other round), the best of --rounds each."""
+    variants = {'none': {}, **{name: {name: value} for name, value in ENGINE_VARIABLES.items()},
+                'all': dict(ENGINE_VARIABLES)}
+    rates = {name: [] for name in variants}
+    for round_index in range(args.rounds):
+        for name in (list(variants) if round_index % 2 == 0 else list(variants)[::-1]):
+            rates[name].append(round(recipe_ips(args, environment=variants[name])[0], 2))
+    best = {name: max(values) for name, values in rates.items()}
+    print(json.dumps({'batch_size': args.batch_size, 'image_size': args.image_size, 'cpu': cpu.identity(),
+                      'onednn': cpu.describe(), 'train_ips': best,
+                      'relative': {name: round(ips / best['none'], 3) for name, ips in best.items()}, 'rounds': rates}))
+
+
 def main():
     args = parse_args()
     if args.pieces:
         pieces(args)
+        return
+    if args.environment:
+        environment(args)
         return
     with_pytorch = all(importlib.util.find_spec(name) for name in ('torch', 'torchvision'))
     rounds = {'recipe': [], 'bare': []}

@@ -5,28 +5,44 @@
 entry point therefore calls, before its first third-party import,
 
     from rn50.launch import interpreter
-    interpreter.use_project_python()
+    interpreter.use_project_python()              # MXNet: .venv
+    interpreter.use_project_python('torch')       # PyTorch's peer: .venv (benchmark extras) or .venv-consumers
 
-which does nothing where MXNet is importable (an activated .venv, NVIDIA's container), and otherwise runs the
-same command again with `.venv/bin/python`, with `.venv/bin` first on PATH (so `horovodrun` is found too); with
-no `.venv` either, it is one `error:` line saying how to set up.
+which does nothing where the module is importable (an activated .venv, NVIDIA's container), and otherwise runs
+the same command again with the first of the project's environments that has it (`<env>/bin/python`, with
+`<env>/bin` first on PATH, so `horovodrun` is found too); with none, it is one `error:` line saying how to set
+up.
 """
+import glob
 import importlib.util
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # rn50/launch/ up
 VENV = os.path.join(ROOT, '.venv')
+# The environments that may hold a module, in order, and how to get one that does.
+ENVIRONMENTS = {'mxnet': ('.venv',), 'torch': ('.venv', '.venv-consumers')}
+SET_UP = {'mxnet': 'Run `make setup` in {root} (it creates .venv, which the recipe\'s commands then find by '
+                   'themselves), or use NVIDIA\'s MXNet container',
+          'torch': 'Run `make test` in {root} (it creates .venv-consumers with PyTorch), or install the benchmark '
+                   'extras into .venv: .venv/bin/pip install -r requirements-bench.txt'}
 
 
-def use_project_python():
-    if importlib.util.find_spec('mxnet') is not None:
+def has_module(environment, module):
+    return bool(glob.glob(os.path.join(environment, 'lib', 'python*', 'site-packages', module)))
+
+
+def use_project_python(module='mxnet'):
+    if importlib.util.find_spec(module) is not None:
         return
-    python = os.path.join(VENV, 'bin', 'python')
-    # sys.prefix, not the executable: a venv's python is a link to the very interpreter that lacks MXNet.
-    if os.path.realpath(sys.prefix) != os.path.realpath(VENV) and os.access(python, os.X_OK):
-        os.environ['PATH'] = os.path.join(VENV, 'bin') + os.pathsep + os.environ.get('PATH', '')
-        os.environ['VIRTUAL_ENV'] = VENV
-        os.execv(python, [python] + sys.argv)
-    sys.exit(f'error: {sys.executable} cannot import MXNet. Run `make setup` in {ROOT} (it creates .venv, which '
-             f'the recipe\'s commands then find by themselves), or use NVIDIA\'s MXNet container')
+    for name in ENVIRONMENTS[module]:
+        environment = os.path.join(ROOT, name)
+        python = os.path.join(environment, 'bin', 'python')
+        # sys.prefix, not the executable: a venv's python is a link to the very interpreter that lacks the module.
+        if os.path.realpath(sys.prefix) != os.path.realpath(environment) and os.access(python, os.X_OK) and \
+                has_module(environment, module):
+            os.environ['PATH'] = os.path.join(environment, 'bin') + os.pathsep + os.environ.get('PATH', '')
+            os.environ['VIRTUAL_ENV'] = environment
+            os.execv(python, [python] + sys.argv)
+    what = 'MXNet' if module == 'mxnet' else module
+    sys.exit(f'error: {sys.executable} cannot import {what}. {SET_UP[module].format(root=ROOT)}')
