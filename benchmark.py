@@ -29,6 +29,7 @@ from rn50.launch import interpreter
 interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
 
 from rn50.config import flags  # noqa: E402
+from rn50 import files  # noqa: E402
 from rn50.reports import logs  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -198,7 +199,7 @@ def main(argv=None):
                 report['points'].setdefault(str(n), {})[str(b)] = record
                 if record['error']:
                     print(f'benchmark: {n}x{b} failed: {record["error"]}', file=sys.stderr)
-                logs.write_json(args.output, report)
+                files.write_json(args.output, report)
                 if record['returncode'] == 2:   # a user error (missing data, a bad flag): every point would repeat it
                     raise UserError(record['error'])
     except UserError as e:
@@ -206,7 +207,7 @@ def main(argv=None):
               file=sys.stderr)
     except KeyboardInterrupt:
         print('benchmark: interrupted; the report holds the points measured so far', file=sys.stderr)
-    logs.write_json(args.output, report)
+    files.write_json(args.output, report)
     print_tables(report)
     plots = plot(report, args.output)
     print(f'\nReport: {args.output}' + (f'; plots: {", ".join(plots)}' if plots else ''))

@@ -47,6 +47,7 @@ import dali  # noqa: E402
 import data  # noqa: E402
 import fit  # noqa: E402
 import models  # noqa: E402
+from rn50 import files  # noqa: E402
 from rn50.checkpoints.workspace import Workspace  # noqa: E402
 from rn50.checkpoints import resume  # noqa: E402
 from rn50.config import flags, resolve, run_flags  # noqa: E402
@@ -138,9 +139,9 @@ def run(args, origin):
     world = workers.World(args.kv_store,
                           load_first=[tensorboard_log.WRITER_MODULE] if args.tensorboard is not None else [])
     resume.check_weights_source(args)
-    logs.check_workspace(args.workspace)
+    files.check_workspace(args.workspace)
     if args.logdir:
-        logs.check_workspace(args.logdir, '--logdir')
+        files.check_workspace(args.logdir, '--logdir')
     logs.setup_logging(Workspace.of(args).place(args.log), world.rank)
     if world.rank == 0:
         Workspace.of(args).clean()

@@ -51,8 +51,8 @@ def train_argv(ws, *extra):
 
 
 def sha256(path):
-    from rn50.reports import logs   # imported when first needed, like the recipe's other modules here
-    return logs.file_sha256(path)
+    from rn50 import files   # imported when first needed, like the recipe's other modules here
+    return files.file_sha256(path)
 
 
 def snapshot(folder):

@@ -44,7 +44,7 @@ import os
 import random
 import sys
 
-# Run from anywhere: the repository holds rn50/reports/logs.py (atomic writes).
+# Run from anywhere: the repository holds rn50/files.py (atomic writes).
 import bootstrap
 bootstrap.start()   # the repository importable, .venv: before any third-party import
 
@@ -53,7 +53,7 @@ import tqdm  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from rn50.config import flags  # noqa: E402
-from rn50.reports import logs  # noqa: E402
+from rn50 import files  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -191,7 +191,7 @@ def convert_split(args, split, split_dir, classes, good, skipped, pool):
 
 
 def report_problems(args, split, classes, skipped, good):
-    with logs.atomic_path(os.path.join(args.out, f'{split}_skipped.txt')) as tmp, open(tmp, 'w') as f:
+    with files.atomic_path(os.path.join(args.out, f'{split}_skipped.txt')) as tmp, open(tmp, 'w') as f:
         for path, reason in skipped:
             f.write(f'{path}\t{reason}\n')
             print(f'  skipped {path}: {reason}', file=sys.stderr)
@@ -203,8 +203,8 @@ def report_problems(args, split, classes, skipped, good):
 
 def write_split(args, split, split_dir, numbered, pool):
     out = {ext: os.path.join(args.out, f'{split}.{ext}') for ext in ('lst', 'rec', 'idx')}
-    with logs.atomic_path(out['lst']) as lst_tmp, logs.atomic_path(out['rec']) as rec_tmp, \
-            logs.atomic_path(out['idx']) as idx_tmp:
+    with files.atomic_path(out['lst']) as lst_tmp, files.atomic_path(out['rec']) as rec_tmp, \
+            files.atomic_path(out['idx']) as idx_tmp:
         with open(lst_tmp, 'w') as f:
             for index, path, label, _ in numbered:
                 f.write(f'{index}\t{float(label):f}\t{path}\n')
@@ -296,7 +296,7 @@ def main(argv=None):
     names = read_names(args.names) if args.names else {}
     with multiprocessing.Pool(max(1, args.workers)) as pool:
         convert_tree(args, splits, layout, pool)
-    logs.write_json(os.path.join(args.out, 'classes.json'),
+    files.write_json(os.path.join(args.out, 'classes.json'),
                     {'classes': [{'index': i, 'folder': c, 'name': names.get(c, c)}
                                  for i, c in enumerate(layout.classes)]})
     print(f'Dataset written to {args.out}', file=sys.stderr)

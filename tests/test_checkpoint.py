@@ -1,4 +1,4 @@
-"""checkpoint.py and logs.py's file safety: the .state round trip, checksums and the previous state, clear
+"""checkpoint.py and files.py's file safety: the .state round trip, checksums and the previous state, clear
 errors for damaged and mismatched files, fine-tuning loads, atomic writes and their failures, and the resume's
 check of a run's settings (resume.py)."""
 import argparse
@@ -16,7 +16,7 @@ from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
 from rn50.checkpoints import resume
 from rn50.checkpoints.workspace import Workspace
-from rn50.reports import logs
+from rn50 import files
 import models
 from conftest import ROOT
 from rn50.errors import RecipeError
@@ -152,16 +152,16 @@ def test_saving_the_optimizer_state_recreates_no_array_on_the_device(monkeypatch
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path):
     path = tmp_path / 'report.json'
-    logs.write_json(str(path), {'a': 1})
+    files.write_json(str(path), {'a': 1})
     with pytest.raises(TypeError):
-        logs.write_json(str(path), {'a': object()})          # not serialisable: fails mid-write
+        files.write_json(str(path), {'a': object()})          # not serialisable: fails mid-write
     assert json.loads(path.read_text()) == {'a': 1}
     assert [p.name for p in tmp_path.iterdir()] == ['report.json']   # no temporary left behind
 
 
 def test_nan_metrics_are_stored_as_null(tmp_path):
     path = tmp_path / 'report.json'
-    logs.write_json(str(path), {'epochs': [{'train.loss': float('nan'), 'val.accuracy': 0.5}],
+    files.write_json(str(path), {'epochs': [{'train.loss': float('nan'), 'val.accuracy': 0.5}],
                                 'summary': {'train.loss': float('inf')}})
     assert json.loads(path.read_text()) == {'epochs': [{'train.loss': None, 'val.accuracy': 0.5}],
                                             'summary': {'train.loss': None}}
@@ -223,14 +223,14 @@ def test_write_failures_are_clear_errors_and_keep_the_old_file(tmp_path):
 import resource, signal, sys
 sys.path.insert(0, {ROOT!r})
 import mxnet as mx
-from rn50.reports import logs
+from rn50 import files
 from rn50.errors import RecipeError
 path = {str(tmp_path / 'model_last.state')!r}
 mx.nd.save(path, {{'a': mx.nd.ones((10,))}})
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 try:
-    with logs.atomic_path(path) as tmp:
+    with files.atomic_path(path) as tmp:
         mx.nd.save(tmp, {{'a': mx.nd.ones((100000,))}})
 except RecipeError as e:
     print('error:', e)
@@ -245,9 +245,9 @@ except RecipeError as e:
 def test_workspace_that_is_a_file_is_refused(tmp_path):
     (tmp_path / 'plain').write_text('x')
     with pytest.raises(RecipeError, match='is a file, not a folder'):
-        logs.check_workspace(str(tmp_path / 'plain'))
+        files.check_workspace(str(tmp_path / 'plain'))
     with pytest.raises(RecipeError, match='is not writable'):
-        logs.check_workspace(str(tmp_path / 'plain' / 'below'))
+        files.check_workspace(str(tmp_path / 'plain' / 'below'))
 
 
 CPU_ARGS = argparse.Namespace(rgb_mean=(123.68, 116.779, 103.939), rgb_std=(58.393, 57.12, 57.375))

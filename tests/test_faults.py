@@ -133,18 +133,18 @@ def test_disk_full_and_read_only_workspace_are_one_clear_error(tmp_path):
     script = f"""
 import sys
 sys.path.insert(0, {ROOT!r})
-from rn50.reports import logs
+from rn50 import files
 from rn50.errors import RecipeError
 with open({str(mount / 'model_last.state')!r}, 'wb') as f:
     f.write(b'old')
 try:
-    with logs.atomic_path({str(mount / 'model_last.state')!r}) as tmp, open(tmp, 'wb') as f:
+    with files.atomic_path({str(mount / 'model_last.state')!r}) as tmp, open(tmp, 'wb') as f:
         f.write(bytes(2 << 20))
 except RecipeError as e:
     print('error:', e)
 print(open({str(mount / 'model_last.state')!r}, 'rb').read(), sorted(__import__('os').listdir({str(mount)!r})))
 """
-    check = f"import sys; sys.path.insert(0, {ROOT!r}); from rn50.reports import logs; logs.check_workspace({str(mount)!r})"
+    check = f"import sys; sys.path.insert(0, {ROOT!r}); from rn50 import files; files.check_workspace({str(mount)!r})"
     result = subprocess.run(['unshare', '-m', 'sh', '-c', f'mount -t tmpfs -o size=1m tmpfs {mount} && '
                              f'{sys.executable} -c "$0" && mount -o remount,ro {mount} && {sys.executable} -c "$1"',
                              script, check], capture_output=True, text=True, timeout=120)

@@ -2,7 +2,7 @@
 weights file into a network. Where they are (the workspace's names): workspace.py; which one a run starts
 from or a mode uses: resume.py; weights of other origins: weights.py.
 
-Written atomically (logs.atomic_path: a temporary name flushed to disk, then a rename, so a crash leaves the
+Written atomically (files.atomic_path: a temporary name flushed to disk, then a rename, so a crash leaves the
 old file or the new one, never half of one):
 
 * `.params` (`<prefix>_best.params`, `<prefix>_NNNN.params`, `<prefix>_ema_best.params`): Gluon
@@ -39,10 +39,10 @@ import zipfile
 import mxnet as mx
 import numpy as np
 
+from rn50 import files
 from rn50.checkpoints import optimizer_state
 from rn50.checkpoints import weights
 from rn50.errors import RecipeError, mxnet_message
-from rn50.reports import logs
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def save_params(net, path, writer=None):
 
 
 def write_arrays(path, arrays, previous=None):
-    with logs.atomic_path(path, previous=previous) as tmp:
+    with files.atomic_path(path, previous=previous) as tmp:
         mx.nd.save(tmp, arrays)
 
 
@@ -177,7 +177,7 @@ def save_state(path, net, trainer, meta, previous=None, worker_statistics=None, 
     # resume allocates nothing on the device that rank 0 saved from (the weight average lives on a GPU).
     arrays.update({name: value.copyto(mx.cpu()) for name, value in (extra or {}).items()})
     optimizer = optimizer_state.trainer_state_copy(trainer)
-    payloads = {'meta': json.dumps(logs.finite_or_none(meta)).encode()}
+    payloads = {'meta': json.dumps(files.finite_or_none(meta)).encode()}
     run_or_submit(functools.partial(write_state, path, arrays, optimizer, payloads, previous), writer)
 
 

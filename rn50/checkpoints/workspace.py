@@ -12,7 +12,7 @@ of every file the recipe writes there and the operations on them. One object, bu
     workspace.prune_epoch_params(args.keep_checkpoints)   # after each new <prefix>_NNNN.params
     workspace.clean()                                     # what a run killed during a write left
 
-The files (their formats: checkpoint.py), all written atomically (logs.atomic_path):
+The files (their formats: checkpoint.py), all written atomically (files.atomic_path):
 
 * `<prefix>_last.state`: everything an exact resume needs; each new one keeps the one it replaces as
   `<prefix>_prev.state`, the fallback if the last is damaged.
@@ -27,7 +27,7 @@ import logging
 import os
 import re
 
-from rn50.reports import logs
+from rn50 import files
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,6 @@ class Workspace:
 
     def clean(self):
         """Remove the half-written temporaries of a run killed during a write (its outputs only)."""
-        removed = logs.remove_stale_temporaries(self.place('.'), (f'{self.prefix}_', 'report.json'))
+        removed = files.remove_stale_temporaries(self.place('.'), (f'{self.prefix}_', 'report.json'))
         if removed:
             log.info('Removed %d temporary files left by an interrupted write: %s', len(removed), ', '.join(removed))

@@ -19,6 +19,7 @@ import os
 import mxnet as mx
 import numpy as np
 
+from rn50 import files
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import resume
 from rn50.checkpoints.workspace import Workspace
@@ -28,7 +29,6 @@ from rn50.errors import RecipeError, mxnet_message
 from rn50.inference import torchvision_weights, triton
 from rn50.inference.inference import class_names, input_shape
 from rn50.nets import catalogue
-from rn50.reports import logs
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def export(args, world, get_loaders, build_network, serialize_preprocessing):
         net(mx.nd.zeros((1,) + shape))            # the hybridized graph exists after one call
         net.export(partial, 0)
         write_onnx(partial + '-symbol.json', partial + '-0000.params', shape, partial + '.onnx')
-        logs.write_json(partial + '.preprocessing.json', expects)
+        files.write_json(partial + '.preprocessing.json', expects)
         if twin:
             torchvision_weights.write(partial + '.torchvision.safetensors', net, twin, args.num_classes,
                                       args.batchnorm_eps, args.batchnorm_mom)

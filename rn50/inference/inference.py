@@ -26,6 +26,7 @@ import time
 import mxnet as mx
 import numpy as np
 
+from rn50 import files
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import resume
 from rn50.checkpoints.workspace import Workspace
@@ -335,7 +336,7 @@ def predict(args, net, world, dali_images):
         results.append({'image': path, 'top': [{'class': int(i), 'name': names[i],
                                                  'probability': float(probabilities[i])} for i in top]})
     if args.pred_output:
-        logs.write_json(args.pred_output, {'checkpoint': resume.find_weights(args), 'predictions': results})
+        files.write_json(args.pred_output, {'checkpoint': resume.find_weights(args), 'predictions': results})
     if all('error' in r for r in results):
         raise RecipeError(results[0]['error'] if len(results) == 1 else
                           f'none of the {len(results)} images of --data-pred {args.data_pred} could be read '
@@ -357,7 +358,7 @@ def int8_network(args, net, source, world, get_loaders):
             os.remove(prefix + '.json')             # it must not vouch for the files about to be replaced
         quantized, images = calibrate(args, net, get_loaders)
         export_block(quantized, prefix)
-        logs.write_json(prefix + '.json', dict(wanted, calib_images=images))   # last: it vouches for the files
+        files.write_json(prefix + '.json', dict(wanted, calib_images=images))   # last: it vouches for the files
         log.info('Saved the calibrated INT8 model as %s-symbol.json / -0000.params', prefix)
     world.barrier()
     record = cached_calibration(prefix)
@@ -380,7 +381,7 @@ def calibration_record(args, net, source):
     makes a change to models.py (a new operator, say) calibrate again even with the same weights."""
     graph = net(mx.sym.var('data')).tojson().encode()
     return {'weights': os.path.abspath(source) if source else None,
-            'weights_sha256': logs.file_sha256(source) if source else None,
+            'weights_sha256': files.file_sha256(source) if source else None,
             'graph_sha256': hashlib.sha256(graph).hexdigest(),
             'arch': args.arch, 'num_layers': args.num_layers, 'num_classes': args.num_classes,
             'image_shape': list(image_shape(args, training=False)), 'input_layout': args.input_layout,
