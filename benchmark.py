@@ -28,7 +28,7 @@ import time
 from rn50.launch import interpreter
 interpreter.use_project_python()   # before any third-party import: finds .venv in a fresh shell
 
-from rn50.config import flags  # noqa: E402
+from rn50 import flags  # noqa: E402
 from rn50 import files  # noqa: E402
 from rn50.reports import logs  # noqa: E402
 

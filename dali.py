@@ -38,7 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 import mxnet as mx
 import numpy as np
 
-from rn50.config import flags, resolve
+from rn50 import flags
+from rn50.config import resolve
 from rn50.data import augment
 from rn50.data import contract
 from rn50.data import records

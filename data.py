@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import mxnet as mx
 import numpy as np
 
-from rn50.config import flags
+from rn50 import flags
 from rn50.data import augment
 from rn50.data import records
 from rn50.data import resolution

@@ -28,7 +28,7 @@ from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
 from rn50.checkpoints import resume as resume_policy     # fit.resume continues a State
 from rn50.checkpoints.workspace import Workspace
-from rn50.config import flags
+from rn50 import flags
 from rn50.data import resolution
 from rn50.data.contract import batches
 from rn50.errors import RecipeError

@@ -34,7 +34,7 @@ import logging
 import numpy as np
 from mxnet.gluon import HybridBlock, nn
 
-from rn50.config import flags
+from rn50 import flags
 from rn50.errors import RecipeError
 from rn50.nets import layers
 from rn50.nets.catalogue import ARCHITECTURES, RESNET_DEPTHS, RESNEXT_WIDTH_PER_GROUP

@@ -50,7 +50,8 @@ import models  # noqa: E402
 from rn50 import files  # noqa: E402
 from rn50.checkpoints.workspace import Workspace  # noqa: E402
 from rn50.checkpoints import resume  # noqa: E402
-from rn50.config import flags, resolve, run_flags  # noqa: E402
+from rn50 import flags  # noqa: E402
+from rn50.config import resolve, run_flags  # noqa: E402
 from rn50.data import augment, synthetic  # noqa: E402
 from rn50.errors import RecipeError  # noqa: E402
 from rn50.inference import export, inference  # noqa: E402

@@ -52,7 +52,7 @@ import mxnet as mx  # noqa: E402
 import tqdm  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from rn50.config import flags  # noqa: E402
+from rn50 import flags  # noqa: E402
 from rn50 import files  # noqa: E402
 
 

@@ -336,7 +336,9 @@ TIERS_GIVEN_HERE = {
     'test_layout.py': dict.fromkeys([
         'test_the_root_holds_the_entry_points_and_the_package_the_rest', 'test_no_import_cycle',
         'test_cycle_finder_finds_a_cycle', 'test_the_package_never_imports_the_root',
-        'test_the_layout_test_sees_imports_both_ways', 'test_imports_run_one_way',
+        'test_the_layout_test_sees_imports_both_ways', 'test_imports_run_one_way', 'test_folders_import_one_way',
+        'test_the_modules_below_the_folders_import_none', 'test_the_flag_types_are_at_the_bottom_and_load_no_mxnet',
+        'test_the_folder_graph_finds_folders_that_import_each_other',
         'test_every_folder_says_what_it_holds', 'test_the_design_document_lists_the_folders_there_are',
         'test_modules_stay_readable'], 'unit'),
     'test_readme.py': dict(dict.fromkeys([

@@ -6,7 +6,7 @@ import re
 import pytest
 
 import fit
-from rn50.config import flags
+from rn50 import flags
 import train
 from conftest import in_process, runner_main, train_main
 from rn50.errors import RecipeError

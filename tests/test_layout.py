@@ -1,5 +1,6 @@
 """The code layout: the entry points at the root, everything else in rn50/ with a folder per concern, imports
-running one way (root -> rn50, never back), no import cycle, and docs/design.md naming the folders there are."""
+running one way (root -> rn50, never back; between the folders too, and the modules below them importing no
+folder), no import cycle, and docs/design.md naming the folders there are."""
 import ast
 import os
 import re
@@ -9,6 +10,8 @@ from conftest import ROOT
 
 ENTRY_POINTS = {'train', 'fit', 'data', 'dali', 'models', 'benchmark', 'runner'}
 PACKAGE = 'rn50'
+# The modules of rn50/ outside its folders, below every one of them: they import none.
+BELOW_THE_FOLDERS = {'rn50.errors', 'rn50.files', 'rn50.flags'}
 # A warning sign: a module over LONG_MODULE lines is split where a concern ends, if one does, never shortened
 # to fit; over TOO_LONG (the size of the functions and files the peer recipes are read for) it fails.
 LONG_MODULE = 500
@@ -73,6 +76,41 @@ def import_graph():
     return {name: imported_modules(path, set(modules)) - {name} for name, path in modules.items()}
 
 
+def folder_of(module):
+    """The folder of rn50/ that holds `module` ('rn50.data.contract' -> 'data'); None outside the folders."""
+    parts = module.split('.')
+    return parts[1] if parts[0] == PACKAGE and len(parts) > 2 or module in package_folder_modules() else None
+
+
+def package_folder_modules():
+    return {f'{PACKAGE}.{folder}' for folder in package_folders()}
+
+
+def folder_graph(graph=None):
+    """{folder of rn50/: the other folders its modules import}, from the module graph."""
+    graph = import_graph() if graph is None else graph
+    folders = {}
+    for module, targets in graph.items():
+        folder = folder_of(module)
+        if folder is not None:
+            folders.setdefault(folder, set()).update(
+                target for target in map(folder_of, targets) if target not in (None, folder))
+    return folders
+
+
+def third_party_imports(path):
+    """The top-level names of every module `path` imports anywhere (mxnet, numpy, rn50, os, ...)."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split('.')[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split('.')[0])
+    return names
+
+
 def package_folders():
     return sorted(name for name in os.listdir(os.path.join(ROOT, PACKAGE))
                   if os.path.isfile(os.path.join(ROOT, PACKAGE, name, '__init__.py')))
@@ -115,6 +153,43 @@ def test_imports_run_one_way():
     assert not graph['fit'] & {'dali', 'train', 'rn50.world.workers'}
     assert 'data' in graph['dali'] or graph['dali'] & {'rn50.data.contract'}
     assert 'dali' not in graph['data']
+
+
+def test_folders_import_one_way():
+    """No two folders of rn50/ import each other, nor does any chain of them come back (imports inside functions
+    count): each concern builds on those below it."""
+    graph = folder_graph()
+    assert 'optim' in graph['training'] and 'checkpoints' in graph['config']     # the graph is read
+    both_ways = sorted({tuple(sorted((a, b))) for a, targets in graph.items() for b in targets if a in graph.get(b, ())})
+    assert both_ways == []
+    assert find_cycle(graph) is None
+
+
+def test_the_modules_below_the_folders_import_none():
+    graph = import_graph()
+    assert {name: sorted(graph[name]) for name in BELOW_THE_FOLDERS if graph[name] - BELOW_THE_FOLDERS} == {}
+    assert BELOW_THE_FOLDERS <= set(graph)
+
+
+def test_the_flag_types_are_at_the_bottom_and_load_no_mxnet():
+    """rn50/flags.py, which the runner and benchmark.py parse with before anything else, and train.py's Run group
+    import nothing of the project (but the Run group its recipes) and no MXNet, not even through another module."""
+    modules = project_modules()
+    assert third_party_imports(modules['rn50.flags']) <= {'argparse', 'math'}
+    graph, seen, todo = import_graph(), set(), ['rn50.flags', 'rn50.config.run_flags']
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += sorted(graph[module])
+    assert seen == {'rn50.flags', 'rn50.config.run_flags', 'rn50.config.recipes'}
+    assert not any({'mxnet', 'numpy'} & third_party_imports(modules[module]) for module in seen)
+
+
+def test_the_folder_graph_finds_folders_that_import_each_other():
+    graph = folder_graph({'rn50.a.x': {'rn50.b.y', 'rn50.errors'}, 'rn50.b.y': {'rn50.a.z'}, 'rn50.a.z': set(),
+                          'rn50.errors': set(), 'train': {'rn50.a.x'}})
+    assert graph == {'a': {'b'}, 'b': {'a'}}
 
 
 def test_every_folder_says_what_it_holds():

@@ -3,8 +3,12 @@ the code that reads them: models.py's Model, fit.py's Training, data.py's Data, 
 
     run_flags.add_args(parser)     # train.build_parser
 """
-from rn50.config import flags, recipes
-from rn50.world import workers
+from rn50 import flags
+from rn50.config import recipes
+
+# --seed's largest value: MXNet seeds are 32-bit signed integers and worker r seeds with seed + r
+# (workers.resolve_seed): room for 65,536 workers.
+MAX_SEED = 2**31 - 1 - 65536
 
 
 def add_args(parser):
@@ -17,7 +21,7 @@ def add_args(parser):
                        help='set the values of a published recipe (recipes.py: ' + '; '.join(
                            f'{name}: {recipe["about"]}' for name, recipe in sorted(recipes.RECIPES.items()))
                        .replace('%', '%%') + '); flags given on the command line win')
-    group.add_argument('--seed', type=flags.integer(minimum=0, maximum=workers.MAX_SEED), default=None,
+    group.add_argument('--seed', type=flags.integer(minimum=0, maximum=MAX_SEED), default=None,
                        help='random seed for initialisation, data order, augmentation and mixup (default: a '
                             'random one, logged and stored in the checkpoint so a resume continues exactly)')
     group.add_argument('--gpus', type=flags.int_list, default=None,

@@ -51,7 +51,7 @@ import functools
 
 import numpy as np
 
-from rn50.config import flags
+from rn50 import flags
 from rn50.errors import RecipeError
 
 POLICIES = ('ta_wide', 'ra', 'imagenet')

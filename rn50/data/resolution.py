@@ -12,7 +12,7 @@ between them the linear interpolation rounded to a multiple of --progressive-ste
 """
 import numpy as np
 
-from rn50.config import flags
+from rn50 import flags
 from rn50.errors import RecipeError
 
 

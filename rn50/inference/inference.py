@@ -30,7 +30,8 @@ from rn50 import files
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import resume
 from rn50.checkpoints.workspace import Workspace
-from rn50.config import flags, resolve
+from rn50 import flags
+from rn50.config import resolve
 from rn50.data import classes
 from rn50.data.contract import batches, device_slices, image_shape, whole
 from rn50.data.validation_resize import describe_val_resize, load_image, val_interpolation

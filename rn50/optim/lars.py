@@ -15,7 +15,7 @@ master weights (`multi_precision`), as MXNet's SGD does.
 import mxnet as mx
 import numpy as np
 
-from rn50.config import flags
+from rn50 import flags
 
 
 def add_args(group):

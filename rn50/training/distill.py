@@ -20,7 +20,7 @@ import mxnet as mx
 from mxnet import autograd
 
 from rn50.checkpoints import checkpoint
-from rn50.config import flags
+from rn50 import flags
 from rn50.errors import RecipeError
 from rn50.nets.catalogue import ARCHITECTURES
 

@@ -22,7 +22,7 @@ import time
 
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints.workspace import Workspace
-from rn50.config import flags
+from rn50 import flags
 from rn50.errors import RecipeError
 from rn50.inference import inference
 from rn50.training import ema

@@ -33,9 +33,6 @@ from rn50.world import cpu
 
 log = logging.getLogger(__name__)
 
-# MXNet seeds are 32-bit signed integers and worker r seeds with seed + r: room for 65,536 workers.
-MAX_SEED = 2**31 - 1 - 65536
-
 # Set by the runner: how many worker processes it asked for (-n with --kv-store horovod, 1 with --kv-store
 # device), so that each worker can check the world it finds itself in.
 EXPECTED_WORKERS = 'RN50_WORKERS'

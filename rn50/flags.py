@@ -9,6 +9,9 @@ message that says what is allowed, so a bad value stops the program at parse tim
     group.add_argument('--run-epochs', type=flags.integer(minimum=1, sentinel=-1), default=-1)
 
 Floats are always finite: `nan` and `inf` are rejected for every flag.
+
+Below every folder of rn50/ (data/, optim/, training/ and config/ declare their flags with these types) and
+importing nothing but the standard library, no MXNet: the runner and benchmark.py parse with it at once.
 """
 import argparse
 import math
