@@ -8,7 +8,8 @@ What happens, in order:
 1. The state to start from (resume_policy.agreed_training_start, rn50/checkpoints/resume.py): --load FILE (a
    .params file or a .state file), else the workspace's `<prefix>_last.state` (automatic resume), else the
    fresh initialisation; every worker must find rank 0's, or all stop with one error.
-2. Per epoch: iterations with the learning rate `learning_rate(...)`, a pure function of (epoch, iteration);
+2. Per epoch: iterations with the learning rate of the run's schedule.Schedule, a pure function of (epoch,
+   iteration);
    validation (train_val, inference.validate); then checkpoints: `<prefix>_NNNN.params` every
    --save-frequency epochs (the newest --keep-checkpoints kept), `<prefix>_best.params` on a new best top-1
    (`<prefix>_ema_best.params` of --model-ema's average, training_extras.py), and always `<prefix>_last.state`,
@@ -33,8 +34,9 @@ from rn50.data import resolution
 from rn50.data.contract import batches
 from rn50.errors import RecipeError
 from rn50.inference import inference
+from rn50.optim import factory
 from rn50.optim import lars
-from rn50.optim.schedule import DEFAULT_EPOCHS, DEFAULT_WARMUP_EPOCHS, learning_rate
+from rn50.optim import schedule
 from rn50.reports import logs
 from rn50.reports import mlperf_log
 from rn50.reports import tensorboard_log
@@ -59,30 +61,8 @@ def add_fit_args(parser):
     group.add_argument('--run-epochs', type=flags.integer(minimum=1, sentinel=-1), default=-1,
                        help='run at most this many epochs in this invocation (-1: no limit); the schedule '
                             'still spans --num-epochs')
-    group.add_argument('--lr', type=flags.real(minimum=0, exclusive=True), default=0.1,
-                       help='peak learning rate (the runner scales it)')
-    group.add_argument('--lr-schedule', default='cosine', choices=['multistep', 'cosine', 'poly'],
-                       help='learning rate schedule after the warmup (poly: MLPerf\'s polynomial decay to --end-lr)')
-    group.add_argument('--lr-poly-power', type=flags.real(minimum=0, exclusive=True), default=2.0,
-                       help='poly: the power of the decay')
-    group.add_argument('--end-lr', type=flags.real(minimum=0), default=0.0001,
-                       help='poly: the learning rate at --num-epochs')
-    group.add_argument('--lr-factor', type=flags.real(minimum=0, exclusive=True), default=0.256,
-                       help='the ratio to reduce lr on each step (multistep) or cosine segment')
-    group.add_argument('--lr-steps', type=flags.float_list, default=[],
-                       help='the epochs to reduce the lr, in increasing order, e.g. 30,60')
-    group.add_argument('--warmup-epochs', type=flags.real(minimum=0), default=None,
-                       help=f'epochs of linear warmup from 0 to --lr (default {DEFAULT_WARMUP_EPOCHS:g}, or half of '
-                            'a shorter run: the log says so); at most --num-epochs')
-    group.add_argument('--warmup-prefix', type=int, default=1, choices=(0, 1), help='1 (default): the decay (cosine, '
-                       'poly) spans the epochs after the warm-up (the original recipe\'s); 0: all epochs, from 0, '
-                       'the warm-up replacing its first part (timm\'s CosineLRScheduler, warmup_prefix False)')
-    group.add_argument('--optimizer', default='sgd',
-                       help='any MXNet optimizer name; lars is MLPerf\'s (lars.py), lamb timm\'s (lamb.py)')
-    group.add_argument('--mom', type=flags.real(minimum=0, maximum=1), default=0.875,
-                       help='momentum (sgd, nag, signum, dcasgd, lbsgd)')
-    group.add_argument('--wd', type=flags.real(minimum=0), default=1 / 32768,
-                       help='weight decay; never applied to batchnorm gamma/beta or biases')
+    schedule.add_args(group)
+    factory.add_args(group)
     group.add_argument('--label-smoothing', type=flags.real(minimum=0, maximum=0.999), default=0.1,
                        help='label smoothing factor')
     group.add_argument('--mixup', type=flags.real(minimum=0), default=0,
@@ -120,22 +100,12 @@ def evaluated(args, epoch):
 
 def check_schedule_flags(args, origin):
     """RecipeError for a schedule that cannot be what was meant (train.py and the runner call it before anything
-    starts): --lr-steps out of order, or a given --warmup-epochs longer than the run. The default warmup and a
-    --recipe's are shortened to fit a shorter run instead (schedule.default_warmup). `origin`: resolve.Origin,
-    which flags the command gave and which the recipe set."""
+    starts, the flags resolved or not): schedule.check's, and the MLPerf result log's rules. `origin`:
+    resolve.Origin, which flags the command gave and which the recipe set."""
     mlperf_log.check_flags(args, origin.given)   # MLPerf's log's rules (val modes too: its flags alone are an error)
     if args.mode not in ('train', 'train_val') or args.test_io:
         return
-    steps = args.lr_steps
-    if any(later <= earlier for earlier, later in zip(steps, steps[1:])):
-        raise RecipeError(f'--lr-steps {",".join(f"{step:g}" for step in steps)}: the epochs must increase, each '
-                          f'once (e.g. {",".join(f"{step:g}" for step in sorted(set(steps)))})')
-    epochs = args.num_epochs or DEFAULT_EPOCHS
-    if args.warmup_epochs is not None and args.warmup_epochs > epochs and \
-            'warmup_epochs' not in origin.from_recipe:
-        raise RecipeError(f'--warmup-epochs {args.warmup_epochs:g} is longer than the {epochs}-epoch schedule '
-                          '(--num-epochs): the learning rate would never reach --lr; shorten the warmup or '
-                          'lengthen the run')
+    schedule.check(args.lr_steps, args.warmup_epochs, args.num_epochs, 'warmup_epochs' in origin.from_recipe)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -175,8 +145,9 @@ class LookAhead:
             self.upcoming, self.fetched = next(self.source, None), True
 
 
-def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
-    """Run the iterations of one epoch from `start_batch`; returns (next batch index, durations, stopped).
+def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, rates):
+    """Run the iterations of one epoch from `start_batch` at the learning rates of `rates` (a
+    schedule.Schedule); returns (next batch index, durations, stopped).
 
     On a GPU the host reads the loss of the previous iteration while the current one runs: that one-step lag
     keeps the device busy (no per-iteration sync) yet catches a NaN within an iteration. On the CPU the host's
@@ -193,9 +164,7 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop):
     ahead = LookAhead(batches(loader, epoch, start_batch, iterations - start_batch))
     lag = step.world.devices.kind == 'gpu'
     for iteration, batch in enumerate(ahead, start_batch):
-        lr = learning_rate(epoch + step.accumulation.group_start(iteration) / iterations, args.lr, args.num_epochs,
-                           args.warmup_epochs, args.lr_schedule, args.lr_steps, args.lr_factor, args.lr_poly_power,
-                           args.end_lr, bool(args.warmup_prefix))
+        lr = rates(epoch + step.accumulation.group_start(iteration) / iterations)
         loss = step.run(batch, epoch, iteration, lr, before_sync=ahead.fetch_next)
         if previous is not None:
             epoch_loss.add(previous.asscalar(), epoch, iteration - 1, step)
@@ -284,6 +253,7 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
                  os.path.abspath(args.workspace))
     dllogger = tensorboard_log.teed(args, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
     clock = training_extras.WallClock(meta, world.start_time)
+    rates = schedule.Schedule.of(args)
     with checkpoint.BackgroundWriter() as writer:   # the files of an epoch are written while the next one trains
         for epoch in range(meta['epoch'], last_epoch):
             start_batch = meta['iteration'] if epoch == meta['epoch'] else 0
@@ -293,7 +263,7 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
                      ' (training at %dx%d)' % resolution.training_shape(args, epoch)[1:])
             mlperf.epoch_start(epoch)
             next_batch, durations, stopped = train_epoch(args, step, train_loader, epoch, start_batch, meta,
-                                                         dllogger, stop)
+                                                         dllogger, stop, rates)
             trained = time.time()
             writer.wait()   # the files of the epoch before, written meanwhile (an error of theirs stops the run)
             check_parameters(args, net, world, epoch, next_batch)

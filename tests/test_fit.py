@@ -10,7 +10,7 @@ from mxnet import autograd, gluon
 
 import dali
 import fit
-from rn50.config import resolve
+from rn50.optim import schedule
 from rn50.training import losses
 from rn50.checkpoints import optimizer_state
 from rn50.world import workers
@@ -26,7 +26,7 @@ from rn50.data import contract
 def lr(progress, **kw):
     options = dict(base_lr=1.0, num_epochs=90, warmup_epochs=5, schedule='cosine', steps=(), factor=0.1)
     options.update(kw)
-    return fit.learning_rate(progress, **options)
+    return schedule.learning_rate(progress, **options)
 
 
 @pytest.mark.unit
@@ -202,18 +202,18 @@ def test_float16_step_fetches_the_next_batch_before_its_host_synchronisation():
         events.append(('sync', sum(kind == 'sync' for kind, _ in events)))
         return read_flag(finite)
     step.loss_scale.overflowed = overflowed
-    step.args = resolve.replaced(step.args, num_epochs=2, warmup_epochs=0)
+    args = resolved(['--lr', '0.1', '--num-epochs', '2', '--warmup-epochs', '0'])
     meta = {'loss_sum': 0.0, 'loss_count': 0}
     stop = type('Stop', (), {'requested': False, 'announce': lambda self: None})()
     quiet = type('DLLogger', (), {'log': lambda self, *args, **kwargs: None})()
-    next_batch, _, stopped = fit.train_epoch(step.args, step, RecordingLoader(batches, events), 0, 0, meta, quiet,
-                                             stop)
+    next_batch, _, stopped = fit.train_epoch(args, step, RecordingLoader(batches, events), 0, 0, meta, quiet,
+                                             stop, schedule.Schedule.of(args))
     assert (next_batch, stopped) == (3, False)
     assert events == [('fetch', 0), ('fetch', 1), ('sync', 0), ('fetch', 2), ('sync', 1), ('sync', 2)]
     mx.random.seed(0)
     plain = step_for(Float16Net(), 'float16')
     for i, batch in enumerate(batches):
-        plain.run(batch, 0, i, fit.learning_rate(i / 3, 0.1, 2))
+        plain.run(batch, 0, i, schedule.learning_rate(i / 3, 0.1, 2))
     assert step.loss_scale.state() == plain.loss_scale.state() and step.loss_scale.skipped == 1
     np.testing.assert_array_equal(step.net.weight.data().asnumpy(), plain.net.weight.data().asnumpy())
 
@@ -316,11 +316,11 @@ def test_the_host_reads_each_loss_at_once_on_the_cpu_and_one_step_late_on_a_gpu(
         events.append(('run', iteration))
         return RecordedLoss(run(batch, epoch, iteration, lr, before_sync), iteration, events)
     step.run = recorded_run
-    step.args = resolve.replaced(step.args, num_epochs=2, warmup_epochs=0)
+    args = resolved(['--lr', '0.1', '--num-epochs', '2', '--warmup-epochs', '0'])
     meta = {'loss_sum': 0.0, 'loss_count': 0}
     stop = type('Stop', (), {'requested': False, 'announce': lambda self: None})()
     quiet = type('DLLogger', (), {'log': lambda self, *args, **kwargs: None})()
-    fit.train_epoch(step.args, step, RecordingLoader(batches, []), 0, 0, meta, quiet, stop)
+    fit.train_epoch(args, step, RecordingLoader(batches, []), 0, 0, meta, quiet, stop, schedule.Schedule.of(args))
     assert [f'{what} {index}' for what, index in events] == order
     assert meta['loss_count'] == 3
 
@@ -452,12 +452,12 @@ def test_the_default_warm_up_is_shortened_to_fit_a_short_run(caplog):
     from rn50.optim.schedule import default_warmup, learning_rate
     args = train.parse_flags(['--num-epochs', '3', '--lr', '1'])[0]
     with caplog.at_level('INFO', logger='rn50.optim.schedule'):
-        warmup = default_warmup(args, from_recipe=False)
+        warmup = default_warmup(args.warmup_epochs, args.num_epochs)
     assert warmup == 1.5 and 'half of the 3-epoch run' in caplog.text
     rates = [learning_rate(e / 10, 1.0, 3, warmup, 'cosine', [], 0.1) for e in range(30)]
     assert max(rates) == pytest.approx(1.0, abs=0.01) and rates[-1] < 0.02     # peaks, then decays to ~0
     args = train.parse_flags(['--num-epochs', '90'])[0]
-    assert default_warmup(args, from_recipe=False) == 5
+    assert default_warmup(args.warmup_epochs, args.num_epochs) == 5
 
 
 @pytest.mark.parametrize('threshold', [None, 0.2])

@@ -182,7 +182,8 @@ def test_the_flag_types_are_at_the_bottom_and_load_no_mxnet():
         if module not in seen:
             seen.add(module)
             todo += sorted(graph[module])
-    assert seen == {'rn50.flags', 'rn50.config.run_flags', 'rn50.config.recipes'}
+    assert seen == {'rn50.flags', 'rn50.config.run_flags', 'rn50.config.recipes', 'rn50.optim.schedule',
+                    'rn50.errors'}
     assert not any({'mxnet', 'numpy'} & third_party_imports(modules[module]) for module in seen)
 
 

@@ -158,14 +158,15 @@ def test_a_recipes_warm_up_is_shortened_to_fit_a_short_run(caplog):
         fit.check_schedule_flags(args, origin)
         with caplog.at_level('INFO', logger='rn50.optim.schedule'):
             caplog.clear()
-            assert schedule.default_warmup(args, 'warmup_epochs' in origin.from_recipe) == expected
+            assert schedule.default_warmup(args.warmup_epochs, args.num_epochs, args.recipe) == expected
         said = f"half of the {epochs}-epoch run (--recipe {name}'s"
         assert (said in caplog.text) == (expected < recipes.RECIPES[name]['flags']['warmup_epochs'])
     with pytest.raises(RecipeError, match='--warmup-epochs 4 is longer than the 3-epoch schedule'):
         fit.check_schedule_flags(*train.parse_flags(['--recipe', 'torchvision-v2', '--num-epochs', '3',
                                                      '--warmup-epochs', '4']))
     args, origin = train.parse_flags(['--recipe', 'rsb-a3', '--num-epochs', '3', '--warmup-epochs', '2'])
-    assert schedule.default_warmup(args, 'warmup_epochs' in origin.from_recipe) == 2
+    assert schedule.default_warmup(args.warmup_epochs, args.num_epochs,
+                                   args.recipe if 'warmup_epochs' in origin.from_recipe else None) == 2
 
 
 @pytest.mark.integration

@@ -8,11 +8,11 @@ command line wins over it, and the resolved values are logged and saved with the
 
 Each recipe gives train.py's flag values (`flags`), the runner's per-GPU batch (`batch_per_gpu`), and its
 learning rate as its source states it: `lr` at `lr_batch` images per optimizer step, scaled to other batches
-by `lr_scaling` (scaled_lr: 'linear', or 'sqrt' as timm scales adaptive optimizers); the runner's -l default is
-that rate at 256 images, and the runner and train.py scale it with the recipe's rule and log which. Sizes keep
-the recipe's ratios (follow_sizes): `--recipe torchvision-v2 --image-shape 3,64,64` tests at 81 after an 84
-resize, as 176 tests at 224 after 232. A recipe's warm-up is shortened to half of a shorter run as the default
-one is (schedule.default_warmup).
+by `lr_scaling` (rn50/optim/schedule.py's scaled_lr: 'linear', or 'sqrt' as timm scales adaptive
+optimizers); the runner's -l default is that rate at 256 images, and the runner and train.py scale it with the
+recipe's rule and log which. Sizes keep the recipe's ratios (follow_sizes): `--recipe torchvision-v2
+--image-shape 3,64,64` tests at 81 after an 84 resize, as 176 tests at 224 after 232. A recipe's warm-up is
+shortened to half of a shorter run as the default one is (schedule.default_warmup).
 Sources: ../shared/reference/peer-recipes.md (D2, D3), MLPerf Training's NVIDIA MXNet submissions
 (config_DGXH100.sh: LARS eta 0.001, momentum 0.9, 400 images per GPU, learning rate 11.0 at 3,200 images after 2
 warm-up epochs, polynomial decay of power 2 to 0.0001 over 37 epochs, weight decay 5e-5, label smoothing 0.1,
@@ -57,7 +57,7 @@ Linear initialisation; it updates its average at every 32nd batch of each epoch 
 run) and pairs image i with i - 1 (here with B-1-i, as timm); timm's warm-up starts at --warmup-lr and timm
 changes the rate once per epoch (here every iteration).
 """
-import math
+from rn50.optim import schedule
 
 RECIPES = {
     'nvidia': {
@@ -102,32 +102,16 @@ RECIPES = {
 }
 
 
-def scaled_lr(rate, batch, reference, scaling):
-    """The learning rate at `batch` images per optimizer step of a recipe whose rate is `rate` at `reference`
-    images: `scaling` 'linear' multiplies it by the batch ratio (Goyal et al.; NVIDIA's, MLPerf's, torchvision's
-    recipes), 'sqrt' by its square root (timm's lr_base_scale rule for adaptive optimizers, whose names contain
-    'ada' or 'lamb': rsb-a3's 8e-3 at 2,048 images is 1e-3 at 32)."""
-    if scaling == 'sqrt':
-        return rate * math.sqrt(batch / reference)
-    return rate * batch / reference
-
-
 def learning_rate(name, batch):
     """Recipe `name`'s learning rate at `batch` images per optimizer step (global batch x --grad-accum-steps)."""
     recipe = RECIPES[name]
-    return scaled_lr(recipe['lr'], batch, recipe['lr_batch'], recipe['lr_scaling'])
+    return schedule.scaled_lr(recipe['lr'], batch, recipe['lr_batch'], recipe['lr_scaling'])
 
 
 def scaling(name):
     """How recipe `name` (None: the default, NVIDIA's) scales its learning rate with the batch: 'linear' or
     'sqrt'."""
     return RECIPES[name or 'nvidia']['lr_scaling']
-
-
-def scaling_words(rule):
-    """The log's words for a scaling rule."""
-    return {'linear': 'linearly with the batch',
-            'sqrt': 'by the square root of the batch ratio (timm\'s rule for LAMB)'}[rule]
 
 
 def values(args, given):

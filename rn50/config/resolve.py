@@ -98,9 +98,12 @@ def for_run(args, origin, on_gpu):
     if args.val_interpolation is None:   # ImageRecordIter's OpenCV resize, or DALI's antialiased one
         args.val_interpolation = 'linear' if args.data_backend == 'mxnet' else 'linear-antialias'
     args.dtype = precision(args, on_gpu)
-    if args.num_epochs is None:   # the schedule's 90 epochs; one pass for val and the loader test
-        args.num_epochs = 1 if args.mode in ('val', 'pred', 'export') or args.test_io else schedule.DEFAULT_EPOCHS
-    args.warmup_epochs = schedule.default_warmup(args, 'warmup_epochs' in origin.from_recipe)
+    # the schedule's 90 epochs; one pass for val and the loader test
+    training = args.mode in ('train', 'train_val') and not args.test_io
+    args.num_epochs = schedule.epochs(args.num_epochs, training)
+    args.warmup_epochs = schedule.default_warmup(
+        args.warmup_epochs, args.num_epochs, args.recipe if 'warmup_epochs' in origin.from_recipe else None,
+        announce=args.mode in ('train', 'train_val') and not args.benchmark_iters)
     log_derived(args, origin)
     resolved = Resolved()
     vars(resolved).update(vars(args))
@@ -148,7 +151,7 @@ def log_derived(args, origin):
             log.info('%s', recipes.size_words(args, origin.from_recipe))   # val, pred, export: the run's sizes
         recipe, batch = recipes.RECIPES[args.recipe], args.batch_size * args.grad_accum_steps
         log.info('Recipe %s scales its learning rate (%g at %d images) %s: %.6g at %d images a step; --lr %.6g%s',
-                 args.recipe, recipe['lr'], recipe['lr_batch'], recipes.scaling_words(recipe['lr_scaling']),
+                 args.recipe, recipe['lr'], recipe['lr_batch'], schedule.scaling_words(recipe['lr_scaling']),
                  recipes.learning_rate(args.recipe, batch), batch, args.lr, ' (given)' if 'lr' in origin.given else '')
     if args.mode in ('train', 'train_val') and args.data_val_resize != 256 and \
             'data_val_resize' not in origin.given | set(origin.from_recipe):

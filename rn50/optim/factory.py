@@ -1,6 +1,7 @@
 """The optimizer of `--optimizer NAME`, built in one place from a handful of keyword values (as timm's
 optimizer_kwargs and create_optimizer_v2):
 
+    factory.add_args(group)                                         # fit.py's Training group: --optimizer, --mom, --wd
     optimizer = factory.create(**factory.optimizer_kwargs(args))    # step.py hands it to gluon.Trainer
 
 This is the one place --optimizer names map to classes: 'lars' is MLPerf's LARS (lars.py), 'lamb' timm's LAMB
@@ -10,6 +11,7 @@ aside: sgd, nag, adam, ...). No module of this recipe registers an optimizer wit
 """
 import mxnet as mx
 
+from rn50 import flags
 from rn50.optim import lamb
 from rn50.optim import lars
 
@@ -19,6 +21,16 @@ OPTIMIZERS = {'lars': lars.MLPerfLARS, 'lamb': lamb.TimmLAMB}
 
 # Optimizers whose MXNet implementation takes a momentum argument (--mom).
 MOMENTUM_OPTIMIZERS = ('sgd', 'nag', 'signum', 'dcasgd', 'lbsgd')
+
+
+def add_args(group):
+    """The optimizer's flags, in fit.py's Training group (LARS's own: lars.add_args)."""
+    group.add_argument('--optimizer', default='sgd',
+                       help='any MXNet optimizer name; lars is MLPerf\'s (lars.py), lamb timm\'s (lamb.py)')
+    group.add_argument('--mom', type=flags.real(minimum=0, maximum=1), default=0.875,
+                       help='momentum (sgd, nag, signum, dcasgd, lbsgd)')
+    group.add_argument('--wd', type=flags.real(minimum=0), default=1 / 32768,
+                       help='weight decay; never applied to batchnorm gamma/beta or biases')
 
 
 def optimizer_class(name):
