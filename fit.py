@@ -27,8 +27,7 @@ import numpy as np
 
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
-from rn50.checkpoints import resume as resume_policy     # fit.resume continues a State
-from rn50.checkpoints.workspace import Workspace
+from rn50.checkpoints.saver import Policy, Saver
 from rn50 import flags
 from rn50.data import resolution
 from rn50.data.contract import batches
@@ -112,13 +111,6 @@ def check_schedule_flags(args, origin):
 # The step
 
 
-def resume_note(args):
-    """What a stopped run leaves for the next one: a --benchmark-iters run writes no state."""
-    if args.benchmark_iters:
-        return ' (a measurement: no state was written, the next run starts afresh)'
-    return f'; the next run resumes from {Workspace.of(args).last_state}'
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The epoch
 
@@ -145,9 +137,10 @@ class LookAhead:
             self.upcoming, self.fetched = next(self.source, None), True
 
 
-def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, rates):
+def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, rates, last_state):
     """Run the iterations of one epoch from `start_batch` at the learning rates of `rates` (a
-    schedule.Schedule); returns (next batch index, durations, stopped).
+    schedule.Schedule); returns (next batch index, durations, stopped). `last_state`: the run's last state, which
+    the error of a non-finite loss names.
 
     On a GPU the host reads the loss of the previous iteration while the current one runs: that one-step lag
     keeps the device busy (no per-iteration sync) yet catches a NaN within an iteration. On the CPU the host's
@@ -155,7 +148,7 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, ra
     (docs/performance.md), so the host reads each loss at once there."""
     iterations = args.benchmark_iters or loader.num_batches
     global_batch = loader.batch_size * step.world.size
-    durations, epoch_loss, previous = [], EpochLoss(meta), None
+    durations, epoch_loss, previous = [], EpochLoss(meta, last_state), None
     bar = logs.progress_bar(iterations - start_batch, f'Epoch {epoch}', step.world.rank == 0)
     step.accumulation.start_epoch(iterations)
     tick = window_start = time.time()
@@ -209,15 +202,16 @@ def stop_agreed(stop, world, done, every):
 # The run
 
 
-def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
+def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, workspace):
     """--mode train / train_val: the epoch loop with validation and checkpoints; returns the checkpoint
     meta (its 'history' holds the metrics of every epoch). `seed`: the run's (workers.resolve_seed), unless the
     state it resumes has its own. The loaders come from `get_loaders(args, rank, workers, train=..., val=...,
     contexts=..., seed=...)` once the state to start from, and so the seed that orders the data, is known.
     `build_network(**overrides)` builds a --teacher. `stop` (rn50.launch.stop's StopRequest) says when a signal
-    asked the run to stop."""
+    asked the run to stop. `workspace`: the run's Workspace, its checkpoints written by a Saver."""
     training_extras.check(args)
-    state = resume_policy.agreed_training_start(args, net, world)
+    saver = Saver(workspace, world, Policy.of(args))
+    state = saver.start(net)
     seed = resumed_seed(state, seed)   # the run's from here on (report.json and its states record it)
     step = TrainingStep(args, net, world, seed, build_network)
     world.broadcast_parameters(step.params)
@@ -233,7 +227,7 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
             dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': 0})
     else:
         meta = state.meta
-        resume(args, net, step, world, state)
+        saver.resume(net, step, state)
         dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': meta['iteration']})
     meta['seed'] = seed   # as every state records it; report.json too
     # run_start: before the loaders touch the data
@@ -250,7 +244,7 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
     if state is not None and meta['epoch'] >= last_epoch:
         log.info('This run is finished (%d of %d epochs): its results are in %s (report.json, model_best.params); '
                  'give a new --workspace to train again', meta['epoch'], args.num_epochs,
-                 os.path.abspath(args.workspace))
+                 os.path.abspath(workspace.folder))
     dllogger = tensorboard_log.teed(args, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
     clock = training_extras.WallClock(meta, world.start_time)
     rates = schedule.Schedule.of(args)
@@ -263,17 +257,17 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
                      ' (training at %dx%d)' % resolution.training_shape(args, epoch)[1:])
             mlperf.epoch_start(epoch)
             next_batch, durations, stopped = train_epoch(args, step, train_loader, epoch, start_batch, meta,
-                                                         dllogger, stop, rates)
+                                                         dllogger, stop, rates, workspace.last_state)
             trained = time.time()
             writer.wait()   # the files of the epoch before, written meanwhile (an error of theirs stops the run)
-            check_parameters(args, net, world, epoch, next_batch)
+            check_parameters(net, world, epoch, next_batch, workspace.last_state)
             loss_sum, loss_count = world.allreduce_sum([meta['loss_sum'], meta['loss_count']])
             if stopped:
                 # The state holds the sums of every worker; rank 0 alone takes them back on resume.
                 meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
                 clock.record(meta)
-                write_state(args, net, step, meta, world, writer)
-                log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, resume_note(args))
+                write_state(saver, net, step, meta, world, writer)
+                log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, saver.resume_note())
                 mlperf.run_stop()
                 return meta
             world.average_copies([p.list_data() for p in net.collect_params().values() if p.grad_req == 'null'])
@@ -289,24 +283,24 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop):
                 mlperf.eval_stop(epoch, val_metrics)
                 metrics.update(val_metrics)
                 metrics.update(training_extras.validate_average(args, net, step.average, val_loader, world, meta,
-                                                                epoch, writer))
+                                                                epoch, saver, writer))
             validated = time.time()
             meta['history'].append(dict(metrics, epoch=epoch))
             clock.record(meta)
             meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0)
             # Host memory that grows epoch after epoch is a leak (MXNet 1.9.1's LAMB kernel on GPUs: docs/training.md).
             log.info('[Epoch %d] Peak resident host memory of this worker: %.0f MiB', epoch, logs.peak_memory_mb())
-            save_epoch_checkpoints(args, net, epoch, metrics, meta, world, writer)
-            write_state(args, net, step, meta, world, writer)
+            saver.save_epoch(net, epoch, metrics, meta, writer)
+            write_state(saver, net, step, meta, world, writer)
             optimizer_state.check_replicas(net, step.gluon_trainer, world, epoch)
-            logs.write_report(Workspace.of(args).report(args.mode), args, world, meta['history'],
+            logs.write_report(workspace.report(args.mode), args, world, meta['history'],
                               duration=meta['wall_seconds'], seed=seed)
             log_epoch(dllogger, epoch, metrics, time.time() - trained - (validated - validating),
                       validated - validating)
             if training_extras.target_reached(args, meta):
                 break
             if stop_agreed(stop, world, 0, 1):
-                log.info('Stopped after epoch %d%s', epoch, resume_note(args))
+                log.info('Stopped after epoch %d%s', epoch, saver.resume_note())
                 break
     clock.record(meta)   # report.json's total_duration: the training's wall time over all its resumes
     mlperf.run_stop()
@@ -330,46 +324,10 @@ def resumed_seed(state, seed):
     return state.meta['seed']
 
 
-def resume(args, net, step, world, state):
-    """Continue a saved run (a checkpoint.State): its optimizer state (with this run's --wd and --mom), loss
-    scaler, this worker's batchnorm statistics and loss sums, and its position in images seen (its seed:
-    resumed_seed)."""
-    meta = state.meta
-    if args.load and args.load.endswith('.state') and not args.finetune and \
-            os.path.dirname(os.path.abspath(args.load)) != os.path.abspath(args.workspace):
-        # A run continued from another workspace's state: its best weights stay there, and this workspace
-        # gets a model_best.params of its own epochs (else pred here took the last state without a word).
-        log.info('Continuing the run of %s in this workspace: the best checkpoint here is that of the epochs '
-                 'trained here (the earlier best, top-1 %s, stays in %s)', args.load, meta.get('best_accuracy'),
-                 os.path.dirname(os.path.abspath(args.load)))
-        meta['best_accuracy'] = None
-        meta.pop('ema_best_accuracy', None)
-        for entry in meta['history']:   # the summary leaves them out (training_summary)
-            entry.setdefault('inherited_from', os.path.dirname(os.path.abspath(args.load)))
-    optimizer_state.restore_trainer_state(step.gluon_trainer, state.trainer)
-    optimizer = step.gluon_trainer._optimizer
-    for flag, attribute in (('wd', 'wd'), ('mom', 'momentum')):
-        if hasattr(optimizer, attribute) and getattr(optimizer, attribute) != getattr(args, flag):
-            log.info('--%s %g (the resumed state had %g): using the flag', flag, getattr(args, flag),
-                     getattr(optimizer, attribute))
-            setattr(optimizer, attribute, getattr(args, flag))
-    step.restore_scaler(meta.get('loss_scaler'))
-    checkpoint.restore_worker_statistics(net, world, state.worker_statistics, meta.get('workers', 1))
-    if world.rank != 0:
-        meta['loss_sum'], meta['loss_count'] = 0.0, 0
-    saved_batch = meta.get('global_batch', args.batch_size)
-    if saved_batch != args.batch_size and meta['iteration']:
-        images = meta['iteration'] * saved_batch
-        meta['iteration'] = images // args.batch_size
-        log.warning('Resuming with a global batch of %d (the state was written with %d): continuing at '
-                    'iteration %d of epoch %d, after the same %d images; the batches differ from an '
-                    'uninterrupted run', args.batch_size, saved_batch, meta['iteration'], meta['epoch'],
-                    meta['iteration'] * args.batch_size)
-
-
-def check_parameters(args, net, world, epoch, iteration):
+def check_parameters(net, world, epoch, iteration, last_state):
     """Stop with a clear error, before anything is written, when a parameter holds NaN or inf: a
-    diverged run must never overwrite its last good checkpoint. Every worker takes the same decision. On GPUs
+    diverged run must never overwrite its last good checkpoint (`last_state`, named in the error). Every worker
+    takes the same decision. On GPUs
     the check runs there (one flag read per GPU) and only a failed one copies the weights to the host to name
     them; on the CPU numpy reads them where they are (MXNet's CPU multi_all_finite took 0.6 s for ResNet-50,
     numpy 0.06 s)."""
@@ -386,47 +344,18 @@ def check_parameters(args, net, world, epoch, iteration):
     raise RecipeError(f'the parameters became NaN or infinite ({len(bad)} of {total} arrays, e.g. '
                       f'{bad[0] if bad else "on another worker"}) by epoch {epoch} iteration {iteration}: training '
                       f'diverged and stopped without writing a checkpoint. The last good state is '
-                      f'{Workspace.of(args).last_state} (if it exists); lower --lr or add --warmup-epochs')
+                      f'{last_state} (if it exists); lower --lr or add --warmup-epochs')
 
 
-def save_epoch_checkpoints(args, net, epoch, metrics, meta, world, writer=None):
-    """<prefix>_NNNN.params every --save-frequency epochs and <prefix>_best.params on a new best top-1, written
-    by `writer` (checkpoint.BackgroundWriter) from copies made now; none for a --benchmark-iters measurement."""
-    if world.rank != 0 or args.save_frequency == 0 or args.benchmark_iters:
-        return
-    workspace = Workspace.of(args)
-    if args.save_frequency > 0 and (epoch + 1) % args.save_frequency == 0:
-        path = workspace.epoch_params(epoch)
-        checkpoint.save_params(net, path, writer)
-        checkpoint.run_or_submit(lambda: workspace.prune_epoch_params(args.keep_checkpoints), writer)
-        log.info('[Epoch %d] Saving %s', epoch, path)
-    accuracy = metrics.get('val.accuracy')
-    if accuracy is not None and (meta['best_accuracy'] is None or accuracy > meta['best_accuracy']):
-        meta['best_accuracy'] = accuracy
-        path = workspace.best_params
-        checkpoint.save_params(net, path, writer)
-        log.info('[Epoch %d] Saving %s with accuracy %.4f', epoch, path, accuracy)
-
-
-def write_state(args, net, step, meta, world, writer=None):
-    """<prefix>_last.state (rank 0 writes it, with every worker's batchnorm statistics; by `writer` from copies
-    made now), the one it replaces kept as <prefix>_prev.state. A --benchmark-iters run is a measurement: it
-    writes no state (and so never replaces a training run's), and it resumes none (resume_policy.training_start)."""
-    if args.benchmark_iters:
+def write_state(saver, net, step, meta, world, writer=None):
+    """<prefix>_last.state by `saver` (checkpoints/saver.py: rank 0 writes it), with every worker's batchnorm
+    statistics and the weight average's: collectives, every worker gathers them. A --benchmark-iters run is a
+    measurement: it writes no state (and so never replaces a training run's), and it resumes none."""
+    if saver.measuring:
         return
     statistics = checkpoint.worker_statistics(net, world)
     average = training_extras.average_state(step.average, net, world)   # a collective too
-    if world.rank != 0:
-        return
-    meta = dict(meta, seed=step.seed, loss_scaler=step.scaler_state(), global_batch=args.batch_size,
-                workers=world.size, settings=resume_policy.run_settings(args), preprocessing={
-                    'rgb_mean': list(args.rgb_mean), 'rgb_std': list(args.rgb_std),
-                    'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
-                    'data_val_resize': args.data_val_resize,
-                    'val_image_shape': list(args.val_image_shape or args.image_shape)})
-    workspace = Workspace.of(args)
-    checkpoint.save_state(workspace.last_state, net, step.gluon_trainer, meta, previous=workspace.previous_state,
-                          worker_statistics=statistics, extra=average, writer=writer)
+    saver.write_state(net, step, meta, statistics, average, writer)
 
 
 def training_summary(history, target_accuracy=None):

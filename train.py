@@ -99,8 +99,8 @@ def get_loaders(args, rank=0, num_workers=1, train=True, val=True, contexts=(mx.
     return train_loader, val_loader
 
 
-def run_mode(args, net, world, seed, dllogger, stop):
-    """Run args.mode (or --test-io) on `net`, write its report and the DLLogger summary."""
+def run_mode(args, net, world, seed, dllogger, stop, workspace):
+    """Run args.mode (or --test-io) on `net`, write its report (in `workspace`) and the DLLogger summary."""
     if args.test_io:
         loaders = get_loaders(args, world.rank, world.size, train=args.test_io_mode == 'train',
                               val=args.test_io_mode == 'val', contexts=world.devices.contexts, seed=seed)
@@ -109,7 +109,7 @@ def run_mode(args, net, world, seed, dllogger, stop):
     if args.mode == 'export':
         summary = export.export(args, world, get_loaders, functools.partial(models.build, args, 'cpu'),
                                 functools.partial(dali.serialize_preprocessing, args))
-        logs.write_report(Workspace.of(args).report(args.mode), args, world, [], summary, seed=seed)
+        logs.write_report(workspace.report(args.mode), args, world, [], summary, seed=seed)
         return
     if args.mode in ('val', 'pred'):
         net = inference.inference_network(args, net, world, get_loaders)
@@ -120,11 +120,11 @@ def run_mode(args, net, world, seed, dllogger, stop):
         summary, history = inference.evaluate(args, net, world, seed, get_loaders, dllogger)
     else:
         teacher_network = functools.partial(models.build, args, world.devices.kind)   # for a --teacher
-        meta = fit.train(args, net, world, seed, get_loaders, teacher_network, dllogger, stop)
+        meta = fit.train(args, net, world, seed, get_loaders, teacher_network, dllogger, stop, workspace)
         history, duration, seed = meta['history'], meta['wall_seconds'], meta['seed']
         summary = fit.training_summary(history, args.target_accuracy)
         summary.update(mlperf_log.summary(args))   # the MLPerf result log's status and time to train
-    logs.write_report(Workspace.of(args).report(args.mode), args, world, history, summary,
+    logs.write_report(workspace.report(args.mode), args, world, history, summary,
                       duration=duration if args.mode in ('train', 'train_val') else None, seed=seed)
     mx.nd.waitall()
     dllogger.log((), summary)
@@ -139,13 +139,15 @@ def run(args, origin):
     stop = StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
     world = workers.World(args.kv_store,
                           load_first=[tensorboard_log.WRITER_MODULE] if args.tensorboard is not None else [])
-    resume.check_weights_source(args)
+    workspace = Workspace.of(args)    # the run's folder and files, made once
+    resume.check_weights_source(args.mode, args.workspace, args.load, args.finetune, args.teacher,
+                                speed_only=args.mode == 'val' and args.no_metrics)
     files.check_workspace(args.workspace)
     if args.logdir:
         files.check_workspace(args.logdir, '--logdir')
-    logs.setup_logging(Workspace.of(args).place(args.log), world.rank)
+    logs.setup_logging(workspace.place(args.log), world.rank)
     if world.rank == 0:
-        Workspace.of(args).clean()
+        workspace.clean()
     args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
     world.devices = workers.resolve_devices(args, world)
     if world.devices.kind == 'cpu':
@@ -162,7 +164,7 @@ def run(args, origin):
         seed = workers.resolve_seed(args, world)
         net.initialize(ctx=list(world.devices.contexts))
         net.hybridize(static_alloc=True, static_shape=True)
-        run_mode(args, net, world, seed, dllogger, stop)
+        run_mode(args, net, world, seed, dllogger, stop, workspace)
     finally:
         dllogger.close()
 

@@ -25,7 +25,7 @@ bootstrap.start(prepare_cpu=True, tests=True)   # the repository and tests/ impo
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rn50.checkpoints import checkpoint  # noqa: E402
+from rn50.checkpoints import weight_files  # noqa: E402
 import checkpoint_formats as formats  # noqa: E402
 import models  # noqa: E402
 from rn50.checkpoints import weights  # noqa: E402
@@ -83,7 +83,7 @@ def main():
         for _ in range(args.rounds):
             for label, path in paths.items():
                 start = time.perf_counter()
-                params, descriptions[label] = weights.convert(checkpoint.read_arrays(path), target, source=label)
+                params, descriptions[label] = weights.convert(weight_files.read_arrays(path), target, source=label)
                 times[label].append(time.perf_counter() - start)
                 assert len(params) == 267
         report = {label: {'seconds_median': round(statistics.median(t), 3), 'seconds_all': [round(x, 3) for x in t],

@@ -34,7 +34,8 @@ import dali  # noqa: E402
 import data  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
-from rn50.checkpoints import checkpoint  # noqa: E402
+from rn50.checkpoints import weight_files  # noqa: E402
+from rn50.checkpoints.workspace import Workspace  # noqa: E402
 from rn50.checkpoints import resume  # noqa: E402
 from rn50.config import resolve  # noqa: E402
 from rn50.data import contract  # noqa: E402
@@ -122,7 +123,7 @@ def main():
     # In this order: INT8 calibration needs the unfused network, which float32 inference then fuses.
     exported = export.export(args, world, train.get_loaders, functools.partial(models.build, args, 'cpu'),
                              functools.partial(dali.serialize_preprocessing, args))
-    checkpoint.load_weights(net, resume.find_weights(args), args)
+    weight_files.load_weights(net, resume.find_weights(Workspace.of(args), args.load), args.rgb_mean, args.rgb_std)
     engines = {}
     try:
         import onnxruntime
@@ -132,7 +133,7 @@ def main():
         results['onnxruntime'] = 'not installed'
     has_bfloat16 = bool(cpu.cpu_flags() & {'avx512_bf16', 'amx_bf16'})
     engines.update(openvino_engines(exported['onnx'], has_bfloat16, results))
-    int8 = inference.int8_network(args, net, resume.find_weights(args), world, train.get_loaders)
+    int8 = inference.int8_network(args, net, resume.find_weights(Workspace.of(args), args.load), world, train.get_loaders)
     engines['int8'] = lambda x: int8(x).asnumpy()
     if has_bfloat16:    # --amp's network: converted to bfloat16, then fused
         bfloat16 = inference.fused_bfloat16(args, net, world.devices)

@@ -15,6 +15,7 @@ from mxnet import gluon
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
 from rn50.checkpoints import resume
+from rn50.checkpoints import weight_files
 from rn50.checkpoints.workspace import Workspace
 from rn50 import files
 import models
@@ -264,10 +265,10 @@ def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
     small_resnet(layers=34).save_parameters(path)
     args = CPU_ARGS
     with pytest.raises(RecipeError, match='the network is a ResNet-18: pass --num-layers 34'):
-        checkpoint.load_weights(small_resnet(), path, args)
+        weight_files.load_weights(small_resnet(), path, args.rgb_mean, args.rgb_std)
     small_resnet(classes=2).save_parameters(path)
     with pytest.raises(RecipeError, match='2-class classifier, the network 10 classes'):
-        checkpoint.load_weights(small_resnet(), path, args)
+        weight_files.load_weights(small_resnet(), path, args.rgb_mean, args.rgb_std)
 
 
 def test_finetuning_loads_everything_but_a_classifier_of_another_width(tmp_path):
@@ -277,7 +278,7 @@ def test_finetuning_loads_everything_but_a_classifier_of_another_width(tmp_path)
     target = small_resnet(classes=2)
     fresh = {n: p.data().asnumpy() for n, p in target._collect_params_with_prefix().items()}
     args = CPU_ARGS
-    checkpoint.load_weights(target, path, args, finetune=True)
+    weight_files.load_weights(target, path, args.rgb_mean, args.rgb_std, finetune=True)
     loaded = {n: p.data().asnumpy() for n, p in target._collect_params_with_prefix().items()}
     original = {n: p.data().asnumpy() for n, p in source._collect_params_with_prefix().items()}
     for name, value in loaded.items():
@@ -297,7 +298,7 @@ def test_a_state_that_does_not_record_a_setting_resumes_and_one_that_does_is_che
            if name not in ('lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps', 'eval_period', 'eval_offset',
                            'mixup_mode', 'auto_augment_fill')}
     with caplog.at_level('INFO'):
-        resume.check_same_run(args, {'settings': old}, 'old.state')
+        resume.check_same_run(resume.Start.of(args), {'settings': old}, 'old.state')
     assert ('old.state does not record --lr-poly-power, --end-lr, --lars-eta, --lars-eps, --eval-period, '
             '--eval-offset, --mixup-mode, --auto-augment-fill (written before the recipe recorded them): the run goes '
             'on with this command\'s, as if the run had them: --lr-poly-power 2.0, --end-lr 0.0001, --lars-eta 0.001, '
@@ -307,11 +308,12 @@ def test_a_state_that_does_not_record_a_setting_resumes_and_one_that_does_is_che
                         ('warmup_prefix', 0), ('ra_prob', 0.5), ('auto_augment_fill', '1.0,2.0,3.0')):
         changed = resolved(['--lr-schedule', 'poly', '--optimizer', 'lars', f'--{flag.replace("_", "-")}', str(value)])
         with pytest.raises(RecipeError, match=f'--{flag.replace("_", "-")} .* in the saved run, '):
-            resume.check_same_run(changed, {'settings': recorded}, 'new.state')
+            resume.check_same_run(resume.Start.of(changed), {'settings': recorded}, 'new.state')
     # a per-channel fill recorded as JSON (a list) is the same setting as the flag's (a tuple)
     import json
     fill = resolved(['--auto-augment-fill', '124,116,104'])
-    resume.check_same_run(fill, {'settings': json.loads(json.dumps(resume.run_settings(fill)))}, 'fill.state')
+    resume.check_same_run(resume.Start.of(fill), {'settings': json.loads(json.dumps(resume.run_settings(fill)))},
+                          'fill.state')
 
 
 def test_a_resume_on_a_backend_that_resizes_otherwise_for_validation_is_refused():
@@ -320,15 +322,17 @@ def test_a_resume_on_a_backend_that_resizes_otherwise_for_validation_is_refused(
     resize as the run did. Another DALI backend (dali-gpu's run resumed on a CPU with dali-cpu) resumes."""
     from conftest import resolved
     dali = resume.run_settings(resolved(['--data-backend', 'dali-gpu']))
-    resume.check_same_run(resolved(['--data-backend', 'dali-cpu']), {'settings': dali}, 'gpu.state')
+    resume.check_same_run(resume.Start.of(resolved(['--data-backend', 'dali-cpu'])), {'settings': dali}, 'gpu.state')
     with pytest.raises(RecipeError, match=r'validation resized with linear-antialias interpolation in the saved run, '
                                           r'linear now \(--data-backend mxnet; --data-backend dali-cpu or dali-gpu'):
-        resume.check_same_run(resolved(['--data-backend', 'mxnet']), {'settings': dali}, 'dali.state')
+        resume.check_same_run(resume.Start.of(resolved(['--data-backend', 'mxnet'])), {'settings': dali}, 'dali.state')
     imagerecorditer = resume.run_settings(resolved(['--data-backend', 'mxnet']))
     with pytest.raises(RecipeError, match=r'linear interpolation in the saved run, linear-antialias now'):
-        resume.check_same_run(resolved(['--data-backend', 'dali-cpu']), {'settings': imagerecorditer}, 'mx.state')
+        resume.check_same_run(resume.Start.of(resolved(['--data-backend', 'dali-cpu'])), {'settings': imagerecorditer},
+                              'mx.state')
     del imagerecorditer['val_interpolation']           # a state from before the interpolation was recorded
-    resume.check_same_run(resolved(['--data-backend', 'dali-cpu']), {'settings': imagerecorditer}, 'old.state')
+    resume.check_same_run(resume.Start.of(resolved(['--data-backend', 'dali-cpu'])), {'settings': imagerecorditer},
+                          'old.state')
 
 
 def step_once(net, trainer):

@@ -207,7 +207,7 @@ def test_float16_step_fetches_the_next_batch_before_its_host_synchronisation():
     stop = type('Stop', (), {'requested': False, 'announce': lambda self: None})()
     quiet = type('DLLogger', (), {'log': lambda self, *args, **kwargs: None})()
     next_batch, _, stopped = fit.train_epoch(args, step, RecordingLoader(batches, events), 0, 0, meta, quiet,
-                                             stop, schedule.Schedule.of(args))
+                                             stop, schedule.Schedule.of(args), 'model_last.state')
     assert (next_batch, stopped) == (3, False)
     assert events == [('fetch', 0), ('fetch', 1), ('sync', 0), ('fetch', 2), ('sync', 1), ('sync', 2)]
     mx.random.seed(0)
@@ -320,7 +320,8 @@ def test_the_host_reads_each_loss_at_once_on_the_cpu_and_one_step_late_on_a_gpu(
     meta = {'loss_sum': 0.0, 'loss_count': 0}
     stop = type('Stop', (), {'requested': False, 'announce': lambda self: None})()
     quiet = type('DLLogger', (), {'log': lambda self, *args, **kwargs: None})()
-    fit.train_epoch(args, step, RecordingLoader(batches, []), 0, 0, meta, quiet, stop, schedule.Schedule.of(args))
+    fit.train_epoch(args, step, RecordingLoader(batches, []), 0, 0, meta, quiet, stop, schedule.Schedule.of(args),
+                    'model_last.state')
     assert [f'{what} {index}' for what, index in events] == order
     assert meta['loss_count'] == 3
 

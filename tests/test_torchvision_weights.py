@@ -18,7 +18,7 @@ import dali
 import models
 import train
 from conftest import ROOT, digits_flags, randomise_batchnorm, resolved, train_main
-from rn50.checkpoints import checkpoint, weights
+from rn50.checkpoints import weight_files, weights
 from rn50.data import validation_resize
 from rn50.inference import export
 from rn50.nets import catalogue
@@ -83,7 +83,7 @@ def mxnet_logits(source, images, flags, arch, depth, groups=32):
     net = models.get_model(arch, depth, num_groups=groups, num_classes=10, image_shape=(3, 32, 32),
                            batchnorm_eps=args.batchnorm_eps)
     net.initialize()
-    checkpoint.load_weights(net, str(source), args)
+    weight_files.load_weights(net, str(source), args.rgb_mean, args.rgb_std)
     return net(mx.nd.array(images)).asnumpy(), args
 
 

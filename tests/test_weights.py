@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import checkpoint_formats as formats
-from rn50.checkpoints import checkpoint
+from rn50.checkpoints import weight_files
 import data
 from rn50 import errors
 import models
@@ -117,7 +117,7 @@ def test_nvidia_checkpoints_give_the_same_logits(depth, variant, reference, tmp_
         assert arrays['_net.features.0.1.weight'].shape == (64, 7, 7, 4)
         assert arrays['_net.output.weight'].dtype == np.float16
     path = save_params(arrays, tmp_path / 'model_best.params')
-    arrays = checkpoint.read_arrays(path)
+    arrays = weight_files.read_arrays(path)
     origin = weights.recognise(arrays)
     assert (origin.kind, origin.depth, origin.fused, origin.num_classes) == ('nvidia', depth,
                                                                              options.get('fused', False), 1000)
@@ -165,7 +165,7 @@ def test_gluoncv_v1b_gives_the_same_logits(name, depth, gluoncv, tmp_path):
     net = gluoncv_net(gluoncv, name)
     logits = net(images()).asnumpy()
     net.save_parameters(str(tmp_path / f'{name}.params'))
-    arrays = checkpoint.read_arrays(tmp_path / f'{name}.params')
+    arrays = weight_files.read_arrays(tmp_path / f'{name}.params')
     assert 'layer1.0.conv1.weight' in arrays and 'bn1.gamma' in arrays        # GluonCV's own names
     origin = weights.recognise(arrays)
     assert (origin.kind, origin.depth) == ('gluoncv', depth)
@@ -184,7 +184,7 @@ def test_torchvision_names_in_safetensors_and_npz_give_the_same_logits(suffix, g
     assert state['bn1.weight'].shape == (64,) and state['layer1.0.bn3.num_batches_tracked'].dtype == np.int64
     path = tmp_path / f'model{suffix}'
     save_file(state, str(path)) if suffix == '.safetensors' else np.savez(path, **state)
-    arrays = checkpoint.read_arrays(path)
+    arrays = weight_files.read_arrays(path)
     assert set(arrays) == set(state)
     origin = weights.recognise(arrays)
     assert (origin.kind, origin.depth, origin.num_classes) == ('torchvision', 50, 1000)
@@ -222,7 +222,7 @@ def test_own_gpu_checkpoint_converts_to_cpu_float32_and_back(reference, tmp_path
     gpu.save_parameters(str(tmp_path / 'model_best.params'))
 
     # the GPU checkpoint -> float32 NCHW, 3 channels: the same logits
-    arrays = checkpoint.read_arrays(tmp_path / 'model_best.params')
+    arrays = weight_files.read_arrays(tmp_path / 'model_best.params')
     origin = weights.recognise(arrays)
     assert (origin.kind, origin.layout, origin.stem_channels, origin.dtype) == ('recipe', 'OHWI', 4, 'float16')
     cpu = models.get_model(num_layers=50)
@@ -335,7 +335,7 @@ def test_unreadable_files_are_clear_errors(tmp_path):
     save_file(state, str(tmp_path / 'good.safetensors'))
     np.savez(tmp_path / 'good.npz', **state)
     for suffix in ('.params', '.safetensors', '.npz'):
-        assert set(checkpoint.read_arrays(tmp_path / f'good{suffix}')) == set(state)
+        assert set(weight_files.read_arrays(tmp_path / f'good{suffix}')) == set(state)
         content = (tmp_path / f'good{suffix}').read_bytes()
         (tmp_path / f'truncated{suffix}').write_bytes(content[:len(content) * 2 // 3])
         (tmp_path / f'text{suffix}').write_text('epoch 1: accuracy 0.5\n' * 20)
@@ -360,11 +360,11 @@ def test_unreadable_files_are_clear_errors(tmp_path):
     (tmp_path / 'model_last.state').write_bytes(b'')
     for name, message in cases.items():
         with pytest.raises(RecipeError, match=message) as error:
-            checkpoint.read_arrays(tmp_path / name)
+            weight_files.read_arrays(tmp_path / name)
         assert 'Traceback' not in str(error.value) and '\n' not in str(error.value), str(error.value)
     mx.nd.save(str(tmp_path / 'list.params'), [mx.nd.ones(3)])
     with pytest.raises(RecipeError, match='list of 1 arrays without names'):
-        checkpoint.read_arrays(tmp_path / 'list.params')
+        weight_files.read_arrays(tmp_path / 'list.params')
 
 
 def test_mxnet_message_keeps_the_meaningful_line():

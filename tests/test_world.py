@@ -14,6 +14,7 @@ import pytest
 
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import resume
+from rn50.checkpoints.workspace import Workspace
 from rn50.world import workers
 from conftest import ROOT, digits_flags, train_args
 from rn50.errors import RecipeError
@@ -155,8 +156,10 @@ def rank1_of_2(rank0_contributions):
     return formed
 
 
-def fresh_args(workspace):
-    return train_args(['--workspace', str(workspace)])
+def fresh_start(workspace):
+    """(Workspace, resume.Start) of a new run in `workspace`."""
+    args = train_args(['--workspace', str(workspace)])
+    return Workspace.of(args), resume.Start.of(args)
 
 
 @pytest.mark.unit
@@ -165,19 +168,19 @@ def test_a_worker_that_sees_no_state_while_rank_0_resumes_stops_every_worker(tmp
     with pytest.raises(RecipeError, match='worker 0 resumes from its model_last.state or --load state at epoch 3, '
                                           'iteration 0, and 1 of the 2 workers see another state or none. Every '
                                           'worker reads .*filesystem they share'):
-        resume.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2(rank0_resumes))
+        resume.agreed_training_start(*fresh_start(tmp_path), None, rank1_of_2(rank0_resumes))
 
 
 @pytest.mark.unit
 def test_a_worker_that_fails_alone_stops_every_worker(tmp_path):
     rank0_failed = [[1, 0, 0, 0, 0, 0]]
     with pytest.raises(RecipeError, match='1 of 2 workers could not open the checkpoint this run starts from'):
-        resume.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2(rank0_failed))
+        resume.agreed_training_start(*fresh_start(tmp_path), None, rank1_of_2(rank0_failed))
 
 
 @pytest.mark.unit
 def test_workers_that_agree_start(tmp_path):
-    assert resume.agreed_training_start(fresh_args(tmp_path), None, rank1_of_2([[0] * 6, [0]])) is None
+    assert resume.agreed_training_start(*fresh_start(tmp_path), None, rank1_of_2([[0] * 6, [0]])) is None
 
 
 @pytest.mark.unit

@@ -1,6 +1,7 @@
-"""Checkpoint files: the formats of the weights and training state this recipe writes, and reading any
-weights file into a network. Where they are (the workspace's names): workspace.py; which one a run starts
-from or a mode uses: resume.py; weights of other origins: weights.py.
+"""Checkpoint files: the formats of the weights and training state this recipe writes and reads back. Where they
+are (the workspace's names): workspace.py; what a run's states hold and when they are written: saver.py; which
+one a run starts from or a mode uses: resume.py; any weights file, of any origin, read into a network:
+weight_files.py (weights.py recognises and converts them).
 
 Written atomically (files.atomic_path: a temporary name flushed to disk, then a rename, so a crash leaves the
 old file or the new one, never half of one):
@@ -16,16 +17,11 @@ old file or the new one, never half of one):
   (ema.py), and `checksum` (SHA-256 of all of it). Never written with NaN or infinite parameters (fit.py
   checks first: nonfinite_parameters).
 
-Read for weights (`--load`, val, pred, INT8, export, fine-tuning): those files, and any parameter dictionary
-weights.py recognises (`.params` of NVIDIA's original recipe or GluonCV, torchvision/timm `.safetensors` or
-`.npz`), converted to the network's layout, stem width and precision:
-
-    checkpoint.save_params(net, workspace.best_params)            # fit.py; workspace = Workspace.of(args)
+    checkpoint.save_params(net, workspace.best_params)            # saver.py
     checkpoint.save_state(workspace.last_state, net, trainer, meta, previous=workspace.previous_state,
                           worker_statistics=checkpoint.worker_statistics(net, world), extra=average)
     state = checkpoint.read_state(workspace.last_state)           # .params, .trainer, .meta; checksum verified
-    checkpoint.load_weights(net, path, args)                      # any format, logged: what was recognised
-    arrays = checkpoint.read_arrays(path)                         # name -> numpy array, of any weights file
+    checkpoint.load_params_into(net, params, checkpoint.network_contexts(net))   # exactly the network's names
 """
 import collections
 import functools
@@ -34,19 +30,16 @@ import json
 import logging
 import os
 import threading
-import zipfile
 
 import mxnet as mx
 import numpy as np
 
 from rn50 import files
 from rn50.checkpoints import optimizer_state
-from rn50.checkpoints import weights
 from rn50.errors import RecipeError, mxnet_message
 
 log = logging.getLogger(__name__)
 
-WEIGHT_SUFFIXES = ('.params', '.safetensors', '.npz')
 
 class State(collections.namedtuple('State', 'params trainer meta worker_statistics extra')):
     """A .state file's contents: parameters by name (NDArrays), the optimizer state (bytes), the meta dict,
@@ -223,62 +216,6 @@ def read_state(path, fallback=None):
     return State(params, arrays['trainer'].asnumpy().tobytes(), meta, statistics, extra, stored)
 
 
-def read_arrays(path):
-    """name -> numpy array of a weights file: `.params` (MXNet `save_parameters` / `mx.nd.save` dictionary),
-    `.state` (this recipe's training state), `.safetensors` (the safetensors package's NumPy API, no
-    PyTorch) or `.npz`. A missing, truncated or corrupt file, a file without parameter names, or another
-    suffix is a RecipeError whose message names the file and the reason (never MXNet's traceback text)."""
-    path = os.fspath(path)
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix not in WEIGHT_SUFFIXES + ('.state',):
-        raise RecipeError(f'{path}: unknown weights format {suffix or "(no suffix)"!r}; expected one of '
-                          f'{", ".join(WEIGHT_SUFFIXES + (".state",))} (a PyTorch .pth/.pt pickle needs PyTorch: '
-                          'save it as .safetensors first)')
-    if not os.path.isfile(path):
-        raise RecipeError(f'weights file {path} does not exist')
-    if suffix == '.state':
-        return {name: value.asnumpy() for name, value in read_state(path).params.items()}
-    reader = {'.params': read_params_file, '.safetensors': read_safetensors, '.npz': read_npz}[suffix]
-    arrays = reader(path)
-    if not arrays:
-        raise RecipeError(f'{path} holds no arrays')
-    return arrays
-
-
-def read_params_file(path):
-    try:
-        loaded = mx.nd.load(path)
-    except mx.base.MXNetError as e:
-        raise RecipeError(f'{path} is not a readable MXNet parameter file (truncated or corrupt?): '
-                          f'{mxnet_message(e)}') from None
-    if not isinstance(loaded, dict):
-        raise RecipeError(f'{path} holds a list of {len(loaded)} arrays without names, not a parameter '
-                          'dictionary (save it with save_parameters or mx.nd.save of a dict)')
-    return {name: value.asnumpy() for name, value in loaded.items()}
-
-
-def read_safetensors(path):
-    from safetensors.numpy import load_file
-    try:
-        return dict(load_file(path))
-    except Exception as e:     # SafetensorError (header, truncation), TypeError/ValueError (dtypes)
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if 'bf16' in reason.lower() or 'bfloat16' in reason.lower():
-            raise RecipeError(f'{path} holds bfloat16 tensors, which NumPy (and so this reader) cannot represent: '
-                              'save the weights as float32') from None
-        raise RecipeError(f'{path} is not a readable .safetensors file (truncated or corrupt?): {reason}') from None
-
-
-def read_npz(path):
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RecipeError(f'{path} is not a readable .npz archive of arrays (truncated or corrupt?): '
-                          f'{reason}') from None
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Loading into a network
 
@@ -295,25 +232,6 @@ def load_params_into(net, params, ctx):
 def network_contexts(net):
     """The devices `net` lives on (initialised, or deferred until its first batch): where loaded weights go."""
     return next(iter(net.collect_params().values())).list_ctx()
-
-
-def load_weights(net, path, args, finetune=False):
-    """Weights of any format read_arrays reads and weights.py recognises into `net`, converted to its
-    layout, stem width and precision; one log line says what was recognised and converted, another which
-    input normalisation the weights expect when it is not this run's. With `finetune`, a classifier of
-    another width than the network's is left out, so the network's keeps its fresh initialisation."""
-    arrays = read_arrays(path)
-    origin = weights.recognise(arrays)
-    classes = net._collect_params_with_prefix()['output.weight'].shape[0]
-    new_classifier = finetune and origin.num_classes not in (None, classes)
-    params, description = weights.convert(arrays, net, new_classifier=new_classifier, source=path)
-    load_params_into(net, params, network_contexts(net))
-    log.info('Loaded %s', description)
-    expected = weights.normalisation(origin)
-    if not (np.allclose(expected['mean'], args.rgb_mean) and np.allclose(expected['std'], args.rgb_std)):
-        log.warning('These weights were trained with input mean %s and std %s, this run normalises with %s and '
-                    '%s: for the same preprocessing pass %s', expected['mean'], expected['std'],
-                    tuple(args.rgb_mean), tuple(args.rgb_std), expected['flags'])
 
 
 def worker_statistics(net, world):

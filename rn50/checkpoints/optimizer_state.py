@@ -3,7 +3,8 @@ CPU bytes in Gluon's format, restored on every device of every worker, and the d
 check after each epoch that they still hold one model.
 
     state = optimizer_state.trainer_state_bytes(trainer)          # in checkpoint.save_state's .state file
-    optimizer_state.restore_trainer_state(trainer, state)        # fit.resume
+    optimizer_state.restore_trainer_state(trainer, state)        # saver.Saver.resume
+    optimizer_state.take_flags(trainer._optimizer, wd=wd, mom=mom)   # the flags win over the resumed state's
     optimizer_state.check_replicas(net, trainer, world, epoch)   # fit.train, after each epoch (a collective)
 """
 import contextlib
@@ -75,6 +76,20 @@ def restore_trainer_state(trainer, state):
         updater.states_synced = dict.fromkeys(updater.states, True)
     restore_update_counts(trainer._optimizer, trainer._contexts)
     lars.upgrade_loaded_state(trainer._optimizer, updaters)
+
+
+# The flags a resumed optimizer takes from the command instead of the state: flag -> the optimizer's attribute.
+FLAGS_OVER_STATE = {'wd': 'wd', 'mom': 'momentum'}
+
+
+def take_flags(optimizer, **values):
+    """A resumed `optimizer` with this command's values (`wd`, `mom`: FLAGS_OVER_STATE's flags) where it has
+    that attribute and the state held another, said in the log: the flags win over the state."""
+    for flag, value in values.items():
+        attribute = FLAGS_OVER_STATE[flag]
+        if hasattr(optimizer, attribute) and getattr(optimizer, attribute) != value:
+            log.info('--%s %g (the resumed state had %g): using the flag', flag, value, getattr(optimizer, attribute))
+            setattr(optimizer, attribute, value)
 
 
 # Where the modules a .state's pickled optimizer names by module (its LARS or LAMB) live since rn50/.

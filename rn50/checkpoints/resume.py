@@ -1,13 +1,15 @@
 """Which checkpoint a run starts from, and which weights a mode uses: the resume policy. The files are the
-workspace's (workspace.py), their formats checkpoint.py's.
+workspace's (workspace.py), their formats checkpoint.py's; the Saver (saver.py) starts and continues a training
+run with it.
 
-    resume.check_weights_source(args)                # train.py, before anything is written: --load, --teacher
-    path = resume.find_weights(args)                 # --load, else the best, else the last state
-    path = resume.inference_weights(args)            # the same, logged with why: val, pred, INT8, export
-    state = resume.agreed_training_start(args, net, world)   # fit.train: the State to resume (its weights
-                                                     # already in `net`) or None, the same on every worker
-    settings = resume.run_settings(args)             # what a state records of its run (meta['settings'])
-    resume.check_same_run(args, state.meta, path)    # RecipeError when the command's settings differ
+    resume.check_weights_source('val', workspace, load, finetune, teacher)   # train.py, before anything is written
+    path = resume.find_weights(workspace, load)       # --load, else the best, else the last state
+    path = resume.inference_weights(workspace, load)  # the same, logged with why: val, pred, INT8, export
+    start = resume.Start.of(args)                     # what a training run starts from, as the flags say
+    state = resume.agreed_training_start(workspace, start, net, world)   # the State to resume (its weights
+                                                      # already in `net`) or None, the same on every worker
+    settings = resume.run_settings(args)              # what a state records of its run (meta['settings'])
+    resume.check_same_run(start, state.meta, path)    # RecipeError when the command's settings differ
 
 One rule (training_start): the workspace's last state is resumed when it exists, whatever --load names; only
 --load of a .state file (without --finetune) resumes that state instead; else --load gives the weights of a
@@ -15,22 +17,23 @@ new run (with --finetune every layer but a classifier of another width), else th
 stays. A damaged last state is an error naming the previous one; resuming from that one sets the damaged
 one aside (set_aside_if_damaged).
 """
+import dataclasses
 import logging
 import os
 
 from rn50.checkpoints import checkpoint
+from rn50.checkpoints import weight_files
 from rn50.checkpoints import weights
-from rn50.checkpoints.workspace import Workspace
 from rn50.data import validation_resize
 from rn50.errors import RecipeError
 
 log = logging.getLogger(__name__)
 
 
-def find_weights(args):
-    """The checkpoint evaluation and prediction use: --load, else the workspace's best, else its last state."""
-    workspace = Workspace.of(args)
-    candidates = [args.load] if args.load else [workspace.best_params, workspace.last_state]
+def find_weights(workspace, load=None):
+    """The checkpoint evaluation and prediction use: `load` (--load), else the `workspace`'s best, else its last
+    state."""
+    candidates = [load] if load else [workspace.best_params, workspace.last_state]
     for path in candidates:
         if os.path.exists(path):
             return path
@@ -38,12 +41,12 @@ def find_weights(args):
                       'file (this mode refuses to run on random weights)')
 
 
-def inference_weights(args):
+def inference_weights(workspace, load=None):
     """find_weights for val, pred, INT8 and export, logged with why that file (a workspace without a best
     checkpoint falls back on its last state, which the user should know)."""
-    path = find_weights(args)
-    best = Workspace.of(args).best_params
-    if args.load:
+    path = find_weights(workspace, load)
+    best = workspace.best_params
+    if load:
         why = '--load'
     elif path == best:
         why = 'the best validated weights of the workspace'
@@ -70,14 +73,35 @@ def set_aside_if_damaged(path):
         log.warning('%s; moved it to %s.damaged so that it never becomes the fallback', e, path)
 
 
-def agreed_training_start(args, net, world):
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """What a training run starts from, as the flags say (`of`): `load` (--load: weights, or a state to resume),
+    `finetune`, `measuring` (a --benchmark-iters run resumes nothing), the run's `settings` (run_settings: a
+    resumed state must have the same), its data `backend`, and the input normalisation (`mean`, `std`) loaded
+    weights are compared with."""
+    load: object = None
+    finetune: bool = False
+    measuring: bool = False
+    settings: dict = None
+    backend: str = None
+    mean: tuple = (123.68, 116.779, 103.939)
+    std: tuple = (58.393, 57.12, 57.375)
+
+    @classmethod
+    def of(cls, args):
+        return cls(load=args.load, finetune=args.finetune, measuring=bool(args.benchmark_iters),
+                   settings=run_settings(args), backend=args.data_backend, mean=tuple(args.rgb_mean),
+                   std=tuple(args.rgb_std))
+
+
+def agreed_training_start(workspace, start, net, world):
     """training_start on every worker of `world`, which must all start from rank 0's choice (the same state
     file content, epoch, iteration and seed, or all a new run), else every worker stops with the same error:
     each worker reads its own --workspace and --load, so a resume needs them on a filesystem the nodes share.
     A worker that fails alone would leave the others waiting in a collective: the outcome is agreed first."""
     failure = state = None
     try:
-        state = training_start(args, net, set_aside=world.rank == 0)
+        state = training_start(workspace, start, net, set_aside=world.rank == 0)
     except RecipeError as e:
         failure = e
     own = start_fingerprint(state)
@@ -91,7 +115,7 @@ def agreed_training_start(args, net, world):
                           f'error is above): {SHARED_WORKSPACE_RULE}')
     others = int(world.allreduce_sum([own != chosen])[0])
     if others:
-        last = os.path.basename(Workspace.of(args).last_state)
+        last = os.path.basename(workspace.last_state)
         what = (f'resumes from its {last} or --load state at epoch {chosen[1]}, '
                 f'iteration {chosen[2]}' if chosen[0] else 'starts a new run (no state in its workspace)')
         raise RecipeError(f'the workers would not start from the same state: worker 0 {what}, and {others} of the '
@@ -147,11 +171,12 @@ def run_settings(args):
     return settings
 
 
-def check_same_run(args, meta, path):
-    """RecipeError listing every setting in which this command differs from the run whose state `path` is
-    (a workspace holds one run: resuming another's state would train it with the wrong settings, or not at
-    all). A setting a state does not record (one written before the recipe recorded it) is not checked."""
-    saved, now = meta.get('settings'), run_settings(args)
+def check_same_run(start, meta, path):
+    """RecipeError listing every setting in which this command (`start`, a Start) differs from the run whose
+    state `path` is (a workspace holds one run: resuming another's state would train it with the wrong settings,
+    or not at all). A setting a state does not record (one written before the recipe recorded it) is not
+    checked."""
+    saved, now = meta.get('settings'), start.settings
     if saved is None:
         return
     unrecorded = [name for name in RUN_SETTINGS if name not in saved]
@@ -167,7 +192,7 @@ def check_same_run(args, meta, path):
     # kind would validate the rest of the run, and choose its best epoch, on differently resized images.
     if saved.get('val_interpolation', now['val_interpolation']) != now['val_interpolation']:
         differences.append(f'validation resized with {saved["val_interpolation"]} interpolation in the saved run, '
-                           f'{now["val_interpolation"]} now (--data-backend {args.data_backend}; '
+                           f'{now["val_interpolation"]} now (--data-backend {start.backend}; '
                            f'{BACKENDS_OF[saved["val_interpolation"]]} resize as the run did)')
     if differences:
         raise RecipeError(f'{path} belongs to a run with other settings ({"; ".join(differences)}). A workspace '
@@ -176,55 +201,56 @@ def check_same_run(args, meta, path):
                           f'workspace from its state: --load {path} --workspace NEW_FOLDER')
 
 
-def training_start(args, net, set_aside=True):
+def training_start(workspace, start, net, set_aside=True):
     """Where training starts: the State to resume, or None for a new run, with the weights already in `net`.
     One rule: the workspace's last state is resumed when it exists, whatever weights --load names (with or
     without --finetune: an interrupted run rerun with its own command continues); only --load of a .state
     file (without --finetune) resumes that state instead. Else --load gives the weights of a new run (with
     --finetune every layer but a classifier of another width); else the fresh initialisation stays.
-    `set_aside`: whether this process may set a damaged last state aside (one worker of a run does it)."""
-    workspace = Workspace.of(args)
+    `set_aside`: whether this process may set a damaged last state aside (one worker of a run does it).
+    `workspace`: the run's Workspace; `start`: a Start."""
     last = workspace.last_state
-    explicit_state = bool(args.load and args.load.endswith('.state') and not args.finetune)
+    explicit_state = bool(start.load and start.load.endswith('.state') and not start.finetune)
     # A --benchmark-iters run measures afresh every time: a finished state in its workspace would leave it
     # nothing to train (benchmark.py's points, or a sweep of runs in one folder, reported stale numbers).
-    resume = os.path.exists(last) and not explicit_state and not args.benchmark_iters
+    resume = os.path.exists(last) and not explicit_state and not start.measuring
     if resume or explicit_state:
-        path = last if resume else args.load
-        log.info('Resuming from %s%s', path, f' (the workspace\'s state wins over --load {args.load}: give another '
-                 '--workspace to start again from it)' if resume and args.load else '')
+        path = last if resume else start.load
+        log.info('Resuming from %s%s', path, f' (the workspace\'s state wins over --load {start.load}: give another '
+                 '--workspace to start again from it)' if resume and start.load else '')
         if set_aside and not resume and os.path.exists(last) and os.path.abspath(last) != os.path.abspath(path):
             set_aside_if_damaged(last)
         state = checkpoint.read_state(path, fallback=workspace.previous_state)
         if resume:
-            check_same_run(args, state.meta, path)
+            check_same_run(start, state.meta, path)
         checkpoint.load_params_into(net, weights.convert(state.params, net, source=path)[0],
                                     checkpoint.network_contexts(net))
         log.info('Loaded %s: epoch %d, iteration %d', path, state.meta['epoch'], state.meta['iteration'])
         return state
-    if args.load is None:
+    if start.load is None:
         return None
-    if not os.path.exists(args.load):
-        raise RecipeError(f'--load {args.load}: no such file')
-    checkpoint.load_weights(net, args.load, args, finetune=args.finetune)
+    if not os.path.exists(start.load):
+        raise RecipeError(f'--load {start.load}: no such file')
+    weight_files.load_weights(net, start.load, start.mean, start.std, finetune=start.finetune)
     return None
 
 
-def check_weights_source(args):
-    """val, pred and export without --load take their weights from --workspace: a mistyped one is an error, not
-    a new empty folder (a --no-metrics speed measurement may run on random weights, see inference.py)."""
-    speed_only = args.mode == 'val' and args.no_metrics
-    if args.mode in ('val', 'pred', 'export') and not (args.load or speed_only) and not os.path.isdir(args.workspace):
-        raise RecipeError(f'--workspace {args.workspace} does not exist, and --mode {args.mode} takes its weights '
+def check_weights_source(mode, workspace, load=None, finetune=False, teacher=None, speed_only=False):
+    """val, pred and export without --load take their weights from the `workspace` folder (--workspace): a
+    mistyped one is an error, not a new empty folder (`speed_only`: a --mode val --no-metrics speed measurement,
+    which may run on random weights, see inference.py). `load`, `finetune`, `teacher`: --load, --finetune,
+    --teacher, checked too."""
+    if mode in ('val', 'pred', 'export') and not (load or speed_only) and not os.path.isdir(workspace):
+        raise RecipeError(f'--workspace {workspace} does not exist, and --mode {mode} takes its weights '
                           'from the workspace: give the folder of a training run, or --load a checkpoint')
     # Before anything is written: a failed start leaves no log files behind.
-    if args.load and not os.path.isfile(args.load):
-        raise RecipeError(f'--load {args.load}: no such file')
-    if args.teacher is not None and args.mode not in ('train', 'train_val'):
-        raise RecipeError(f'--teacher distils while training: --mode {args.mode} does not train')
-    if args.teacher is not None and not os.path.isfile(args.teacher):
-        raise RecipeError(f'--teacher {args.teacher}: no such file')
-    if args.finetune and not args.load:
+    if load and not os.path.isfile(load):
+        raise RecipeError(f'--load {load}: no such file')
+    if teacher is not None and mode not in ('train', 'train_val'):
+        raise RecipeError(f'--teacher distils while training: --mode {mode} does not train')
+    if teacher is not None and not os.path.isfile(teacher):
+        raise RecipeError(f'--teacher {teacher}: no such file')
+    if finetune and not load:
         raise RecipeError('--finetune fine-tunes the weights of --load, and none was given: add --load WEIGHTS (see '
                           'the README\'s "Bring your own weights" for where ImageNet weights come from), or leave '
                           '--finetune out to train from scratch')

@@ -2,13 +2,14 @@
 recipe's network.
 
 One responsibility: names, shapes, layouts and dtypes of parameter dictionaries. Reading the files
-(checkpoint.read_arrays) and loading the result into the network (checkpoint.load_weights) belong to
-checkpoint.py. Usage:
+(weight_files.read_arrays) and loading the result into the network (weight_files.load_weights) belong to
+weight_files.py. Usage:
 
-    import checkpoint, models, weights
+    import models
+    from rn50.checkpoints import weight_files, weights
 
     net = models.get_model(num_layers=50, num_classes=10)             # any layout, dtype, stem width
-    arrays = checkpoint.read_arrays('resnet50_v1b.params')            # .params, .safetensors or .npz
+    arrays = weight_files.read_arrays('resnet50_v1b.params')          # .params, .safetensors or .npz
     params, description = weights.convert(arrays, net, new_classifier=True, source='resnet50_v1b.params')
     log.info('%s', description)                                       # what was recognised and converted
     norm = weights.normalisation(weights.recognise(arrays))

@@ -12,13 +12,14 @@ The training run records them in its state (`meta['settings']`, resume.run_setti
 `<prefix>_last.state` beside it. A value the command gives that contradicts the run's is an error (as a used
 workspace refuses another run's settings); foreign weights (GluonCV, torchvision, ...) and states written
 before the settings were recorded inherit nothing. Layouts and precision are this machine's choice:
-checkpoint.load_weights converts the weights to any of them.
+weight_files.load_weights converts the weights to any of them.
 """
 import logging
 import os
 
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import resume
+from rn50.checkpoints.workspace import Workspace
 from rn50.errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def inherited(args, given, num_classes_source):
     if args.mode not in INFERENCE_MODES:
         return {}, num_classes_source
     try:
-        weights = resume.find_weights(args)
+        weights = resume.find_weights(Workspace.of(args), args.load)
     except RecipeError:   # no weights (a --no-metrics speed measurement): the mode says what it needs
         return {}, num_classes_source
     state = source_state(weights)

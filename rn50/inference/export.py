@@ -20,7 +20,7 @@ import mxnet as mx
 import numpy as np
 
 from rn50 import files
-from rn50.checkpoints import checkpoint
+from rn50.checkpoints import weight_files
 from rn50.checkpoints import resume
 from rn50.checkpoints.workspace import Workspace
 from rn50.data.contract import image_shape, whole
@@ -45,9 +45,9 @@ def export(args, world, get_loaders, build_network, serialize_preprocessing):
     names = class_names(args)        # a class-name file that names another number of classes is an error
     if args.triton:
         triton.check_folder(args.triton)
-    source = resume.inference_weights(args)
+    source = resume.inference_weights(Workspace.of(args), args.load)
     net, shape = portable_network(args, build_network)
-    checkpoint.load_weights(net, source, args)
+    weight_files.load_weights(net, source, args.rgb_mean, args.rgb_std)
     if world.rank != 0:
         return {}
     folder = Workspace.of(args).export_folder
@@ -132,7 +132,7 @@ def portable_network(args, build_network):
     """(network, input shape) of what export writes (`build_network`: the composer's models.build for the CPU):
     the run's architecture in float32 with NCHW layers, 3 input channels and no fused kernels, on the CPU: what
     ONNX and every runtime take, whatever layouts, precision, stem width and kernels the weights were trained
-    with (checkpoint.load_weights converts them). The input stays in --input-layout; a 4th input channel,
+    with (weight_files.load_weights converts them). The input stays in --input-layout; a 4th input channel,
     zeros in this recipe's data, is dropped."""
     options = dict(dtype='float32', conv_layout='NCHW', batchnorm_layout='NCHW',
                    pooling_layout='NCHW', fuse_bn_relu=False, fuse_bn_add_relu=False,

@@ -27,7 +27,7 @@ import mxnet as mx
 import numpy as np
 
 from rn50 import files
-from rn50.checkpoints import checkpoint
+from rn50.checkpoints import weight_files
 from rn50.checkpoints import resume
 from rn50.checkpoints.workspace import Workspace
 from rn50 import flags
@@ -108,8 +108,8 @@ def inference_network(args, net, world, get_loaders):
         log.warning('--no-metrics: measuring validation speed; weights are random unless --load is given')
         source = None
     else:
-        source = resume.inference_weights(args)
-        checkpoint.load_weights(net, source, args)
+        source = resume.inference_weights(Workspace.of(args), args.load)
+        weight_files.load_weights(net, source, args.rgb_mean, args.rgb_std)
     if args.quantize:
         return int8_network(args, net, source, world, get_loaders)
     if world.devices.amp_dtype == 'bfloat16':
@@ -337,7 +337,8 @@ def predict(args, net, world, dali_images):
         results.append({'image': path, 'top': [{'class': int(i), 'name': names[i],
                                                  'probability': float(probabilities[i])} for i in top]})
     if args.pred_output:
-        files.write_json(args.pred_output, {'checkpoint': resume.find_weights(args), 'predictions': results})
+        files.write_json(args.pred_output, {'checkpoint': resume.find_weights(Workspace.of(args), args.load),
+                                            'predictions': results})
     if all('error' in r for r in results):
         raise RecipeError(results[0]['error'] if len(results) == 1 else
                           f'none of the {len(results)} images of --data-pred {args.data_pred} could be read '

@@ -21,7 +21,6 @@ import os
 import time
 
 from rn50.checkpoints import checkpoint
-from rn50.checkpoints.workspace import Workspace
 from rn50 import flags
 from rn50.errors import RecipeError
 from rn50.inference import inference
@@ -226,28 +225,22 @@ def average_state(average, net, world):
     return average.state_arrays(statistics)
 
 
-def validate_average(args, net, average, val_loader, world, meta, epoch, writer=None):
-    """`val.ema.*` metrics of the weight average, and `<prefix>_ema_best.params` (rank 0) on its best top-1
-    (written by `writer`, checkpoint.BackgroundWriter, from copies made while the average is swapped in)."""
+def validate_average(args, net, average, val_loader, world, meta, epoch, saver, writer=None):
+    """`val.ema.*` metrics of the weight average, and `<prefix>_ema_best.params` on its best top-1 (by `saver`,
+    the run's checkpoints.saver.Saver; written by `writer`, checkpoint.BackgroundWriter, from copies made while the
+    average is swapped in)."""
     if average is None or val_loader is None:
         return {}
     if not average.updates:   # the same on every worker: all return before the collective below
         log.info('[Epoch %d] The weight average has not been updated yet (first after optimizer step %d, '
                  '--model-ema-steps; %d steps so far): not validated, no %s', epoch, average.every, average.last_step,
-                 os.path.basename(Workspace.of(args).ema_best_params))
+                 os.path.basename(saver.workspace.ema_best_params))
         return {}
     # The average's batchnorm statistics, like the network's, are the same on every worker before it is judged.
     world.average_copies([[average.average[name]] for name, p in average.params.items() if p.grad_req == 'null'])
     with average.swapped_in():
         metrics, _ = inference.validate(args, net, val_loader, world, passes_label=' of the weight average')
-        accuracy = metrics.get('val.accuracy')
-        best = meta.get('ema_best_accuracy')
-        if accuracy is not None and (best is None or accuracy > best):
-            meta['ema_best_accuracy'] = accuracy
-            if world.rank == 0 and args.save_frequency != 0:
-                path = Workspace.of(args).ema_best_params
-                checkpoint.save_params(net, path, writer)
-                log.info('[Epoch %d] Saving %s with accuracy %.4f', epoch, path, accuracy)
+        saver.save_best_average(net, epoch, metrics.get('val.accuracy'), meta, writer)
     return {'val.ema.' + key[len('val.'):]: metrics[key] for key in EMA_METRICS if key in metrics}
 
 
