@@ -195,7 +195,7 @@ def stop_agreed(stop, world, done, every):
         return stop.requested
     if done % every:
         return False
-    return world.allreduce_sum([1.0 if stop.requested else 0.0])[0] > 0
+    return world.comm.allreduce_sum([1.0 if stop.requested else 0.0])[0] > 0
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -214,7 +214,7 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, wo
     state = saver.start(net)
     seed = resumed_seed(state, seed)   # the run's from here on (report.json and its states record it)
     step = TrainingStep(args, net, world, seed, build_network)
-    world.broadcast_parameters(step.params)
+    world.comm.broadcast_parameters(step.params)
     step.average = training_extras.start_average(args, net, world, state)
     if state is None:
         if args.seed is None:   # said here, not when drawn: a resumed run takes its own seed instead
@@ -261,7 +261,7 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, wo
             trained = time.time()
             writer.wait()   # the files of the epoch before, written meanwhile (an error of theirs stops the run)
             check_parameters(net, world, epoch, next_batch, workspace.last_state)
-            loss_sum, loss_count = world.allreduce_sum([meta['loss_sum'], meta['loss_count']])
+            loss_sum, loss_count = world.comm.allreduce_sum([meta['loss_sum'], meta['loss_count']])
             if stopped:
                 # The state holds the sums of every worker; rank 0 alone takes them back on resume.
                 meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
@@ -270,7 +270,7 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, wo
                 log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, saver.resume_note())
                 mlperf.run_stop()
                 return meta
-            world.average_copies([p.list_data() for p in net.collect_params().values() if p.grad_req == 'null'])
+            world.comm.average_copies([p.list_data() for p in net.collect_params().values() if p.grad_req == 'null'])
             mlperf.epoch_stop(epoch)
             steady = logs.steady_durations(durations)
             metrics = {'train.loss': loss_sum / max(loss_count, 1),
@@ -338,7 +338,7 @@ def check_parameters(net, world, epoch, iteration, last_state):
     finite = all(losses.finite_flag(arrays).asscalar() == 1 for arrays in copies.values()) \
         if world.devices.kind == 'gpu' else None
     bad = [] if finite else checkpoint.nonfinite_parameters(net)
-    if world.allreduce_sum([len(bad)])[0] == 0:
+    if world.comm.allreduce_sum([len(bad)])[0] == 0:
         return
     total = len(net._collect_params_with_prefix())
     raise RecipeError(f'the parameters became NaN or infinite ({len(bad)} of {total} arrays, e.g. '

@@ -137,19 +137,20 @@ def run(args, origin):
     fit.check_schedule_flags(args, origin)
     # Training catches SIGTERM/SIGUSR1 from the start, so a signal during start-up stops it cleanly too.
     stop = StopRequest() if args.mode in ('train', 'train_val') and not args.test_io else None
-    world = workers.World(args.kv_store,
-                          load_first=[tensorboard_log.WRITER_MODULE] if args.tensorboard is not None else [])
+    start_time = time.time()
+    comm = workers.Communicator.start(
+        args.kv_store, load_first=[tensorboard_log.WRITER_MODULE] if args.tensorboard is not None else [])
     workspace = Workspace.of(args)    # the run's folder and files, made once
     resume.check_weights_source(args.mode, args.workspace, args.load, args.finetune, args.teacher,
                                 speed_only=args.mode == 'val' and args.no_metrics)
     files.check_workspace(args.workspace)
     if args.logdir:
         files.check_workspace(args.logdir, '--logdir')
-    logs.setup_logging(workspace.place(args.log), world.rank)
-    if world.rank == 0:
+    logs.setup_logging(workspace.place(args.log), comm.rank)
+    if comm.rank == 0:
         workspace.clean()
     args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
-    world.devices = workers.resolve_devices(args, world)
+    world = workers.World.of(comm, workers.resolve_devices(comm, workers.DeviceRequest.of(args)), start_time)
     if world.devices.kind == 'cpu':
         log.info('CPU: %s; %s', cpu.identity(), cpu.describe())
     data.check_backend(args, origin.given, on_gpu=world.devices.kind == 'gpu')
@@ -161,7 +162,7 @@ def run(args, origin):
                              stream=sys.stderr if args.mode == 'pred' else None)   # stdout: the predictions
     dllogger.log('PARAMETER', vars(args))
     try:
-        seed = workers.resolve_seed(args, world)
+        seed = workers.resolve_seed(args.seed, world)
         net.initialize(ctx=list(world.devices.contexts))
         net.hybridize(static_alloc=True, static_shape=True)
         run_mode(args, net, world, seed, dllogger, stop, workspace)

@@ -108,11 +108,11 @@ def openvino_engines(onnx_path, bfloat16, results):
 
 def main():
     options, (args, origin) = parse_args()
-    world = workers.World(args.kv_store)
+    comm = workers.Communicator.start(args.kv_store)
     args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
-    world.devices = workers.resolve_devices(args, world)
+    world = workers.World.of(comm, workers.resolve_devices(comm, workers.DeviceRequest.of(args)))
     data.check_backend(args, origin.given, on_gpu=mx.context.num_gpus() > 0)
-    workers.resolve_seed(args, world)
+    workers.resolve_seed(args.seed, world)
     net = models.get_model(**models.model_options(args, world.devices.kind))
     net.initialize(ctx=list(world.devices.contexts))
     net.hybridize(static_alloc=True, static_shape=True)

@@ -49,7 +49,8 @@ def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='devi
     net.initialize(ctx=list(contexts))
     if dtype == 'float16':
         net.cast('float16')
-    return TrainingStep(args, net, workers.World(kv_store, devices=workers.Devices(tuple(contexts), kind)), seed=1)
+    world = workers.World.of(workers.Communicator.start(kv_store), workers.Devices(tuple(contexts), kind))
+    return TrainingStep(args, net, world, seed=1)
 
 
 def batch_of(values, labels, dtype='float32'):
@@ -62,7 +63,7 @@ def main(output):
     mx.random.seed(int(os.environ.get('HOROVOD_RANK', '0')))   # other weights per worker until the broadcast
     step = step_for(Float16Net(), 'float16', kv_store='horovod', batch=16)
     world = step.world
-    world.broadcast_parameters(step.net.collect_params())
+    world.comm.broadcast_parameters(step.net.collect_params())
     step.loss_scale = losses.DynamicLossScale(scale=8.0, interval=2)
     rng = np.random.default_rng(0)
     images, labels = rng.normal(size=(16, 4, 2, 2)), rng.integers(0, 3, 16)
@@ -75,7 +76,7 @@ def main(output):
     weight = step.net.weight.data().asnumpy().astype(np.float32).ravel()
     row = np.concatenate([[step.loss_scale.scale, step.loss_scale.skipped, step.loss_scale.clean_steps,
                            step.gluon_trainer._gradient_predivide_factor, step.gluon_trainer._num_groups], weight])
-    rows = world.gather(row)
+    rows = world.comm.gather(row)
     if world.rank == 0:
         with open(output, 'w') as f:
             json.dump([{'scale': r[0], 'skipped': r[1], 'clean_steps': r[2], 'predivide': r[3], 'groups': r[4],

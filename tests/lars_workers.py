@@ -30,7 +30,7 @@ def one_step(dtype):
     mx.random.seed(int(os.environ.get('HOROVOD_RANK', '0')))   # other weights per worker until the broadcast
     step = step_for(Float16Net(), dtype, kv_store='horovod', extra=FLAGS)
     world = step.world
-    world.broadcast_parameters(step.net.collect_params())
+    world.comm.broadcast_parameters(step.net.collect_params())
     if step.loss_scale is not None:   # float16: a scale whose gradients fit this tiny net
         step.loss_scale = losses.DynamicLossScale(scale=8.0)
     params = {name: p for name, p in step.net._collect_params_with_prefix().items() if p.grad_req != 'null'}
@@ -43,7 +43,7 @@ def one_step(dtype):
     for name, param in params.items():
         grad = param.grad().asnumpy().astype(np.float32) * np.float32(optimizer.rescale_grad)
         after = param.data().asnumpy().astype(np.float32)
-        rows = world.gather(np.concatenate([before[name].ravel(), grad.ravel(), after.ravel()]))
+        rows = world.comm.gather(np.concatenate([before[name].ravel(), grad.ravel(), after.ravel()]))
         size = before[name].size
         result[name] = {'shape': list(before[name].shape), 'before': rows[:, :size].tolist(),
                         'grad': rows[:, size:2 * size].tolist(), 'after': rows[:, 2 * size:].tolist()}

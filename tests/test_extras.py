@@ -17,6 +17,7 @@ from rn50.training import losses
 from rn50.reports import tensorboard_log
 import train
 from rn50.training import training_extras
+from rn50.world import workers
 from conftest import run_script, runner_main
 from float16_twin import Float16Net, batch_of, step_for
 from test_train import epoch_records, kill_once_logged, metrics_without_speed, refused, run, train_cmd
@@ -337,7 +338,7 @@ def test_tensorboard_scalars_are_on_disk_when_the_record_is_logged(tmp_path):
     args = SimpleNamespace(tensorboard=str(tmp_path / 'tb'), workspace=str(tmp_path), model_prefix='model')
     threads = set(threading.enumerate())
     dllogger = RecordsOnly()
-    logger = tensorboard_log.teed(args, SimpleNamespace(rank=0), dllogger, 4, {'epoch': 0, 'iteration': 0})
+    logger = tensorboard_log.teed(args, workers.World(), dllogger, 4, {'epoch': 0, 'iteration': 0})
     logger.log((0, 2), {'train.loss': 1.5, 'train.lr': 0.1})
     logger.log((0,), {'val.accuracy': 0.5, 'val.ips': 900.0})
     assert set(threading.enumerate()) <= threads      # no thread started (others' may have ended)

@@ -1,5 +1,6 @@
 """fit.py and losses.py: schedule, targets, loss scaling, and the training step in float16, on several devices
 and on several workers."""
+import dataclasses
 import math
 import shutil
 
@@ -309,7 +310,7 @@ def test_the_host_reads_each_loss_at_once_on_the_cpu_and_one_step_late_on_a_gpu(
     rng = np.random.default_rng(3)
     batches = [batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)) for _ in range(3)]
     step = step_for(Float16Net(), 'float32')
-    step.world.devices = workers.Devices(step.world.devices.contexts, kind)
+    step.world = dataclasses.replace(step.world, devices=workers.Devices(step.world.devices.contexts, kind))
     events, run = [], step.run
 
     def recorded_run(batch, epoch, iteration, lr, before_sync=None):
@@ -359,7 +360,7 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
         mx.random.seed(5)
         net = Float16Net(classes=10, channels=3, batchnorm=False)
         net.initialize(ctx=contexts)
-        step = TrainingStep(args, net, workers.World('device', devices=workers.Devices(tuple(contexts))), seed=1)
+        step = TrainingStep(args, net, workers.World(devices=workers.Devices(tuple(contexts))), seed=1)
         seen = []
         step.net = lambda x, net=net, seen=seen: seen.append(x) or net(x)
         initial = net.weight.data(contexts[0]).asnumpy().copy()

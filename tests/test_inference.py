@@ -109,7 +109,7 @@ def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_pat
     net = models.get_model(**models.model_options(args, 'cpu'))
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
-    fused = inference.inference_network(args, net, workers.World(args.kv_store), train.get_loaders)
+    fused = inference.inference_network(args, net, workers.World(), train.get_loaders)
     fused_logits = fused(images).asnumpy()
     np.testing.assert_allclose(fused_logits, plain(images).asnumpy(), atol=1e-4)
     assert (fused_logits.argmax(1) == 4).mean() >= 0.6
@@ -159,7 +159,7 @@ def test_bfloat16_inference_is_one_fused_bfloat16_graph(digits, model, tmp_path)
     net = models.get_model(**models.model_options(args, 'cpu'))
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
-    world = workers.World('device', devices=workers.Devices(amp_dtype='bfloat16'))
+    world = workers.World(devices=workers.Devices(amp_dtype='bfloat16'))
     fused = inference.inference_network(args, net, world, train.get_loaders)
     fused.export(str(tmp_path / 'bf16'))
     nodes = json.loads((tmp_path / 'bf16-symbol.json').read_text())['nodes']
@@ -261,7 +261,7 @@ def test_int8_on_a_gpu_node_runs_on_its_cpu(monkeypatch, digits, trained_digits,
                                                '--quantize', 'int8', '--workspace', str(trained_digits)]),
                            on_gpu=True)[0]
     assert args.dtype == 'float32'   # the CPU's default, not a GPU node's float16
-    devices = workers.resolve_devices(args, workers.World('device'))
+    devices = workers.resolve_devices(workers.Communicator(), workers.DeviceRequest.of(args))
     assert devices.kind == 'cpu' and devices.contexts == (mx.cpu(),)
     refused = train_main('--data-train', digits / 'rec' / 'train.rec', '--mode', 'val', '--quantize', 'int8',
                          '--gpus', '0', '--workspace', copy_workspace(trained_digits, tmp_path / 'w'))
@@ -292,7 +292,7 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
     onnxruntime = pytest.importorskip('onnxruntime')
     gpu_checkpoint(tmp_path / 'model_best.params')
     args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
-    outputs = export.export(args, workers.World('device'), train.get_loaders,
+    outputs = export.export(args, workers.World(), train.get_loaders,
                             functools.partial(models.build, args, 'cpu'), functools.partial(dali.serialize_preprocessing, args))
     assert outputs['onnxruntime_max_difference'] < 1e-4
     session = onnxruntime.InferenceSession(outputs['onnx'], providers=['CPUExecutionProvider'])
@@ -316,7 +316,7 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(export, 'write_onnx', unsupported)
     with pytest.raises(RecipeError, match='exporting .*NotImplementedError: no ONNX conversion.*nothing was written'):
         args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
-        export.export(args, workers.World('device'), train.get_loaders, functools.partial(models.build, args, 'cpu'),
+        export.export(args, workers.World(), train.get_loaders, functools.partial(models.build, args, 'cpu'),
                       functools.partial(dali.serialize_preprocessing, args))
     assert os.listdir(tmp_path / 'export') == []
 
@@ -342,7 +342,7 @@ def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images
     monkeypatch.setattr(inference.time, 'time', lambda: float(next(clock)))
     args = types.SimpleNamespace(benchmark_iters=None, no_metrics=False, num_classes=5,
                                  tta=None)
-    metrics, _ = inference.validate(args, net, RecordingLoader(batches, events), workers.World('device'))
+    metrics, _ = inference.validate(args, net, RecordingLoader(batches, events), workers.World())
     assert events == [('fetch', 0), ('fetch', 1), 'wait', ('fetch', 2), 'wait', 'wait']
     logits = np.concatenate([net(b.data[0]).asnumpy() for b in batches])[:9]
     labels = np.concatenate([b.label[0].asnumpy() for b in batches])[:9]
@@ -369,7 +369,7 @@ def test_flip_tta_scores_the_mean_of_the_logits_of_each_image_and_its_mirror(lay
     for tta in (None, 'flip'):
         args = types.SimpleNamespace(benchmark_iters=None, no_metrics=False, num_classes=4,
                                      tta=tta, input_layout=layout)
-        found[tta], _ = inference.validate(args, net, RecordingLoader(batches, []), workers.World('device'))
+        found[tta], _ = inference.validate(args, net, RecordingLoader(batches, []), workers.World())
     images = np.concatenate([b.data[0].asnumpy() for b in batches])
     labels = np.concatenate([b.label[0].asnumpy() for b in batches]).astype(int)
     outputs = (net(mx.nd.array(images)).asnumpy() + net(mx.nd.array(np.flip(images, width).copy())).asnumpy()) / 2
@@ -415,7 +415,7 @@ def test_a_validation_of_two_batches_is_timed_whole(monkeypatch):
     batches[1].pad = 3
     net = mx.gluon.nn.Dense(5, in_units=3)
     net.initialize()
-    world = workers.World('device')
+    world = workers.World()
     readings = iter([0.0, 1.0, 1.0, 2.0])    # start, first finish, second finish (no time at all), the end
     monkeypatch.setattr(inference.time, 'time', lambda: next(readings, 2.0))
     args = types.SimpleNamespace(benchmark_iters=None, no_metrics=False, num_classes=5, tta=None)

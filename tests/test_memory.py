@@ -72,7 +72,7 @@ def test_the_estimate_grows_with_the_batch_and_the_image_area():
 @pytest.mark.unit
 def test_a_batch_that_fits_passes_and_pred_is_not_checked(monkeypatch):
     args, net = small_run(['--batch-size', '64'])
-    world = types.SimpleNamespace(size=1, horovod=None, devices=workers.Devices())
+    world = workers.World()
     memory.check_batch_fits(args, net, world)
     monkeypatch.setattr(memory, 'host_available', lambda: 10 ** 6)
     with pytest.raises(RecipeError, match='needs about 0.4 GB of memory, and this machine has 0.0 GB available'):
@@ -85,10 +85,9 @@ def test_several_workers_of_a_node_share_its_memory(monkeypatch):
     args, net = small_run(['--batch-size', '64'])
     need, _ = memory.batch_need(args, net, 32)
     monkeypatch.setattr(memory, 'host_available', lambda: 1.5 * need)
-    alone = types.SimpleNamespace(size=2, horovod=types.SimpleNamespace(local_size=lambda: 1), devices=workers.Devices())
+    alone = workers.World(size=2, local_size=1)
     memory.check_batch_fits(args, net, alone)           # one worker of two on this node: 32 images fit
-    together = types.SimpleNamespace(size=2, horovod=types.SimpleNamespace(local_size=lambda: 2),
-                                     devices=workers.Devices())
+    together = workers.World(size=2, local_size=2)
     with pytest.raises(RecipeError, match=r'of memory x 2 workers on this node'):
         memory.check_batch_fits(args, net, together)
 
@@ -97,7 +96,7 @@ def test_several_workers_of_a_node_share_its_memory(monkeypatch):
 def test_gpu_path_on_cpu_contexts(monkeypatch):
     """Two CPU contexts stand for two GPUs: each device's batch against its own free memory."""
     args, net = small_run(['--batch-size', '64'])
-    world = types.SimpleNamespace(size=1, horovod=None, devices=workers.Devices((mx.cpu(0), mx.cpu(1)), 'gpu'))
+    world = workers.World(devices=workers.Devices((mx.cpu(0), mx.cpu(1)), 'gpu'))
     need, _ = memory.batch_need(args, net, 32)       # 64 images over 2 devices
     free = {0: 2 * need, 1: need / 2}
     monkeypatch.setattr(mx.context, 'gpu_memory_info', lambda device_id: (free[device_id], 16 * GB))
@@ -117,7 +116,7 @@ def test_gpu_path_on_cpu_contexts(monkeypatch):
 def test_a_batch_far_larger_than_the_set_is_said(caplog):
     import types
     loader = types.SimpleNamespace(batch_size=192, num_examples=32)
-    world = types.SimpleNamespace(size=1)
+    world = workers.World()
     with caplog.at_level('WARNING', logger='rn50.world.memory'):
         memory.check_batch_against_data(loader, world)
     assert 'The global batch (192) is far larger than the 32 validation images: 83% of it is padding' in caplog.text

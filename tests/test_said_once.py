@@ -11,6 +11,7 @@ import pytest
 
 import data
 from rn50.reports import tensorboard_log
+from rn50.world import workers
 from conftest import ROOT, digits_flags, resolved
 
 pytestmark = pytest.mark.unit
@@ -56,7 +57,7 @@ def test_repeats_on_fewer_workers_say_where_the_copies_go(digits, caplog):
 def test_tensorboard_says_where_its_files_go(tmp_path, caplog):
     args = SimpleNamespace(tensorboard='tb', workspace=str(tmp_path), model_prefix='model')
     with caplog.at_level(logging.INFO, logger='rn50.reports.tensorboard_log'):
-        tensorboard_log.teed(args, SimpleNamespace(rank=0), SimpleNamespace(), 4, {'epoch': 0, 'iteration': 0})
+        tensorboard_log.teed(args, workers.World(), SimpleNamespace(), 4, {'epoch': 0, 'iteration': 0})
     folder = tmp_path / 'tb'
     assert f'--tensorboard: event files in {folder} (view them with: tensorboard --logdir {folder})' in caplog.text
     assert os.listdir(folder)

@@ -166,7 +166,7 @@ def test_a_network_without_a_twin_exports_the_rest_and_names_the_twins(tmp_path,
                      'synthetic', '--num-examples', '8', '--batch-size', '8', '--mode', 'export', '--workspace',
                      str(tmp_path)])
     with caplog.at_level('INFO'):
-        outputs = export.export(args, workers.World('device'), train.get_loaders,
+        outputs = export.export(args, workers.World(), train.get_loaders,
                                 functools.partial(models.build, args, 'cpu'),
                                 functools.partial(dali.serialize_preprocessing, args))
     assert outputs['torchvision'] is None

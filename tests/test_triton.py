@@ -39,7 +39,7 @@ def checkpoint_of(path, num_classes=10):
 
 def export_in_process(workspace, *extra):
     args = resolved(SYNTHETIC + ['--workspace', str(workspace), *extra])
-    return export.export(args, workers.World('device'), train.get_loaders, functools.partial(models.build, args, 'cpu'),
+    return export.export(args, workers.World(), train.get_loaders, functools.partial(models.build, args, 'cpu'),
                          functools.partial(dali.serialize_preprocessing, args))
 
 

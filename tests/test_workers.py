@@ -1,4 +1,4 @@
-"""workers.World's collectives on a stand-in for Horovod that plays two workers: broadcasts come out as rank
+"""workers.Communicator's collectives on a stand-in for Horovod that plays two workers: broadcasts come out as rank
 0's values and never go through Horovod's broadcast ops (a use-after-free in Horovod 0.28.1 crashed about one
 start in 25; see World)."""
 import functools
@@ -61,9 +61,7 @@ class Horovod024(Horovod020):
 
 
 def world_of_rank1(rank0, horovod=TwoWorkerHorovod):
-    world = workers.World('device')
-    world.horovod, world.rank, world.size = horovod(rank0), 1, 2
-    return world
+    return workers.Communicator(horovod(rank0), rank=1, size=2)
 
 
 @pytest.mark.parametrize('horovod', [TwoWorkerHorovod, Horovod024, Horovod020])
@@ -103,7 +101,7 @@ def test_batchnorm_statistics_are_averaged_over_devices_and_workers():
             return values + 10.0              # rank 0 contributes 10 everywhere
     mean = mx.nd.array([1.0, 3.0])
     copies = [[mean.copy(), mx.nd.array([3.0, 5.0])], [mx.nd.ones((2, 2)), mx.nd.ones((2, 2)) * 3]]
-    workers.World.average_copies(Rank1Of2(), copies)
+    workers.Communicator.average_copies(Rank1Of2(), copies)
     for copy in copies[0]:
         np.testing.assert_allclose(copy.asnumpy(), [(2 + 10) / 2, (4 + 10) / 2])
     for copy in copies[1]:

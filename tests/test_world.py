@@ -24,11 +24,8 @@ HOROVOD = pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovod
 
 
 def world(rank=0, size=1, local_rank=0, local_size=1, horovod=True):
-    """A World as Horovod would have formed it (no Horovod started)."""
-    formed = object.__new__(workers.World)
-    formed.rank, formed.size, formed.local_rank, formed.local_size = rank, size, local_rank, local_size
-    formed.horovod = object() if horovod else None
-    return formed
+    """The Communicator of a world as Horovod would have formed it (no Horovod started)."""
+    return workers.Communicator(object() if horovod else None, rank, size, local_rank, local_size)
 
 
 SRUN_TASK_1_OF_2 = {'SLURM_JOB_ID': '77', 'SLURM_STEP_ID': '0', 'SLURM_NTASKS': '2', 'SLURM_PROCID': '1',
@@ -95,7 +92,7 @@ def gpu_choice(monkeypatch, gpus_on_node, local_rank, local_size, environ=None, 
     host = socket.gethostname()
     others = [workers.gpu_key(host, workers.physical_gpu(mx.gpu(0), other)) for other in (node or [])]
     formed.gather = lambda values: np.array([values] + others, dtype=np.float32)
-    devices = workers.resolve_devices(args, formed)
+    devices = workers.resolve_devices(formed, workers.DeviceRequest.of(args))
     return [(ctx.device_type, ctx.device_id) for ctx in devices.contexts]
 
 
@@ -123,7 +120,7 @@ def test_one_process_takes_every_gpu_and_says_so(monkeypatch, caplog):
     monkeypatch.setattr(mx.context, 'num_gpus', lambda: 8)
     args = train_args(['--batch-size', '32'])
     with caplog.at_level('INFO', logger='rn50.world.workers'):
-        devices = workers.resolve_devices(args, world(horovod=False))
+        devices = workers.resolve_devices(world(horovod=False), workers.DeviceRequest.of(args))
     assert [ctx.device_id for ctx in devices.contexts] == list(range(8))
     assert ('This process trains on GPUs 0,1,2,3,4,5,6,7: 4 images per GPU of the global batch 32 (batchnorm '
             'statistics over 4 images)') in caplog.messages
@@ -151,9 +148,7 @@ def test_workers_sharing_one_gpu_are_refused(monkeypatch, environ):
 
 def rank1_of_2(rank0_contributions):
     """Rank 1 of a two-worker World whose all-reduces add rank 0's `rank0_contributions` (in call order)."""
-    formed = world(1, 2, 1, 2)
-    formed.horovod = TwoWorkerHorovod(rank0_contributions)
-    return formed
+    return workers.World.of(workers.Communicator(TwoWorkerHorovod(rank0_contributions), 1, 2, 1, 2))
 
 
 def fresh_start(workspace):
@@ -235,7 +230,7 @@ FIND_UNDECODABLE = """
 import sys
 from rn50.data import records
 from rn50.world import workers
-workers.World('horovod')
+workers.Communicator.start('horovod')
 print(records.find_undecodable(records.RecordFile(sys.argv[1], sys.argv[2], 10, 'training'), range(16)))
 """
 

@@ -241,7 +241,7 @@ def worker_statistics(net, world):
         return None
     own = [(name, p) for name, p in net._collect_params_with_prefix().items() if p.grad_req == 'null']
     flat = np.concatenate([p._reduce().asnumpy().astype(np.float32).ravel() for _, p in own])
-    rows = world.gather(flat)
+    rows = world.comm.gather(flat)
     statistics = {}
     for rank, row in enumerate(rows):
         offset, statistics[rank] = 0, {}

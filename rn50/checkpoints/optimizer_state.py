@@ -200,7 +200,7 @@ def check_replicas(net, trainer, world, epoch):
     if world.size == 1:
         return
     fingerprint = replica_fingerprint(net, trainer, world.devices.kind == 'gpu')
-    differing = world.differing_ranks(fingerprint)
+    differing = world.comm.differing_ranks(fingerprint)
     if differing:
         raise RecipeError(f'after epoch {epoch} the model of worker(s) {", ".join(map(str, differing))} differs '
                           'from rank 0\'s (weights, batchnorm statistics or optimizer state): the workers no '

@@ -106,14 +106,14 @@ def agreed_training_start(workspace, start, net, world):
         failure = e
     own = start_fingerprint(state)
     # One all-reduce: how many workers failed, and rank 0's choice (a broadcast, as in workers.World).
-    totals = world.allreduce_sum([failure is not None] + (own if world.rank == 0 else [0] * len(own)))
+    totals = world.comm.allreduce_sum([failure is not None] + (own if world.rank == 0 else [0] * len(own)))
     failed, chosen = int(totals[0]), [int(value) for value in totals[1:]]
     if failure is not None:
         raise failure
     if failed:
         raise RecipeError(f'{failed} of {world.size} workers could not open the checkpoint this run starts from (their '
                           f'error is above): {SHARED_WORKSPACE_RULE}')
-    others = int(world.allreduce_sum([own != chosen])[0])
+    others = int(world.comm.allreduce_sum([own != chosen])[0])
     if others:
         last = os.path.basename(workspace.last_state)
         what = (f'resumes from its {last} or --load state at epoch {chosen[1]}, '

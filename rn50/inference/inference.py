@@ -172,7 +172,7 @@ def validate(args, net, loader, world, passes_label=''):
         totals += finish_batch(args, pending, loss_fn)
         timed.append((time.time() - tick, pending[2]))
     whole = (time.time() - begin, sum(images for _, images in timed))
-    totals = world.allreduce_sum(totals)
+    totals = world.comm.allreduce_sum(totals)
     seen = max(totals[3], 1)
     metrics = {}
     if not args.no_metrics:
@@ -362,7 +362,7 @@ def int8_network(args, net, source, world, get_loaders):
         export_block(quantized, prefix)
         files.write_json(prefix + '.json', dict(wanted, calib_images=images))   # last: it vouches for the files
         log.info('Saved the calibrated INT8 model as %s-symbol.json / -0000.params', prefix)
-    world.barrier()
+    world.comm.barrier()
     record = cached_calibration(prefix)
     if record != wanted:
         raise RecipeError(f'{prefix}.json does not describe this calibration (another run wrote it meanwhile?)')

@@ -408,7 +408,7 @@ def clear_cache(mode, world):
     if mode != 'drop':
         return mode == 'done'
     reason = drop_page_cache() if world.local_rank == 0 else None
-    failed = world.allreduce_sum([reason is not None])[0]
+    failed = world.comm.allreduce_sum([reason is not None])[0]
     if failed and world.rank == 0:
         log.warning('The OS page cache could not be dropped on %d node(s) (%s): cache_clear false in the MLPerf '
                     'log. MLPerf\'s rules ask for a flushed cache before each run: as root, `sync; echo 3 > %s`, '

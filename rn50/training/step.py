@@ -32,7 +32,7 @@ def predivision(world, float16):
     lower, with more skipped steps) or dividing first (as many bits lost to underflow). Float32 sums as is."""
     if not float16 or world.size == 1:
         return {}
-    if 'gradient_predivide_factor' not in inspect.signature(world.horovod.DistributedTrainer).parameters:
+    if 'gradient_predivide_factor' not in inspect.signature(world.comm.horovod.DistributedTrainer).parameters:
         log.warning('This Horovod has no gradient_predivide_factor: float16 gradients are summed over %d workers '
                     'before they are divided (Horovod 0.21 or newer splits the division)', world.size)
         return {}
@@ -139,9 +139,10 @@ class TrainingStep:
                     param.lr_mult = args.backbone_lr_mult
         try:
             optimizer = factory.create(**factory.optimizer_kwargs(args))   # --optimizer: factory.py
-            if world.horovod is not None:
-                self.gluon_trainer = world.horovod.DistributedTrainer(
-                    self.params, optimizer, **grouping(world.horovod),
+            horovod = world.comm.horovod
+            if horovod is not None:
+                self.gluon_trainer = horovod.DistributedTrainer(
+                    self.params, optimizer, **grouping(horovod),
                     **predivision(world, args.dtype == 'float16' or world.devices.amp_dtype == 'float16'))
             else:
                 self.gluon_trainer = gluon.Trainer(self.params, optimizer,

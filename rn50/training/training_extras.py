@@ -237,7 +237,7 @@ def validate_average(args, net, average, val_loader, world, meta, epoch, saver, 
                  os.path.basename(saver.workspace.ema_best_params))
         return {}
     # The average's batchnorm statistics, like the network's, are the same on every worker before it is judged.
-    world.average_copies([[average.average[name]] for name, p in average.params.items() if p.grad_req == 'null'])
+    world.comm.average_copies([[average.average[name]] for name, p in average.params.items() if p.grad_req == 'null'])
     with average.swapped_in():
         metrics, _ = inference.validate(args, net, val_loader, world, passes_label=' of the weight average')
         saver.save_best_average(net, epoch, metrics.get('val.accuracy'), meta, writer)

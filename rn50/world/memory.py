@@ -102,7 +102,7 @@ def check_batch_fits(args, net, world):
                                   f'{free / GB:.1f} GB free: lower the batch size (about '
                                   f'{fitting(free, need, per_image, per_device)} images per device would fit)')
         return
-    local_workers = world.horovod.local_size() if world.horovod else 1
+    local_workers = world.local_size
     available = host_available()
     total = need * len(contexts) * local_workers
     if total > available:

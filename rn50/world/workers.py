@@ -1,11 +1,16 @@
 """Who this process is and what it runs on: the worker world, its devices and AMP, the seed. What this module
-finds out is run state, returned as records; the flags (args) stay as rn50/config/resolve.py resolved them.
+finds out is run state, returned as records; the flags stay as rn50/config/resolve.py resolved them.
 
 train.py calls, before the model exists:
 
-    world = workers.World(args.kv_store)                  # Horovod worker (rank, size, local rank), checked; or one
-    world.devices = workers.resolve_devices(args, world)  # Devices: contexts, 'gpu' or 'cpu', AMP's dtype
-    seed = workers.resolve_seed(args, world)              # one seed for every worker, the RNGs seeded from it
+    comm = workers.Communicator.start(args.kv_store)      # starts Horovod (rank, size, local rank), checked; or one
+    devices = workers.resolve_devices(comm, workers.DeviceRequest.of(args))   # contexts, 'gpu' or 'cpu', AMP's dtype
+    world = workers.World.of(comm, devices, start_time)   # the frozen record the rest of the run is given
+    seed = workers.resolve_seed(args.seed, world)         # one seed for every worker, the RNGs seeded from it
+
+A World is a record (rank, size, local rank and size, the devices and their precision, the start time); its
+`comm`, the Communicator, does the collectives (world.comm.allreduce_sum(...)). A test builds the record itself,
+`workers.World(rank=1, size=2)`, whose Communicator is one worker's unless it is given one.
 
 The flags' defaults that depend on the machine (float32 and dali-cpu without a GPU) are resolve.py's; an
 explicit request this machine cannot honour (--gpus on a CPU machine, bfloat16 on a CPU without AVX-512) is a
@@ -60,21 +65,24 @@ class Devices:
     amp_dtype: str = None
 
 
-class World:
-    """Who this process is among the workers, and the collectives the recipe needs (sum, gather, barrier,
-    broadcast); `start_time`, when it started, and `devices` (a Devices: the CPU until train.py sets the
-    ones resolve_devices found).
+class Communicator:
+    """The collectives the recipe needs among the workers (sum, gather, barrier, broadcasts, averaged copies),
+    over `horovod` (horovod.mxnet, started) for this worker of rank `rank` among `size` (`local_rank` of
+    `local_size` on its node); with one worker none is needed, and each is the identity. `start` forms the world
+    of a run. `rendezvous`: task 0's rendezvous server under srun with a Gloo-only Horovod."""
 
-    With --kv-store horovod there is one worker per device; otherwise a single worker. `load_first`: modules of
-    the run's optional features that must load before Horovod, like DALI and Pillow below (tensorboardX, which
-    imports PyTorch where it is installed: a PyTorch imported after horovod.mxnet segfaults, torch 2.14.1)."""
+    def __init__(self, horovod=None, rank=0, size=1, local_rank=0, local_size=1, rendezvous=None):
+        self.horovod, self.rendezvous = horovod, rendezvous
+        self.rank, self.size, self.local_rank, self.local_size = rank, size, local_rank, local_size
 
-    def __init__(self, kv_store, environ=os.environ, devices=Devices(), load_first=()):
-        self.start_time = time.time()
-        self.devices = devices
-        self.horovod = None
-        self.rendezvous = None      # task 0's rendezvous server under srun with a Gloo-only Horovod
-        self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
+    @classmethod
+    def start(cls, kv_store, environ=os.environ, load_first=()):
+        """The Communicator of this process: with --kv-store horovod (`kv_store`), Horovod started, one worker
+        per device; otherwise a single worker. Checked against what the launchers announced (check_world).
+        `load_first`: modules of the run's optional features that must load before Horovod, like DALI and Pillow
+        below (tensorboardX, which imports PyTorch where it is installed: a PyTorch imported after horovod.mxnet
+        segfaults, torch 2.14.1)."""
+        comm = cls()
         if kv_store == 'horovod':
             try:
                 # DALI must be loaded before Horovod: the other order makes DALI pipelines crash (seen with
@@ -92,15 +100,15 @@ class World:
             except ImportError as e:
                 raise RecipeError(f'--kv-store horovod needs Horovod built with MXNet support ({e}); run '
                                   '`make setup`, or use --kv-store device for a single process') from e
+            rendezvous = None
             if not hvd.mpi_built() and srun_task_of_many(environ):
                 environ = dict(environ)      # the check below compares with what srun announced
-                self.rendezvous = join_slurm_world_over_gloo(environ)
+                rendezvous = join_slurm_world_over_gloo(environ)
             check_horovod_api(hvd)
             hvd.init()
-            self.horovod = hvd
-            self.rank, self.size = hvd.rank(), hvd.size()
-            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-        check_world(self, environ)
+            comm = cls(hvd, hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), rendezvous)
+        check_world(comm, environ)
+        return comm
 
     def allreduce_sum(self, values):
         """Sum a small float64 vector over all workers (identity with one worker)."""
@@ -173,6 +181,33 @@ class World:
             for index, array in enumerate(arrays):
                 self.horovod.allreduce_(array, name=f'broadcast_parameters.{index}', **horovod_sum(self.horovod))
         mx.nd.waitall()
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """Who this worker is and what it runs on, a record: its `rank` among `size` workers and `local_rank` among
+    the `local_size` of its node, its `devices` (a Devices: contexts, kind and AMP's precision), when the process
+    started (`start_time`, time.time()), and `comm`, the Communicator of its collectives (by default one
+    worker's, which needs none). With --kv-store horovod there is one worker per device; otherwise one."""
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    devices: Devices = Devices()
+    start_time: float = dataclasses.field(default_factory=time.time)
+    comm: Communicator = None
+
+    def __post_init__(self):
+        if self.comm is None:
+            object.__setattr__(self, 'comm', Communicator(None, self.rank, self.size, self.local_rank,
+                                                          self.local_size))
+
+    @classmethod
+    def of(cls, comm, devices=Devices(), start_time=None):
+        """The World of the worker `comm` (a Communicator) found itself, on `devices`, started at `start_time`
+        (None: now)."""
+        return cls(comm.rank, comm.size, comm.local_rank, comm.local_size, devices,
+                   time.time() if start_time is None else start_time, comm)
 
 
 # What the recipe calls in horovod.mxnet: present in every release from 0.20 (NVIDIA's MXNet containers 20.x
@@ -320,77 +355,99 @@ def uniform_tasks_per_node(environ):
     return None
 
 
-def check_world(world, environ):
-    """RecipeError (before any file is read or written) when the world Horovod formed is not the one this
-    process's launchers announced: its size, this worker's rank, local rank and the workers on its node."""
+def check_world(comm, environ):
+    """RecipeError (before any file is read or written) when the world Horovod formed (`comm`, a Communicator:
+    rank, size, local rank and size, horovod) is not the one this process's launchers announced: its size, this
+    worker's rank, local rank and the workers on its node."""
     mismatches = []
     for who, size, rank, local_rank, local_size in announced_worlds(environ):
-        pairs = [('rank', rank, world.rank), ('local rank', local_rank, world.local_rank),
-                 ('workers on this node', local_size, world.local_size)]
-        if size != world.size or any(said is not None and said != found for _, said, found in pairs):
+        pairs = [('rank', rank, comm.rank), ('local rank', local_rank, comm.local_rank),
+                 ('workers on this node', local_size, comm.local_size)]
+        if size != comm.size or any(said is not None and said != found for _, said, found in pairs):
             mismatches.append(f'{who} says {size} workers' + ''.join(f', {label} {said}' for label, said, _ in pairs
                                                                       if said is not None))
     if mismatches:
-        formed = 'Horovod' if world.horovod is not None else '--kv-store device (one process)'
-        counted = f'{world.size} worker{"s" if world.size > 1 else ""}'
-        raise RecipeError(f'{formed} formed a world of {counted} (this one: rank {world.rank}, local rank '
-                          f'{world.local_rank}, {world.local_size} on its node) but {"; ".join(mismatches)}: the '
+        formed = 'Horovod' if comm.horovod is not None else '--kv-store device (one process)'
+        counted = f'{comm.size} worker{"s" if comm.size > 1 else ""}'
+        raise RecipeError(f'{formed} formed a world of {counted} (this one: rank {comm.rank}, local rank '
+                          f'{comm.local_rank}, {comm.local_size} on its node) but {"; ".join(mismatches)}: the '
                           f'workers did not find each other, and each would train on its own. {WORLD_ADVICE}')
 
 
-def resolve_devices(args, world):
-    """The Devices of this worker, before the model is built: its contexts (checked against the batch and the
-    node's other workers) and AMP's dtype, with AMP initialised for it."""
-    num_gpus = 0 if args.quantize else mx.context.num_gpus()   # INT8 on the CPU, a GPU node's too (resolve.py)
-    contexts = tuple(devices(args, world, num_gpus))
+@dataclasses.dataclass(frozen=True)
+class DeviceRequest:
+    """What the flags ask of a worker's devices (`of`): the global batch, --gpus (None: every GPU the process
+    sees), one worker per device (--kv-store horovod), INT8 on the CPU (--quantize int8), --amp, and whether
+    the run is inference (val, pred: AMP converts the network then, instead of being initialised)."""
+    batch_size: int
+    gpus: tuple = None
+    horovod: bool = False
+    int8: bool = False
+    amp: bool = False
+    inference: bool = False
+
+    @classmethod
+    def of(cls, args):
+        return cls(batch_size=args.batch_size, gpus=None if args.gpus is None else tuple(args.gpus),
+                   horovod=args.kv_store == 'horovod', int8=bool(args.quantize), amp=args.amp,
+                   inference=args.mode in ('val', 'pred'))
+
+
+def resolve_devices(comm, request):
+    """The Devices of this worker (`comm`, its Communicator), as `request` (a DeviceRequest) asks, before the
+    model is built: its contexts (checked against the batch and the node's other workers) and AMP's dtype, with
+    AMP initialised for it."""
+    num_gpus = 0 if request.int8 else mx.context.num_gpus()   # INT8 on the CPU, a GPU node's too (resolve.py)
+    contexts = tuple(devices(request, comm, num_gpus))
     on_gpu = num_gpus > 0
-    if on_gpu and world.size > 1:
-        check_one_worker_per_gpu(world, contexts)
-    per_worker = args.batch_size // world.size   # divisibility by the workers: contract.per_worker_batch
+    if on_gpu and comm.size > 1:
+        check_one_worker_per_gpu(comm, contexts)
+    per_worker = request.batch_size // comm.size   # divisibility by the workers: contract.per_worker_batch
     if per_worker % len(contexts):
         raise RecipeError(f'the per-worker batch {per_worker} is not divisible by its '
                           f'{len(contexts)} devices')
     if on_gpu:
-        log.info(devices_line(args, world, contexts))
-    return Devices(contexts, 'gpu' if on_gpu else 'cpu', start_amp(args, on_gpu))
+        log.info(devices_line(request.batch_size, comm, contexts))
+    return Devices(contexts, 'gpu' if on_gpu else 'cpu', start_amp(request.amp, on_gpu, request.inference))
 
 
-def devices_line(args, world, contexts):
+def devices_line(batch_size, comm, contexts):
     """What this worker trains on, said because a single process takes every GPU it sees: `python train.py
     -b 32` on an 8-GPU node gives each GPU 4 images (and batchnorm statistics over 4)."""
     ids = ','.join(str(ctx.device_id) for ctx in contexts)
-    per_gpu = args.batch_size // world.size // len(contexts)
-    who = f'Worker {world.rank} of {world.size}' if world.size > 1 else 'This process'
+    per_gpu = batch_size // comm.size // len(contexts)
+    who = f'Worker {comm.rank} of {comm.size}' if comm.size > 1 else 'This process'
     return (f'{who} trains on GPU{"s" if len(contexts) > 1 else ""} {ids}: {per_gpu} images per GPU of the '
-            f'global batch {args.batch_size} (batchnorm statistics over {per_gpu} images)')
+            f'global batch {batch_size} (batchnorm statistics over {per_gpu} images)')
 
 
-def devices(args, world, num_gpus):
+def devices(request, comm, num_gpus):
     """The contexts this worker drives: the CPU on a machine without GPUs; else --gpus (default: every GPU
     this process sees), of which a Horovod worker takes the one of its local rank; a Horovod worker that sees
-    a single GPU of its own (SLURM's per-task binding) takes it, device 0, whatever its local rank."""
-    if args.gpus is not None and any(g >= num_gpus for g in args.gpus):
-        raise RecipeError(f'--gpus {",".join(map(str, args.gpus))} asks for GPUs this machine does not have '
+    a single GPU of its own (SLURM's per-task binding) takes it, device 0, whatever its local rank. `request`:
+    a DeviceRequest; `comm`: the worker's Communicator (its local rank and size)."""
+    if request.gpus is not None and any(g >= num_gpus for g in request.gpus):
+        raise RecipeError(f'--gpus {",".join(map(str, request.gpus))} asks for GPUs this machine does not have '
                           f'({num_gpus} found); leave --gpus out to train on the CPU')
     if num_gpus == 0:
-        if args.gpus is None:
-            log.info('INT8 (--quantize): running on the CPU' if args.quantize else 'No GPU found: running on the CPU')
+        if request.gpus is None:
+            log.info('INT8 (--quantize): running on the CPU' if request.int8 else 'No GPU found: running on the CPU')
         # Each Horovod worker of a node on a device id of its own, as each takes gpu(local rank) on a GPU node:
         # the CPU runs the per-device code of a multi-GPU run (optimizer counts, states and copies by device).
-        return [mx.cpu(world.local_rank if args.kv_store == 'horovod' else 0)]
-    gpus = args.gpus if args.gpus is not None else list(range(num_gpus))
-    if args.kv_store != 'horovod':
+        return [mx.cpu(comm.local_rank if request.horovod else 0)]
+    gpus = request.gpus if request.gpus is not None else list(range(num_gpus))
+    if not request.horovod:
         return [mx.gpu(g) for g in gpus]
-    if num_gpus == 1 and world.local_size > 1:
+    if num_gpus == 1 and comm.local_size > 1:
         # Each task sees one GPU: bound per task by SLURM (--gpus-per-task, --gpu-bind) or by its own
         # CUDA_VISIBLE_DEVICES, or one GPU shared by all (a job-wide --gres=gpu:1): check_one_worker_per_gpu
         # tells them apart by comparing the physical GPUs of the node's workers.
         return [mx.gpu(0)]
-    if len(gpus) < world.local_size:
-        raise RecipeError(f'{world.local_size} workers run on this node and it has {len(gpus)} GPUs for them '
+    if len(gpus) < comm.local_size:
+        raise RecipeError(f'{comm.local_size} workers run on this node and it has {len(gpus)} GPUs for them '
                           f'(--gpus {",".join(map(str, gpus))}, {num_gpus} visible): start one worker per GPU, or '
                           'bind one GPU to each task')
-    return [mx.gpu(gpus[world.local_rank])]
+    return [mx.gpu(gpus[comm.local_rank])]
 
 
 def physical_gpu(ctx, environ=os.environ):
@@ -401,18 +458,18 @@ def physical_gpu(ctx, environ=os.environ):
 
 
 def gpu_key(host, gpu):
-    """(host, GPU) as two integers that float32 holds exactly, for World.gather."""
+    """(host, GPU) as two integers that float32 holds exactly, for Communicator.gather."""
     digest = hashlib.sha256(f'{host}/{gpu}'.encode()).digest()
     return [int.from_bytes(digest[:3], 'little'), int.from_bytes(digest[3:6], 'little')]
 
 
-def check_one_worker_per_gpu(world, contexts, environ=os.environ):
+def check_one_worker_per_gpu(comm, contexts, environ=os.environ):
     """RecipeError on every worker when two workers of a node drive the same GPU (SLURM's job-wide
     CUDA_VISIBLE_DEVICES of `--ntasks-per-node 2 --gres=gpu:1` shows both tasks the same GPU as device 0):
-    they would train side by side on it, each at half speed, without a word. A collective."""
+    they would train side by side on it, each at half speed, without a word. A collective of `comm`."""
     host = socket.gethostname()
     mine = [gpu_key(host, physical_gpu(ctx, environ)) for ctx in contexts]
-    rows = world.gather(np.asarray(mine, dtype=np.float32).ravel())
+    rows = comm.gather(np.asarray(mine, dtype=np.float32).ravel())
     keys = [tuple(row[i:i + 2]) for row in rows for i in range(0, len(row), 2)]
     shared = {key for key in keys if keys.count(key) > 1}
     if shared:
@@ -424,17 +481,18 @@ def check_one_worker_per_gpu(world, contexts, environ=os.environ):
                           '(--gpus-per-task 1); nothing was written')
 
 
-def start_amp(args, on_gpu):
-    """--amp's dtype (float16 on GPU, bfloat16 on CPU; the network stays float32, resolve.py made --dtype
-    float32), with mxnet.contrib.amp initialised for it; None without --amp. Inference on the CPU (val, pred)
-    does not initialise AMP: it converts the trained network to bfloat16 as a whole and fuses it then
-    (inference.fused_bfloat16), as AMP's casts between the operators would keep oneDNN from fusing them."""
-    if not args.amp:
+def start_amp(amp, on_gpu, inference=False):
+    """--amp's dtype (`amp`: the flag; float16 on GPU, bfloat16 on CPU; the network stays float32, resolve.py made
+    --dtype float32), with mxnet.contrib.amp initialised for it; None without --amp. Inference on the CPU
+    (`inference`: val, pred) does not initialise AMP: it converts the trained network to bfloat16 as a whole and
+    fuses it then (inference.fused_bfloat16), as AMP's casts between the operators would keep oneDNN from fusing
+    them."""
+    if not amp:
         return None
     amp_dtype = 'float16' if on_gpu else 'bfloat16'
     if amp_dtype == 'bfloat16':
-        check_cpu_bfloat16(inference=args.mode in ('val', 'pred'))
-    if on_gpu or args.mode not in ('val', 'pred'):
+        check_cpu_bfloat16(inference=inference)
+    if on_gpu or not inference:
         from mxnet.contrib import amp
         amp.init(target_dtype=amp_dtype)
     return amp_dtype
@@ -454,10 +512,10 @@ def check_cpu_bfloat16(inference=False):
         log.warning(warning)
 
 
-def resolve_seed(args, world):
-    """One seed for every worker, returned: --seed, else rank 0's random pick (a new training run logs it, a
-    resumed one takes its own; stored in checkpoints). NumPy's and MXNet's generators are seeded from it."""
-    seed = args.seed if args.seed is not None else world.broadcast_int(int.from_bytes(os.urandom(3), 'little'))
+def resolve_seed(seed, world):
+    """One seed for every worker, returned: `seed` (--seed), else rank 0's random pick (a new training run logs it,
+    a resumed one takes its own; stored in checkpoints). NumPy's and MXNet's generators are seeded from it."""
+    seed = seed if seed is not None else world.comm.broadcast_int(int.from_bytes(os.urandom(3), 'little'))
     np.random.seed(seed)
     mx.random.seed(seed + world.rank)
     return seed
