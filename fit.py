@@ -12,7 +12,7 @@ What happens, in order:
    iteration);
    validation (train_val, inference.validate); then checkpoints: `<prefix>_NNNN.params` every
    --save-frequency epochs (the newest --keep-checkpoints kept), `<prefix>_best.params` on a new best top-1
-   (`<prefix>_ema_best.params` of --model-ema's average, training_extras.py), and always `<prefix>_last.state`,
+   (`<prefix>_ema_best.params` of --model-ema's average, ema.py), and always `<prefix>_last.state`,
    which holds everything an exact resume needs (parameters, optimizer state, loss scale, epoch and
    iteration, best accuracy, metric history and the seed that fixes the data order and mixup draws).
 3. SIGTERM or SIGUSR1 (rn50/launch/stop.py's StopRequest) stops the run at the next iteration boundary (the
@@ -41,9 +41,10 @@ from rn50.reports import mlperf_log
 from rn50.reports import tensorboard_log
 from rn50.training import distill
 from rn50.training import losses
-from rn50.training import training_extras
+from rn50.training import ema
+from rn50.training import step as training_step
 from rn50.training.epoch_loss import EpochLoss
-from rn50.training.step import TrainingStep
+from rn50.training.step import StepSettings, TrainingStep
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +63,15 @@ def add_fit_args(parser):
                             'still spans --num-epochs')
     schedule.add_args(group)
     factory.add_args(group)
-    group.add_argument('--label-smoothing', type=flags.real(minimum=0, maximum=0.999), default=0.1,
-                       help='label smoothing factor')
-    group.add_argument('--mixup', type=flags.real(minimum=0), default=0,
-                       help='alpha parameter for mixup (if 0 then mixup is not applied)')
+    losses.add_args(group)
     group.add_argument('--disp-batches', type=flags.integer(minimum=1), default=20,
                        help='log progress every n batches')
     group.add_argument('--model-prefix', default='model', help='checkpoint file name prefix')
     group.add_argument('--save-frequency', type=flags.integer(minimum=-1), default=-1,
                        help='write <prefix>_NNNN.params every N epochs; -1: only <prefix>_best.params; '
                             '0: no .params files. <prefix>_last.state is always written')
+    group.add_argument('--keep-checkpoints', type=flags.integer(minimum=0), default=0,
+                       help='keep only the newest N <prefix>_NNNN.params (0: all)')
     group.add_argument('--begin-epoch', type=flags.integer(minimum=0), default=None,
                        help='start from this epoch (with --load of a .params file, or to shift the schedule)')
     group.add_argument('--finetune', action='store_true',
@@ -82,10 +82,23 @@ def add_fit_args(parser):
     group.add_argument('--backbone-lr-mult', type=flags.real(minimum=0, maximum=1), default=1.0,
                        help='learning rate of every layer but the classifier, as a multiple of the schedule\'s '
                             '(e.g. 0.1 when fine-tuning: the pretrained layers move less than the new head)')
+    training_step.add_args(group)
     lars.add_args(group)
     distill.add_args(group)
-    training_extras.add_args(group)
+    ema.add_args(group)
+    group.add_argument('--target-accuracy', type=flags.real(minimum=0, maximum=1, exclusive=True), default=None,
+                       help='stop after the first validation whose top-1 reaches this (e.g. 0.759)')
+    tensorboard_log.add_args(group)
     return group
+
+
+def check_training_flags(args):
+    """RecipeError for training flags that cannot work together, before any training."""
+    if args.target_accuracy is not None and args.mode != 'train_val':
+        raise RecipeError('--target-accuracy needs a validation every epoch: use --mode train_val')
+    losses.check(args.bce_loss, args.bce_target_thresh)
+    if (args.eval_period, args.eval_offset) != (1, 0) and args.mode != 'train_val':
+        raise RecipeError('--eval-period and --eval-offset say when train_val validates: use --mode train_val')
 
 
 def evaluated(args, epoch):
@@ -209,13 +222,13 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, wo
     contexts=..., seed=...)` once the state to start from, and so the seed that orders the data, is known.
     `build_network(**overrides)` builds a --teacher. `stop` (rn50.launch.stop's StopRequest) says when a signal
     asked the run to stop. `workspace`: the run's Workspace, its checkpoints written by a Saver."""
-    training_extras.check(args)
+    check_training_flags(args)
     saver = Saver(workspace, world, Policy.of(args))
     state = saver.start(net)
     seed = resumed_seed(state, seed)   # the run's from here on (report.json and its states record it)
-    step = TrainingStep(args, net, world, seed, build_network)
+    step = TrainingStep(net, world, StepSettings.of(args), seed, build_network)
     world.comm.broadcast_parameters(step.params)
-    step.average = training_extras.start_average(args, net, world, state)
+    step.average = ema.start_average(ema.Averaging.of(args), net, world, state)
     if state is None:
         if args.seed is None:   # said here, not when drawn: a resumed run takes its own seed instead
             log.info('No --seed given: using seed %d', seed)
@@ -239,14 +252,14 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, wo
     mlperf.data(train_loader, val_loader)
     last_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs,
                                                                  meta['epoch'] + args.run_epochs)
-    if training_extras.target_reached(args, meta):   # an earlier run stopped at --target-accuracy
+    if target_reached(args.target_accuracy, meta):   # an earlier run stopped at --target-accuracy
         last_epoch = meta['epoch']
     if state is not None and meta['epoch'] >= last_epoch:
         log.info('This run is finished (%d of %d epochs): its results are in %s (report.json, model_best.params); '
                  'give a new --workspace to train again', meta['epoch'], args.num_epochs,
                  os.path.abspath(workspace.folder))
     dllogger = tensorboard_log.teed(args, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
-    clock = training_extras.WallClock(meta, world.start_time)
+    clock = WallClock(meta, world.start_time)
     rates = schedule.Schedule.of(args)
     with checkpoint.BackgroundWriter() as writer:   # the files of an epoch are written while the next one trains
         for epoch in range(meta['epoch'], last_epoch):
@@ -282,8 +295,8 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, wo
                 val_metrics, _ = inference.validate(args, net, val_loader, world)
                 mlperf.eval_stop(epoch, val_metrics)
                 metrics.update(val_metrics)
-                metrics.update(training_extras.validate_average(args, net, step.average, val_loader, world, meta,
-                                                                epoch, saver, writer))
+                metrics.update(ema.validate_average(net, step.average, val_loader, world, meta, epoch, saver, args,
+                                                    writer))
             validated = time.time()
             meta['history'].append(dict(metrics, epoch=epoch))
             clock.record(meta)
@@ -297,14 +310,14 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, wo
                               duration=meta['wall_seconds'], seed=seed)
             log_epoch(dllogger, epoch, metrics, time.time() - trained - (validated - validating),
                       validated - validating)
-            if training_extras.target_reached(args, meta):
+            if target_reached(args.target_accuracy, meta):
                 break
             if stop_agreed(stop, world, 0, 1):
                 log.info('Stopped after epoch %d%s', epoch, saver.resume_note())
                 break
     clock.record(meta)   # report.json's total_duration: the training's wall time over all its resumes
     mlperf.run_stop()
-    training_extras.note_inherited_epochs(meta['history'])   # which epochs the summary leaves out
+    note_inherited_epochs(meta['history'])   # which epochs the summary leaves out
     return meta
 
 
@@ -354,7 +367,7 @@ def write_state(saver, net, step, meta, world, writer=None):
     if saver.measuring:
         return
     statistics = checkpoint.worker_statistics(net, world)
-    average = training_extras.average_state(step.average, net, world)   # a collective too
+    average = ema.average_state(step.average, net, world)   # a collective too
     saver.write_state(net, step, meta, statistics, average, writer)
 
 
@@ -362,7 +375,7 @@ def training_summary(history, target_accuracy=None):
     """Summary record: lowest loss, mean throughput, best accuracies over the epochs trained in this workspace,
     each with its epoch (`<metric>.epoch`; a run continued from another workspace's state counts the epochs it
     inherited, marked `inherited_from`, in `inherited_epochs` alone), and where --target-accuracy was reached."""
-    summary = training_extras.target_summary(history, target_accuracy)
+    summary = target_summary(history, target_accuracy)
     inherited = sum('inherited_from' in m for m in history)   # their best weights are in that workspace
     summary.update({'inherited_epochs': inherited} if inherited else {})
     history = [m for m in history if 'inherited_from' not in m]
@@ -378,3 +391,57 @@ def training_summary(history, target_accuracy=None):
         else:
             summary[key] = float(np.mean([value for value, _ in epochs]))
     return summary
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Wall time and the target accuracy
+
+
+class WallClock:
+    """Training wall time over every run of a workspace: the time the resumed state had, plus this process's
+    since it started (`start`, time.time()); what a kill -9 interrupts after the last state is not counted."""
+
+    def __init__(self, meta, start):
+        self.before = meta.get('wall_seconds', 0.0)
+        self.start = start
+
+    def record(self, meta):
+        """Store the time so far in `meta` (and so in the state) and in the newest history entry."""
+        meta['wall_seconds'] = self.before + time.time() - self.start
+        if meta['history']:
+            meta['history'][-1].setdefault('wall_seconds', meta['wall_seconds'])
+
+
+def target_epoch(history, target):
+    """The first history entry whose top-1 reaches `target`, or None."""
+    if target is None:
+        return None
+    return next((m for m in history if m.get('val.accuracy') is not None and m['val.accuracy'] >= target), None)
+
+
+def target_reached(target, meta):
+    """Whether the run stops here (`target`, --target-accuracy, reached by this epoch or an earlier one); logs it
+    once."""
+    reached = target_epoch(meta['history'], target)
+    if reached is not None and reached is meta['history'][-1]:
+        log.info('Target accuracy %.4f reached at epoch %d (top-1 %.4f) after %.1f s: stopping', target,
+                 reached['epoch'], reached['val.accuracy'], reached.get('wall_seconds', float('nan')))
+    return reached is not None
+
+
+def target_summary(history, target):
+    """The summary's target fields: the epoch and wall time at which `target` was reached (None: never)."""
+    if target is None:
+        return {}
+    reached = target_epoch(history, target) or {}
+    return {'target_accuracy': target, 'target_accuracy.epoch': reached.get('epoch'),
+            'target_accuracy.wall_seconds': reached.get('wall_seconds')}
+
+
+def note_inherited_epochs(history):
+    """At the end of a run continued from another workspace's state (fit.resume marks the epochs it inherited
+    `inherited_from`): a log line that its summary (fit.training_summary) is of this workspace's epochs."""
+    inherited = [m for m in history if 'inherited_from' in m]
+    if inherited:
+        log.info('The summary is of the epochs trained in this workspace, as its model_best.params: epochs %d-%d '
+                 'were trained in %s', inherited[0]['epoch'], inherited[-1]['epoch'], inherited[-1]['inherited_from'])

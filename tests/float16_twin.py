@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rn50.training import losses  # noqa: E402
 from rn50.world import workers  # noqa: E402
 from conftest import resolved  # noqa: E402
-from rn50.training.step import TrainingStep  # noqa: E402
+from rn50.training.step import StepSettings, TrainingStep  # noqa: E402
 
 
 class Float16Net(gluon.HybridBlock):
@@ -50,7 +50,7 @@ def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='devi
     if dtype == 'float16':
         net.cast('float16')
     world = workers.World.of(workers.Communicator.start(kv_store), workers.Devices(tuple(contexts), kind))
-    return TrainingStep(args, net, world, seed=1)
+    return TrainingStep(net, world, StepSettings.of(args), seed=1)
 
 
 def batch_of(values, labels, dtype='float32'):

@@ -1,4 +1,4 @@
-"""The features of timm and torchvision (training_extras.py, ema.py, tensorboard_log.py, CutMix in losses.py):
+"""The features of timm and torchvision (ema.py, tensorboard_log.py, CutMix in losses.py, accumulation in step.py):
 unit tests on small networks, then end to end through train.py on the digits set."""
 import json
 import os
@@ -16,7 +16,6 @@ from rn50.training import ema
 from rn50.training import losses
 from rn50.reports import tensorboard_log
 import train
-from rn50.training import training_extras
 from rn50.world import workers
 from conftest import run_script, runner_main
 from float16_twin import Float16Net, batch_of, step_for
@@ -173,14 +172,13 @@ def test_torchvisions_adjusted_decay():
     args = train.build_parser().parse_args(['--model-ema', '--model-ema-decay', '0.99998', '--model-ema-steps',
                                             '32', '--model-ema-adjust', '--batch-size', '1024', '--num-epochs',
                                             '600'])
-    assert training_extras.ema_decay_adjusted(args) == pytest.approx(1 - 2e-5 * 1024 * 32 / 600)
+    assert ema.Averaging.of(args).adjusted_decay() == pytest.approx(1 - 2e-5 * 1024 * 32 / 600)
     args.model_ema_decay, args.num_epochs = 0.9998, 1
-    assert training_extras.ema_decay_adjusted(args) == 0       # alpha capped at 1: the average is the weights
+    assert ema.Averaging.of(args).adjusted_decay() == 0       # alpha capped at 1: the average is the weights
 
 
-class TwoWorkers:
-    """A stand-in for workers.World of rank 1 of 2 whose rank 0 holds batchnorm statistics 1 larger."""
-    size, rank = 2, 1
+class TwoWorkers(workers.Communicator):
+    """A stand-in for the collectives of rank 1 of 2 whose rank 0 holds batchnorm statistics 1 larger."""
 
     def gather(self, row):
         return np.stack([row + 1, row])
@@ -192,7 +190,7 @@ def test_every_worker_resumes_its_own_averaged_batchnorm_statistics():
     step = step_for(Float16Net())
     average = ema.WeightAverage(step.net, 0.5, mx.cpu())
     average.average['bn.running_mean'][:] = 0.25
-    arrays = training_extras.average_state(average, step.net, TwoWorkers())
+    arrays = ema.average_state(average, step.net, workers.World(rank=1, size=2, comm=TwoWorkers(rank=1, size=2)))
     assert arrays['ema:rank0:bn.running_mean'].asnumpy() == pytest.approx([1.25] * 4)
     resumed = ema.WeightAverage(step.net, 0.5, mx.cpu())
     assert resumed.restore(arrays, rank=1)

@@ -18,7 +18,7 @@ from rn50.world import workers
 from conftest import digits_flags, gloo_workers, resolved
 from float16_twin import Float16Net, batch_of, step_for
 from rn50.errors import RecipeError
-from rn50.training.step import TrainingStep
+from rn50.training.step import StepSettings, TrainingStep
 from rn50.data import contract
 
 
@@ -360,7 +360,7 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
         mx.random.seed(5)
         net = Float16Net(classes=10, channels=3, batchnorm=False)
         net.initialize(ctx=contexts)
-        step = TrainingStep(args, net, workers.World(devices=workers.Devices(tuple(contexts))), seed=1)
+        step = TrainingStep(net, workers.World(devices=workers.Devices(tuple(contexts))), StepSettings.of(args), seed=1)
         seen = []
         step.net = lambda x, net=net, seen=seen: seen.append(x) or net(x)
         initial = net.weight.data(contexts[0]).asnumpy().copy()
@@ -492,6 +492,5 @@ def test_bce_loss_is_the_mean_binary_cross_entropy_of_each_class(dtype, threshol
 
 @pytest.mark.unit
 def test_bce_target_threshold_without_bce_loss_is_refused():
-    from rn50.training import training_extras
     with pytest.raises(RecipeError, match='add --bce-loss'):
-        training_extras.check(resolved(['--bce-target-thresh', '0.2']))
+        fit.check_training_flags(resolved(['--bce-target-thresh', '0.2']))

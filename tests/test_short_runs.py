@@ -1,9 +1,9 @@
 """Short runs on the digits set (issue 37, items 4, 8 and 9b): a weight average that has not moved yet is neither
 validated nor saved, and a run too short for its schedule says so at the start; a run continued from another
 workspace's state summarises its own epochs; --mode val on a small set reads it in a batch of its size."""
+import dataclasses
 import json
 import logging
-from types import SimpleNamespace
 
 import mxnet as mx
 import pytest
@@ -12,7 +12,6 @@ from rn50.checkpoints import checkpoint
 from rn50.training import ema
 import fit
 from rn50.reports import logs
-from rn50.training import training_extras
 from float16_twin import Float16Net, step_for
 from conftest import built_once, copy_workspace
 from test_train import epoch_records, run
@@ -87,14 +86,14 @@ def test_an_average_that_would_only_copy_the_weights_is_warned(caplog):
     """--model-ema-adjust copies the weights at every update made within the warm-up (torchvision's rule): with 4
     steps, an update every 2 and 1 warm-up epoch of 2 steps, the last update (step 4) follows one at step 2,
     within the warm-up, so every update copies; with half an epoch of warm-up the update at step 4 averages."""
-    args = SimpleNamespace(model_ema_steps=2, num_epochs=2, model_ema_adjust=True, warmup_epochs=1)
-    with caplog.at_level(logging.INFO, logger='rn50.training.training_extras'):
-        training_extras.check_average_schedule(args, 1, 2)
+    args = ema.Averaging(every=2, num_epochs=2, adjust=True, warmup_epochs=1)
+    with caplog.at_level(logging.INFO, logger='rn50.training.ema'):
+        ema.check_average_schedule(args, 1, 2)
     assert 'every update of the weight average (every 2 steps) comes within or right after the 1 warm-up' in caplog.text
     caplog.clear()
-    args.warmup_epochs = 0.5
-    with caplog.at_level(logging.INFO, logger='rn50.training.training_extras'):
-        training_extras.check_average_schedule(args, 1, 2)
+    args = dataclasses.replace(args, warmup_epochs=0.5)
+    with caplog.at_level(logging.INFO, logger='rn50.training.ema'):
+        ema.check_average_schedule(args, 1, 2)
     assert caplog.text == ''
 
 
@@ -103,17 +102,16 @@ def test_an_average_that_would_stay_mostly_its_starting_weights_is_warned(caplog
     """A constant decay of 0.9998 spans about 5,000 steps: over a run of 4 the average keeps 99.9% of its starting
     weights, which val.ema.* would report as the average's: warned, with the decay that leaves at most 10%
     (0.1 ** (1/4) = 0.5623). Decay 0.5 keeps 6% (no warning); timm's warm-up of the decay needs none."""
-    args = SimpleNamespace(model_ema_steps=1, num_epochs=2, model_ema_adjust=False, model_ema_warmup=False,
-                           model_ema_decay=0.9998, warmup_epochs=0)
-    with caplog.at_level(logging.INFO, logger='rn50.training.training_extras'):
-        training_extras.check_average_schedule(args, 1, 2)
+    args = ema.Averaging(every=1, num_epochs=2, adjust=False, warmup=False, decay=0.9998, warmup_epochs=0)
+    with caplog.at_level(logging.INFO, logger='rn50.training.ema'):
+        ema.check_average_schedule(args, 1, 2)
     assert ('--model-ema-decay 0.9998 spans about 5000 optimizer steps and this run has 4 optimizer steps in all '
             '(2 epochs of 2): at its end the weight average is still 100% its starting weights') in caplog.text
     assert '--model-ema-warmup' in caplog.text and '--model-ema-decay 0.5623 or lower' in caplog.text
-    for changes in ({'model_ema_decay': 0.5}, {'model_ema_warmup': True}):
+    for changes in ({'decay': 0.5}, {'warmup': True}):
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger='rn50.training.training_extras'):
-            training_extras.check_average_schedule(SimpleNamespace(**dict(vars(args), **changes)), 1, 2)
+        with caplog.at_level(logging.INFO, logger='rn50.training.ema'):
+            ema.check_average_schedule(dataclasses.replace(args, **changes), 1, 2)
         assert caplog.text == '', changes
 
 

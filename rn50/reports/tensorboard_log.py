@@ -27,6 +27,13 @@ EPOCH_PREFIX = 'val.'
 EPOCH_SKIPPED = ('val.ips', 'val.latency')
 
 
+def add_args(group):
+    """The flag, in fit.py's Training group."""
+    group.add_argument('--tensorboard', nargs='?', const='tensorboard', default=None, metavar='DIR',
+                       help='write TensorBoard event files to DIR (relative: in the workspace; default '
+                            'tensorboard)')
+
+
 def teed(args, world, dllogger, iterations, meta):
     """`dllogger`, or with --tensorboard on rank 0 a TeeLogger in front of it."""
     if args.tensorboard is None or world.rank != 0:

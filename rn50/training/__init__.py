@@ -1,4 +1,4 @@
-"""The training step and what it computes: forward/backward/update (step), targets, mixup, CutMix and loss
-scaling (losses), the weight average (ema), distillation (distill), the extras' hooks (training_extras) and
-the epoch's loss (epoch_loss).
+"""The training step and what it computes: forward/backward/update and gradient accumulation (step), targets,
+mixup, CutMix and loss scaling (losses), the weight average and what a run does with it (ema), distillation
+(distill) and the epoch's loss (epoch_loss).
 """

@@ -14,6 +14,7 @@ statistics), on the same augmented images as the student (after mixup or CutMix)
 with alpha --kd-alpha and T --kd-temperature (Hinton et al., 2015: T^2 keeps the soft term's gradients at the
 scale of the hard one's).
 """
+import dataclasses
 import logging
 
 import mxnet as mx
@@ -41,27 +42,50 @@ def add_args(group):
                        help='--teacher: the weight of the distillation term (1 - alpha: the labels\')')
 
 
+@dataclasses.dataclass(frozen=True)
+class Distillation:
+    """--teacher and its options as values (`of`: None without --teacher): the teacher's `weights`, its `arch` and
+    `num_layers` (default: the student's), the `alpha` and `temperature` of the loss, the run's `num_classes`
+    and input normalisation (`mean`, `std`: what the weights are compared with when loaded)."""
+    weights: str
+    arch: str
+    num_layers: int
+    alpha: float = 0.5
+    temperature: float = 1.0
+    num_classes: int = 1000
+    mean: tuple = (123.68, 116.779, 103.939)
+    std: tuple = (58.393, 57.12, 57.375)
+
+    @classmethod
+    def of(cls, args):
+        if not args.teacher:
+            return None
+        return cls(weights=args.teacher, arch=args.teacher_arch or args.arch,
+                   num_layers=args.teacher_num_layers or args.num_layers, alpha=args.kd_alpha,
+                   temperature=args.kd_temperature, num_classes=args.num_classes, mean=tuple(args.rgb_mean),
+                   std=tuple(args.rgb_std))
+
+
 class Teacher:
     """The teacher network on the worker's devices, with its weights, forward only."""
 
-    def __init__(self, args, build_network, contexts):
-        """`build_network(**overrides)`: the composer's models.build for the parsed flags; `contexts`: the
-        worker's devices."""
-        options = dict(arch=args.teacher_arch or args.arch, num_layers=args.teacher_num_layers or args.num_layers,
-                       drop_path=0.0)
+    def __init__(self, distillation, build_network, contexts):
+        """`distillation`: a Distillation; `build_network(**overrides)`: the composer's models.build for the
+        parsed flags; `contexts`: the worker's devices."""
+        options = dict(arch=distillation.arch, num_layers=distillation.num_layers, drop_path=0.0)
         self.net = build_network(**options)
         self.net.initialize(ctx=list(contexts))
         try:
-            weight_files.load_weights(self.net, args.teacher, args.rgb_mean, args.rgb_std)
+            weight_files.load_weights(self.net, distillation.weights, distillation.mean, distillation.std)
         except (RecipeError, ValueError, KeyError) as e:
-            raise RecipeError(f'--teacher {args.teacher}: these weights are not a {options["arch"]} of '
-                              f'{options["num_layers"]} layers with {args.num_classes} classes ({e}); give '
+            raise RecipeError(f'--teacher {distillation.weights}: these weights are not a {options["arch"]} of '
+                              f'{options["num_layers"]} layers with {distillation.num_classes} classes ({e}); give '
                               '--teacher-arch and --teacher-num-layers') from e
         self.net.collect_params().setattr('grad_req', 'null')
         self.net.hybridize(static_alloc=True, static_shape=True)
-        self.temperature, self.alpha = args.kd_temperature, args.kd_alpha
-        log.info('Distilling from %s (%s, %d layers): alpha %g, temperature %g', args.teacher, options['arch'],
-                 options['num_layers'], self.alpha, self.temperature)
+        self.temperature, self.alpha = distillation.temperature, distillation.alpha
+        log.info('Distilling from %s (%s, %d layers): alpha %g, temperature %g', distillation.weights,
+                 options['arch'], options['num_layers'], self.alpha, self.temperature)
 
     def loss(self, images, student_logits, label_loss):
         """Per-image loss: (1 - alpha) x `label_loss` + alpha x T^2 x KL(teacher || student) at temperature T."""

@@ -9,17 +9,81 @@
     if not scale.overflowed(finite): trainer.update(batch * scale.scale)   # the host reads it (GPUs: after the update)
 
 step.TrainingStep uses them; they are pure functions of their inputs (mixup draws of the position in
-training), so a resumed run computes what an uninterrupted one would.
+training), so a resumed run computes what an uninterrupted one would. The flags of the targets are here too
+(add_args: --label-smoothing, --mixup, --cutmix, --mixup-switch-prob, --mixup-mode, --bce-loss,
+--bce-target-thresh), and the record the step takes of them (Targets).
 """
+import dataclasses
 import logging
 
 import mxnet as mx
 import numpy as np
 
+from rn50 import flags
+from rn50.errors import RecipeError
+
 log = logging.getLogger(__name__)
 
 # Below this loss scale every step has overflowed for a long time (16 halvings from 2**16): divergence.
 LOSS_SCALE_FLOOR = 1.0
+
+
+def add_args(group):
+    """The targets' flags, in fit.py's Training group."""
+    group.add_argument('--label-smoothing', type=flags.real(minimum=0, maximum=0.999), default=0.1,
+                       help='label smoothing factor')
+    group.add_argument('--mixup', type=flags.real(minimum=0), default=0,
+                       help='alpha parameter for mixup (if 0 then mixup is not applied)')
+    group.add_argument('--cutmix', type=flags.real(minimum=0), default=0,
+                       help='alpha of CutMix (0: off): a box of another image of the batch pasted in, the targets '
+                            'mixed by its area; with --mixup too, one of them per batch')
+    group.add_argument('--mixup-switch-prob', type=flags.real(minimum=0, maximum=1), default=0.5,
+                       help='with both --mixup and --cutmix, the probability that a draw (--mixup-mode) is CutMix')
+    group.add_argument('--mixup-mode', default='elem', choices=MIXUP_MODES,
+                       help='what shares one draw of --mixup and --cutmix (mixup or CutMix, its lambda or box), as '
+                            'timm\'s --mixup-mode: elem (default), each image (the original recipe\'s mixup); pair, '
+                            'images i and B-1-i, each mixed with the other; batch, each device\'s batch (timm\'s and '
+                            'torchvision\'s recipes)')
+    group.add_argument('--bce-loss', action='store_true',
+                       help='binary cross-entropy on each class (timm\'s): sigmoid of each logit against the '
+                            'targets of --label-smoothing, mixup and CutMix, averaged over the classes; validation '
+                            'still reports the softmax cross-entropy')
+    group.add_argument('--bce-target-thresh', type=flags.real(minimum=0, maximum=1), default=None,
+                       help='--bce-loss: targets above this become 1, the others 0 (timm\'s; ResNet strikes back '
+                            'uses 0.2)')
+
+
+def check(bce_loss, bce_target_thresh):
+    """RecipeError for target flags that cannot work together (--bce-loss, --bce-target-thresh)."""
+    if bce_target_thresh is not None and not bce_loss:
+        raise RecipeError('--bce-target-thresh sets the targets of --bce-loss: add --bce-loss')
+
+
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """What the loss compares the network's outputs with, as values (`of`: the flags): `num_classes`, label
+    `smoothing`, mixup's and CutMix's alphas (`mixup`, `cutmix`; 0: off), `switch_prob` and `mode` (--mixup-mode),
+    binary cross-entropy (`bce`) and its `bce_threshold`, and the images' `layout` (where CutMix pastes)."""
+    num_classes: int
+    smoothing: float = 0.1
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    switch_prob: float = 0.5
+    mode: str = 'elem'
+    bce: bool = False
+    bce_threshold: float = None
+    layout: str = 'NCHW'
+
+    @classmethod
+    def of(cls, args):
+        return cls(num_classes=args.num_classes, smoothing=args.label_smoothing, mixup=args.mixup,
+                   cutmix=args.cutmix, switch_prob=args.mixup_switch_prob, mode=args.mixup_mode, bce=args.bce_loss,
+                   bce_threshold=args.bce_target_thresh, layout=args.input_layout)
+
+    @property
+    def sparse(self):
+        """Whether the loss takes the labels as they are (no smoothing, no mixing, softmax cross-entropy)."""
+        return self.smoothing == 0 and self.mixup == 0 and self.cutmix == 0 and not self.bce
 
 
 def smoothed_one_hot(labels, num_classes, smoothing):

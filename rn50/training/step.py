@@ -1,10 +1,13 @@
 """The training step of one worker: forward and backward on each of its devices, the targets (label
-smoothing, mixup, CutMix), loss scaling for float16 and AMP, gradient accumulation, and the update through
-a gluon.Trainer (Horovod's DistributedTrainer with several workers). fit.py's epoch loop calls
+smoothing, mixup, CutMix), loss scaling for float16 and AMP, gradient accumulation (--grad-accum-steps), and
+the update through a gluon.Trainer (Horovod's DistributedTrainer with several workers). fit.py's epoch loop
+calls
 
-    step = TrainingStep(args, net, world, seed, build_network)   # build_network: models.build for a --teacher
+    settings = StepSettings.of(args)                              # the flags as values, once
+    step = TrainingStep(net, world, settings, seed, build_network)   # build_network: models.build for a --teacher
     loss = step.run(batch, epoch, iteration, lr, before_sync=fetch_next_batch)   # an NDArray, not synchronised
 """
+import dataclasses
 import inspect
 import logging
 import math
@@ -13,6 +16,7 @@ import os
 import mxnet as mx
 from mxnet import autograd, gluon
 
+from rn50 import flags
 from rn50.checkpoints.optimizer_state import flat_arrays
 from rn50.data.contract import device_slices
 from rn50.errors import RecipeError
@@ -20,9 +24,37 @@ from rn50.optim import factory
 from rn50.optim import lamb
 from rn50.training import distill
 from rn50.training import losses
-from rn50.training import training_extras
 
 log = logging.getLogger(__name__)
+
+
+def add_args(group):
+    """The step's flags, in fit.py's Training group."""
+    group.add_argument('--grad-accum-steps', type=flags.integer(minimum=1), default=1,
+                       help='one optimizer step every K batches (the effective batch is K times --batch-size; '
+                            'the runner scales -l by it)')
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+    """What the flags say of the training step, as values (`of`): the optimizer's keywords (factory.create's,
+    factory.optimizer_kwargs), the `targets` (a losses.Targets), the network's `dtype` and --amp, --grad-accum-steps
+    (`accumulation`), --backbone-lr-mult, --kv-store (the Gluon kvstore of several devices in one process) and a
+    --teacher's distillation (`teacher`, a distill.Distillation, or None)."""
+    optimizer: dict
+    targets: losses.Targets
+    dtype: str = 'float32'
+    amp: bool = False
+    accumulation: int = 1
+    backbone_lr_mult: float = 1.0
+    kv_store: str = 'device'
+    teacher: distill.Distillation = None
+
+    @classmethod
+    def of(cls, args):
+        return cls(optimizer=factory.optimizer_kwargs(args), targets=losses.Targets.of(args), dtype=args.dtype,
+                   amp=args.amp, accumulation=args.grad_accum_steps, backbone_lr_mult=args.backbone_lr_mult,
+                   kv_store=args.kv_store, teacher=distill.Distillation.of(args))
 
 
 def predivision(world, float16):
@@ -123,45 +155,46 @@ class TrainingStep:
     """The training step of one worker: forward and backward on each of its devices, loss scaling, and the
     update through `gluon_trainer` (a gluon.Trainer, or Horovod's DistributedTrainer)."""
 
-    def __init__(self, args, net, world, seed=0, build_network=None):
-        """`world.devices`: where and in which AMP dtype to run; `seed`: the run's, for mixup and CutMix draws;
-        `build_network(**overrides)`: models.build for a --teacher."""
-        self.args, self.net, self.world, self.seed = args, net, world, seed
+    def __init__(self, net, world, settings, seed=0, build_network=None):
+        """`world.devices`: where and in which AMP dtype to run; `settings`: a StepSettings; `seed`: the run's, for
+        mixup and CutMix draws; `build_network(**overrides)`: models.build for a --teacher."""
+        self.net, self.world, self.settings, self.seed = net, world, settings, seed
+        self.targets = targets = settings.targets
         self.contexts = list(world.devices.contexts)
-        self.sparse_labels = args.label_smoothing == 0 and args.mixup == 0 and args.cutmix == 0 and not args.bce_loss
-        self.loss = gluon.loss.SigmoidBinaryCrossEntropyLoss() if args.bce_loss else \
+        self.sparse_labels = targets.sparse
+        self.loss = gluon.loss.SigmoidBinaryCrossEntropyLoss() if targets.bce else \
             gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=self.sparse_labels)
         self.loss.hybridize(static_alloc=True, static_shape=True)
         self.params = net.collect_params()
-        if args.backbone_lr_mult != 1:
+        if settings.backbone_lr_mult != 1:
             for name, param in net._collect_params_with_prefix().items():
                 if not name.startswith('output.'):
-                    param.lr_mult = args.backbone_lr_mult
+                    param.lr_mult = settings.backbone_lr_mult
         try:
-            optimizer = factory.create(**factory.optimizer_kwargs(args))   # --optimizer: factory.py
+            optimizer = factory.create(**settings.optimizer)   # --optimizer: factory.py
             horovod = world.comm.horovod
             if horovod is not None:
                 self.gluon_trainer = horovod.DistributedTrainer(
                     self.params, optimizer, **grouping(horovod),
-                    **predivision(world, args.dtype == 'float16' or world.devices.amp_dtype == 'float16'))
+                    **predivision(world, settings.dtype == 'float16' or world.devices.amp_dtype == 'float16'))
             else:
                 self.gluon_trainer = gluon.Trainer(self.params, optimizer,
-                                                   kvstore=args.kv_store if len(self.contexts) > 1 else None,
+                                                   kvstore=settings.kv_store if len(self.contexts) > 1 else None,
                                                    update_on_kvstore=False if len(self.contexts) > 1 else None)
         except (ValueError, KeyError, mx.base.MXNetError) as e:
-            raise RecipeError(f'--optimizer {args.optimizer}: {e}') from e
+            raise RecipeError(f'--optimizer {settings.optimizer["name"]}: {e}') from e
         self.amp_scaling = world.devices.amp_dtype == 'float16'
         if self.amp_scaling:
             from mxnet.contrib import amp
             amp.init_trainer(self.gluon_trainer)
-        self.loss_scale = losses.DynamicLossScale() if args.dtype == 'float16' and not args.amp else None
+        self.loss_scale = losses.DynamicLossScale() if settings.dtype == 'float16' and not settings.amp else None
         # GPUs: read the overflow flag after the update is queued, undoing an overflowed one (UpdateUndo); on the
         # CPU the host's cores are the device's, and the flag is read before the update, as plain skipping.
         self.undo = UpdateUndo(self.gluon_trainer, self.params) \
             if self.loss_scale is not None and world.devices.kind == 'gpu' else None
-        self.accumulation = training_extras.Accumulation(args.grad_accum_steps, self.params)
+        self.accumulation = Accumulation(settings.accumulation, self.params)
         self.average = None   # --model-ema's ema.WeightAverage, set by train() once the weights are final
-        self.teacher = distill.Teacher(args, build_network, self.contexts) if args.teacher else None
+        self.teacher = distill.Teacher(settings.teacher, build_network, self.contexts) if settings.teacher else None
 
     def inputs_and_targets(self, images, labels, epoch, iteration, part):
         """(images, targets) as the loss wants them: the labels sparse or as smoothed one-hot vectors, and
@@ -170,18 +203,18 @@ class TrainingStep:
         if self.sparse_labels:
             return images, labels
         images, targets = self.blended(images, labels, epoch, iteration, part)
-        return images, losses.bce_targets(targets, self.args.bce_target_thresh)
+        return images, losses.bce_targets(targets, self.targets.bce_threshold)
 
     def blended(self, images, labels, epoch, iteration, part):
         """(images, smoothed one-hot targets), mixup and CutMix applied per --mixup-mode (losses.mix_draws)."""
-        targets = losses.smoothed_one_hot(labels, self.args.num_classes, self.args.label_smoothing)
-        if self.args.mixup == 0 and self.args.cutmix == 0:
+        spec = self.targets
+        targets = losses.smoothed_one_hot(labels, spec.num_classes, spec.smoothing)
+        if spec.mixup == 0 and spec.cutmix == 0:
             return images, targets
-        height, width = images.shape[self.args.input_layout.index('H'):][:2]
+        height, width = images.shape[spec.layout.index('H'):][:2]
         own, boxes = losses.mix_draws(self.seed, epoch, iteration, self.world.rank, part, labels.shape[0],
-                                      height, width, self.args.mixup, self.args.cutmix, self.args.mixup_switch_prob,
-                                      self.args.mixup_mode)
-        return losses.mix(images, targets, own, boxes, self.args.input_layout)
+                                      height, width, spec.mixup, spec.cutmix, spec.switch_prob, spec.mode)
+        return losses.mix(images, targets, own, boxes, spec.layout)
 
     def run(self, batch, epoch, iteration, lr, before_sync=None):
         """One optimisation step; returns the batch's mean loss as an NDArray (not synchronised).
@@ -276,3 +309,59 @@ class TrainingStep:
     def skips_bad_steps(self):
         """With loss scaling a non-finite loss is an overflow to skip, not a divergence to stop on."""
         return self.amp_scaling or self.loss_scale is not None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Gradient accumulation
+
+
+class Accumulation:
+    """--grad-accum-steps K: the batches of an epoch form groups of K (iterations 0..K-1, K..2K-1, ...), the
+    gradients of a group are summed (grad_req 'add') and one optimizer step is taken after its last batch,
+    normalised by all the group's images; the last group of an epoch whose batch count is not a multiple of K
+    is shorter (its step averages over the batches it has). The learning rate of a step is the schedule's at
+    its group's first batch, so steps follow the schedule of a K times larger batch. A run stops (signal) only
+    after a step, so a resume never needs a half-summed gradient."""
+
+    def __init__(self, steps, params):
+        self.steps = steps
+        self.params = params      # the network's ParameterDict
+        self.pending = 0          # batches summed since the last step
+        self.iterations = None    # batches in the current epoch
+        if steps > 1:
+            for param in params.values():
+                if param.grad_req != 'null':
+                    param.grad_req = 'add'
+
+    def start_epoch(self, iterations):
+        self.iterations = iterations
+        self.pending = 0
+
+    def group_start(self, iteration):
+        """The first iteration of `iteration`'s group (where its learning rate is read)."""
+        return iteration - iteration % self.steps
+
+    def collecting(self, iteration):
+        """Count this batch; True while its group has more batches to come (no step yet)."""
+        self.pending += 1
+        done = iteration + 1
+        return done % self.steps != 0 and done != self.iterations
+
+    def after_step(self):
+        """The number of batches the step just taken covered; the summed gradients start again from zero."""
+        batches, self.pending = self.pending, 0
+        if self.steps > 1:
+            self.params.zero_grad()    # one reset_arrays call per device, not one operator per array
+        return batches
+
+    def steps_per_epoch(self):
+        """Optimizer steps in an epoch (the last group may be shorter)."""
+        return -(-self.iterations // self.steps)
+
+    def step_number(self, epoch, iteration):
+        """The optimizer steps of the run (1, 2, ...) once the step ending `iteration`'s group is taken."""
+        return epoch * self.steps_per_epoch() + -(-(iteration + 1) // self.steps)
+
+    def at_step(self, done):
+        """Whether `done` batches of the epoch end a group (a run may stop there)."""
+        return done % self.steps == 0
