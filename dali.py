@@ -30,6 +30,7 @@ needs no GPU at all. Outputs are copied into MXNet arrays synchronously (copy_ou
 """
 import collections
 import ctypes
+import dataclasses
 import logging
 import re
 import struct
@@ -39,11 +40,9 @@ import mxnet as mx
 import numpy as np
 
 from rn50 import flags
-from rn50.config import resolve
 from rn50.data import augment
 from rn50.data import contract
 from rn50.data import records
-from rn50.data import resolution
 from rn50.data import validation_resize
 from rn50.errors import RecipeError
 
@@ -75,6 +74,31 @@ def add_dali_args(parser):
     group.add_argument('--dali-dont-use-mmap', action='store_true',
                        help='Use plain I/O instead of MMAP for datasets (e.g. on network filesystems)')
     return group
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The DALI backends' own settings (`of`: the flags): --dali-threads and --dali-validation-threads, the
+    prefetch queue, nvJPEG's memory padding (MB) and size hints, the fused decoder, mmap, each worker validating
+    the whole set (--dali-separ-val), and the GPU backend (dali-gpu) or the CPU one."""
+    threads: int = 6
+    validation_threads: int = 10
+    prefetch_queue: int = 5
+    nvjpeg_memory_padding: int = 64
+    nvjpeg_width_hint: int = 5980
+    nvjpeg_height_hint: int = 6430
+    fuse_decoder: int = 1
+    use_mmap: bool = True
+    separate_validation: bool = False
+    on_gpu: bool = False
+
+    @classmethod
+    def of(cls, args):
+        return cls(threads=args.dali_threads, validation_threads=args.dali_validation_threads,
+                   prefetch_queue=args.dali_prefetch_queue, nvjpeg_memory_padding=args.dali_nvjpeg_memory_padding,
+                   nvjpeg_width_hint=args.dali_nvjpeg_width_hint, nvjpeg_height_hint=args.dali_nvjpeg_height_hint,
+                   fuse_decoder=args.dali_fuse_decoder, use_mmap=not args.dali_dont_use_mmap,
+                   separate_validation=args.dali_separ_val, on_gpu=args.data_backend == 'dali-gpu')
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -213,29 +237,30 @@ def loader_graph(loader, device):
     return loader.graph(device)
 
 
-def validation_input(jpegs, args, decoder):
+def validation_input(jpegs, spec, decoder):
     """The validation graph, from encoded images to the network's input (pred's too: PredictionImages):
     decoded; resized with ImageRecordIter's geometry, in integers from the encoded size (the shorter side to
     --data-val-resize, the longer to floor(longer * resize / shorter)) and the run's interpolation
-    (validation_resize.val_interpolation: linear, antialiased when shrinking or not); the centre crop at floor((resized -
-    crop) / 2); normalised into the layout, dtype and channels of the training batches."""
+    (its val_interpolation: linear, antialiased when shrinking or not); the centre crop at floor((resized - crop)
+    / 2); normalised into the layout, dtype and channels of the training batches (`spec`: the run's
+    contract.Images)."""
     from nvidia.dali import fn, math, types
-    channels, height, width = contract.image_shape(args, training=False)
+    channels, height, width = spec.shape_of(training=False)
     encoded = fn.peek_image_shape(jpegs, dtype=types.INT32)   # (height, width, channels), as decoded (no EXIF turn)
     shorter = math.min(encoded[0], encoded[1])
-    rows, columns = encoded[0] * args.data_val_resize // shorter, encoded[1] * args.data_val_resize // shorter
+    rows, columns = encoded[0] * spec.val_resize // shorter, encoded[1] * spec.val_resize // shorter
     images = fn.resize(fn.decoders.image(jpegs, **decoder), resize_y=fn.cast(rows, dtype=types.FLOAT),
                        resize_x=fn.cast(columns, dtype=types.FLOAT), interp_type=types.INTERP_LINEAR,
-                       antialias=validation_resize.val_interpolation(args) == 'linear-antialias')
+                       antialias=spec.val_interpolation == 'linear-antialias')
     images = fn.slice(images, start=fn.stack((rows - height) // 2, (columns - width) // 2), shape=[height, width],
                       axis_names='HW')
-    dtype = types.FLOAT16 if contract.training_dtype(args) == 'float16' else types.FLOAT
-    return fn.crop_mirror_normalize(images, mean=list(args.rgb_mean), std=list(args.rgb_std), dtype=dtype,
+    dtype = types.FLOAT16 if spec.dtype == 'float16' else types.FLOAT
+    return fn.crop_mirror_normalize(images, mean=list(spec.mean), std=list(spec.std), dtype=dtype,
                                     pad_output=channels == 4,
-                                    output_layout='CHW' if args.input_layout == 'NCHW' else 'HWC')
+                                    output_layout='CHW' if spec.layout == 'NCHW' else 'HWC')
 
 
-def encoded_images_pipeline(args, input_name, batch_size, num_threads, **options):
+def encoded_images_pipeline(spec, input_name, batch_size, num_threads, **options):
     """A CPU-only pipeline (device_id None) of the validation graph from encoded image files: the external
     source `input_name` (one uint8 array of the file's bytes per image) through validation_input with the CPU
     decoder; `options` go to the pipeline (pred's runs one image at a time, synchronously)."""
@@ -243,19 +268,20 @@ def encoded_images_pipeline(args, input_name, batch_size, num_threads, **options
 
     def graph():
         jpegs = fn.external_source(name=input_name, dtype=types.UINT8, ndim=1)
-        return validation_input(jpegs, args, dict(device='cpu', output_type=types.RGB))
+        return validation_input(jpegs, spec, dict(device='cpu', output_type=types.RGB))
     return pipeline_def(graph, batch_size=batch_size, num_threads=num_threads, device_id=None, **options)()
 
 
-def serialize_preprocessing(args, path, input_name, max_batch_size):
+def serialize_preprocessing(spec, threads, path, input_name, max_batch_size):
     """Write the validation graph from encoded images to the input of export's portable network (float32, 3
     channels, --input-layout) as a serialized DALI pipeline at `path`: the model.dali that Triton's DALI backend
     runs, with the external source `input_name`, batches of up to `max_batch_size` images and
     --dali-validation-threads threads, on the CPU (Triton's DALI backend runs a CPU-only pipeline on CPU instances).
-    The composer hands `functools.partial(serialize_preprocessing, args)` to export."""
+    The composer hands `functools.partial(serialize_preprocessing, images, threads)` to export (`spec`: the run's
+    contract.Images; `threads`: --dali-validation-threads)."""
     from nvidia.dali import types
-    portable = resolve.replaced(args, image_shape=(3,) + tuple(args.image_shape[1:]), dtype='float32', amp=False)
-    pipe = encoded_images_pipeline(portable, input_name, max_batch_size, args.dali_validation_threads,
+    portable = dataclasses.replace(spec, shape=(3,) + tuple(spec.shape[1:]), dtype='float32')
+    pipe = encoded_images_pipeline(portable, input_name, max_batch_size, threads,
                                    output_dtype=types.FLOAT, output_ndim=3)
     pipe.serialize(filename=path)
 
@@ -264,11 +290,12 @@ class PredictionImages:
     """pred's input for a run that validates with DALI: each file through validation_input on the CPU (one
     pipeline of batch 1, fed file by file), the very graph of validation."""
 
-    def __init__(self, args):
-        self.args, self.pipe = args, None
+    def __init__(self, spec):
+        """`spec`: the run's contract.Images."""
+        self.spec, self.pipe = spec, None
 
     def build(self):
-        pipe = encoded_images_pipeline(self.args, 'encoded', 1, 1, prefetch_queue_depth=1, exec_pipelined=False,
+        pipe = encoded_images_pipeline(self.spec, 'encoded', 1, 1, prefetch_queue_depth=1, exec_pipelined=False,
                                        exec_async=False)
         pipe.build()
         return pipe
@@ -288,7 +315,7 @@ class PredictionImages:
                 ('[frame', 'Stacktrace', 'Critical error in pipeline', 'Current pipeline object'))]
             reason = re.sub(r'\[/[^]]*\] ?', '', ' '.join(reason[:2]))[:300] or type(e).__name__
             raise RecipeError(f'cannot read image {path}: {reason}') from e
-        return mx.nd.array(np.asarray(images.as_tensor()), dtype=contract.training_dtype(self.args))
+        return mx.nd.array(np.asarray(images.as_tensor()), dtype=self.spec.dtype)
 
 
 class DaliLoader:
@@ -299,38 +326,45 @@ class DaliLoader:
     decoded and kept on its device; tests pass several CPU contexts to run that path with dali-cpu. `seed`:
     the run's, from which the order and the augmentation are drawn."""
 
-    def __init__(self, args, rank, num_workers, training, contexts=(mx.cpu(),), seed=0):
-        self.args, self.training, self.seed = args, training, seed
-        self.batch_size = contract.per_worker_batch(args, num_workers)
+    def __init__(self, dataset, options, rank, num_workers, training, contexts=(mx.cpu(),), seed=0):
+        """`dataset`: a contract.Dataset (files, batch, classes, Images, training preset); `options`: Options."""
+        self.options, self.images, self.preset = options, dataset.images, dataset.preset
+        self.training, self.seed = training, seed
+        self.batch_size = contract.per_worker_batch(dataset.batch_size, num_workers)
         what = 'training' if training else 'validation'
-        rec, idx = (args.data_train, args.data_train_idx) if training else (args.data_val, args.data_val_idx)
-        self.records = records.RecordFile(rec, idx, args.num_classes, what, use_mmap=not args.dali_dont_use_mmap)
-        if not training and args.dali_separ_val:
+        rec, idx = dataset.train if training else dataset.val
+        self.records = records.RecordFile(rec, idx, dataset.num_classes, what, use_mmap=options.use_mmap)
+        if not training and options.separate_validation:
             rank, num_workers = 0, 1   # every worker validates the whole set
         self.rank, self.num_workers = rank, num_workers
         if training:
-            self.num_examples = args.num_examples or len(self.records)
+            self.num_examples = dataset.num_examples or len(self.records)
             self.shard = records.TrainingShard(len(self.records), self.num_examples, rank, num_workers,
-                                               self.batch_size, seed, args.aug_repeats)
+                                               self.batch_size, seed, self.preset.repeats)
         else:
             self.num_examples = len(self.records)
             self.shard = records.SequentialShard(self.num_examples, rank, num_workers, self.batch_size)
-            log.info('Validation with DALI: %s', validation_resize.describe_val_resize(args))
+            log.info('Validation with DALI: %s', validation_resize.describe_val_resize(self.images))
         self.num_batches = self.shard.num_batches
         self.real_samples = self.shard.real_samples
-        self.on_gpu = args.data_backend == 'dali-gpu'
+        self.on_gpu = options.on_gpu
         on_cpus = all(context.device_type == 'cpu' for context in contexts)
         self.contexts = list(contexts) if self.on_gpu or on_cpus else [mx.cpu()]   # dali-cpu: batches on the host
         if self.batch_size % len(self.contexts):
             raise RecipeError(f'the per-worker batch {self.batch_size} is not divisible by the '
                               f'{len(self.contexts)} devices')
         self.feeds = [Feed(self, d, len(self.contexts)) for d in range(len(self.contexts))]
-        self.policy = augment.Policy(args) if training and args.auto_augment else None
+        self.policy = augment.Policy(self.preset.auto_augment) if training and self.preset.auto_augment else None
         # Built now, not at the first epoch: a validation pipeline first built after a training epoch (decode
         # buffers, nvJPEG padding, prefetched batches: 0.5-1.5 GB on a GPU) would meet MXNet's memory pool at
         # its training peak, an out-of-memory about an epoch in on 16 GB cards.
         self.pipes = [self.pipeline(d) for d in range(len(self.contexts))]
         self.running = False     # a pipeline epoch is under way (possibly abandoned by the consumer)
+
+    @classmethod
+    def of(cls, args, rank, num_workers, training, contexts=(mx.cpu(),), seed=0):
+        """The loader of the resolved flags `args` (its records made here)."""
+        return cls(contract.Dataset.of(args), Options.of(args), rank, num_workers, training, contexts, seed)
 
     def read_batch(self, epoch, index, device, devices):
         """The external-source inputs of this device's slice of batch `index`, and what the consumer needs
@@ -342,12 +376,11 @@ class DaliLoader:
         jpegs = [np.frombuffer(p, dtype=np.uint8) for p in payloads]
         inputs = [jpegs]
         if self.training:
-            args = self.args
+            preset = self.preset
             sizes = np.array([image_size(p) or (1000, 1000) for p in payloads], dtype=np.float64)
             rng = np.random.default_rng([self.seed, epoch, self.rank, index, device, AUGMENT_STREAM])
-            anchors, shapes = random_crops(sizes, rng, (args.min_random_area, args.max_random_area),
-                                           contract.aspect_ratio_range(args))
-            mirror = rng.integers(0, 2, len(indices), dtype=np.int32) if args.random_mirror else \
+            anchors, shapes = random_crops(sizes, rng, preset.area, preset.aspect_ratio)
+            mirror = rng.integers(0, 2, len(indices), dtype=np.int32) if preset.mirror else \
                 np.zeros(len(indices), np.int32)
             inputs += [anchors, shapes, mirror] + self.extra_draws(epoch, index, device, len(indices))
         return inputs, (labels, pad, indices)
@@ -356,18 +389,18 @@ class DaliLoader:
         """The external-source inputs of --progressive-size, --auto-augment and --random-erase for `count`
         images: the epoch's (height, width) (resolution.py); operations, bins and signs (augment.py); the
         erased boxes' anchors and shapes, and their noise in pixel mode."""
-        args, inputs = self.args, []
+        preset, inputs = self.preset, []
         keys = [self.seed, epoch, self.rank, index, device]
-        channels, height, width = resolution.training_shape(args, epoch)
-        if args.progressive_size is not None:
+        channels, height, width = preset.training_shape(epoch)
+        if preset.progressive is not None:
             inputs.append(np.tile(np.array([height, width], np.float32), (count, 1)))
         if self.policy is not None:
             inputs += self.policy.draw(np.random.default_rng(keys + [augment.AUTO_AUGMENT_STREAM]), count)
-        if args.random_erase:
+        if preset.random_erase:
             rng = np.random.default_rng(keys + [augment.ERASE_STREAM])
-            anchors, shapes = augment.erase_boxes(rng, count, height, width, args.random_erase)
+            anchors, shapes = augment.erase_boxes(rng, count, height, width, preset.random_erase)
             inputs += [anchors, shapes]
-            if args.random_erase_mode == 'pixel':
+            if preset.erase_mode == 'pixel':
                 inputs.append(augment.erase_noise(rng, shapes, channels))
         return inputs
 
@@ -375,31 +408,31 @@ class DaliLoader:
         """The DataNodes of read_batch's training inputs: jpegs, anchors, shapes, mirror, then
         extra_draws' (the size; the auto-augment draws as one list; the erasing's; None for what is off)."""
         from nvidia.dali import fn, types
-        args = self.args
+        preset = self.preset
         kinds = [(types.UINT8, 1), (types.FLOAT, 1), (types.FLOAT, 1), (types.INT32, 0)]
-        if args.progressive_size is not None:
+        if preset.progressive is not None:
             kinds.append((types.FLOAT, 1))
         if self.policy is not None:
             kinds += [(types.INT32, 1)] * 3
-        if args.random_erase:
+        if preset.random_erase:
             kinds += [(types.FLOAT, 1)] * 2
-            if args.random_erase_mode == 'pixel':
+            if preset.erase_mode == 'pixel':
                 kinds.append((types.FLOAT, 3))
         nodes = list(fn.external_source(source=self.feeds[device], num_outputs=len(kinds), batch=True,
                                         dtype=[kind for kind, _ in kinds], ndim=[ndim for _, ndim in kinds]))
         jpegs, anchors, shapes, mirror = nodes[:4]
         rest = nodes[4:]
-        size = rest.pop(0) if args.progressive_size is not None else None
+        size = rest.pop(0) if preset.progressive is not None else None
         draws = None
         if self.policy is not None:
             draws, rest = rest[:3], rest[3:]
-        erase = rest + [None] * (3 - len(rest)) if args.random_erase else None
+        erase = rest + [None] * (3 - len(rest)) if preset.random_erase else None
         return jpegs, anchors, shapes, mirror, size, draws, erase
 
     def pipeline(self, device):
         from nvidia.dali import pipeline_def
-        args = self.args
-        threads = args.dali_threads if self.training else args.dali_validation_threads
+        options = self.options
+        threads = options.threads if self.training else options.validation_threads
         # Conditional execution (DALI's `select` splits a batch by each image's operation) only when needed, and
         # then only asked for: a DALI before 1.23 has no such keyword (augment.check_dali stops --auto-augment
         # there), and runs everything else.
@@ -408,25 +441,25 @@ class DaliLoader:
         pipe = build(self, device, batch_size=self.batch_size // len(self.contexts), num_threads=threads,
                      seed=records.epoch_seed(self.seed, self.rank, device),
                      device_id=self.contexts[device].device_id if self.on_gpu else None,
-                     prefetch_queue_depth=args.dali_prefetch_queue)
+                     prefetch_queue_depth=options.prefetch_queue)
         pipe.build()
         return pipe
 
     def graph(self, device):
         """The DALI graph of this loader's pipeline for `device`: its output, the batch of images."""
         from nvidia.dali import fn, types
-        args = self.args
-        channels, height, width = contract.image_shape(args, self.training)
+        options, spec = self.options, self.images
+        channels, height, width = spec.shape_of(self.training)
         decoder = dict(device='mixed' if self.on_gpu else 'cpu', output_type=types.RGB)
         if self.on_gpu:
-            padding = args.dali_nvjpeg_memory_padding * 1024 * 1024
+            padding = options.nvjpeg_memory_padding * 1024 * 1024
             decoder.update(device_memory_padding=padding, host_memory_padding=padding,
-                           preallocate_width_hint=args.dali_nvjpeg_width_hint,
-                           preallocate_height_hint=args.dali_nvjpeg_height_hint)
+                           preallocate_width_hint=options.nvjpeg_width_hint,
+                           preallocate_height_hint=options.nvjpeg_height_hint)
         erase, crop = None, {}
         if self.training:
             jpegs, anchors, shapes, mirror, size, draws, erase = self.training_inputs(device)
-            if args.dali_fuse_decoder:
+            if options.fuse_decoder:
                 images = fn.decoders.image_slice(jpegs, anchors, shapes, **decoder)
             else:
                 images = fn.slice(fn.decoders.image(jpegs, **decoder), anchors, shapes)
@@ -438,14 +471,14 @@ class DaliLoader:
         else:
             jpegs = fn.external_source(source=self.feeds[device], num_outputs=1, batch=True,
                                        dtype=[types.UINT8], ndim=[1])[0]
-            return validation_input(jpegs, args, decoder)
-        channels_first = args.input_layout == 'NCHW'
-        dtype = types.FLOAT16 if contract.training_dtype(args) == 'float16' else types.FLOAT
+            return validation_input(jpegs, spec, decoder)
+        channels_first = spec.layout == 'NCHW'
+        dtype = types.FLOAT16 if spec.dtype == 'float16' else types.FLOAT
         # Erasing gets float32 on every device (DALI's GPU erase has no float16, its arithmetic neither), then the
         # cast: dali-cpu runs the very graph of dali-gpu.
         normalised = dtype if erase is None else types.FLOAT
         images = fn.crop_mirror_normalize(
-            images, mirror=mirror, mean=list(args.rgb_mean), std=list(args.rgb_std), **crop,
+            images, mirror=mirror, mean=list(spec.mean), std=list(spec.std), **crop,
             dtype=normalised, pad_output=channels == 4,
             output_layout='CHW' if channels_first and erase is None else 'HWC')
         if erase is not None:     # erased after normalisation, as torchvision and timm do, in HWC
@@ -488,7 +521,7 @@ class DaliLoader:
         for feed in self.feeds:
             feed.start(epoch, range(start, self.num_batches))
         self.running = True
-        dtype = contract.training_dtype(self.args)
+        dtype = self.images.dtype
         for index in range(start, self.num_batches):
             parts, labels = [], []
             for feed, pipe, context in zip(self.feeds, self.pipes, self.contexts):

@@ -1,10 +1,13 @@
 """Data: the Data and MXNet-augmentation flags and the native RecordIO loader (--data-backend mxnet). Every
-loader (this one, dali.py's and rn50/data/synthetic.py's) follows the contract of rn50/data/contract.py;
+loader (this one, dali.py's and rn50/data/synthetic.py's) follows the contract of rn50/data/contract.py and
+takes its records (a contract.Dataset: files, batch, Images, the training preset of rn50/data/preset.py);
 rn50/data/validation_resize.py holds the validation geometry that val, pred and export share.
 
     python train.py --data-backend synthetic --test-io     # loader throughput alone
     train.get_loaders(args, rank, num_workers)             # -> (train loader, val loader), any backend
+    data.RecordLoader(dataset, data.Options.of(args), rank, num_workers, training)   # or RecordLoader.of(args, ...)
 """
+import dataclasses
 import logging
 import os
 import shutil
@@ -18,10 +21,11 @@ import numpy as np
 
 from rn50 import flags
 from rn50.data import augment
+from rn50.data import preset
 from rn50.data import records
 from rn50.data import resolution
-from rn50.data.contract import IMAGENET_TRAIN_SIZE, aspect_ratio_range, batches, image_shape, on_devices, per_worker_batch
-from rn50.data.validation_resize import describe_val_resize, val_interpolation
+from rn50.data.contract import IMAGENET_TRAIN_SIZE, Dataset, Images, batches, on_devices, per_worker_batch
+from rn50.data.validation_resize import describe_val_resize
 from rn50.errors import RecipeError
 from rn50.reports import logs
 
@@ -98,18 +102,7 @@ def add_data_aug_args(parser):
         '--random-mirror and the area and aspect-ratio flags, and refuses the others')
     group.add_argument('--data-mxnet-threads', type=flags.integer(minimum=1), default=40,
                        help='number of threads for data decoding for mxnet data backend')
-    group.add_argument('--random-mirror', type=int, default=1, choices=(0, 1),
-                       help='if or not randomly flip horizontally')
-    group.add_argument('--min-random-aspect-ratio', type=flags.optional_float, default=0.75,
-                       help='min value of aspect ratio, either None or a positive value')
-    group.add_argument('--max-random-aspect-ratio', type=flags.finite_float, default=1.33,
-                       help='max value of aspect ratio; with --min-random-aspect-ratio None the range is '
-                            '[1 - max, 1 + max]')
-    group.add_argument('--max-random-area', type=flags.finite_float, default=1,
-                       help='max area to crop in random resized crop, whose range is [0, 1]')
-    group.add_argument('--min-random-area', type=flags.finite_float, default=0.08,
-                       help='min area to crop in random resized crop, whose range is [0, 1] (the original '
-                            'used 0.05 here and 0.08 in DALI; both now use this flag)')
+    preset.add_args(group)     # the crop and flip, which DALI follows too
     group.add_argument('--random-resized-crop', type=int, default=1, choices=(0, 1),
                        help='whether to use random resized crop')
     for flag, kind, default, text in NATIVE_AUGMENTATIONS:
@@ -135,7 +128,7 @@ def check_backend(args, given, on_gpu, local=True):
 def check_data_flags(args, given, local=True):
     """RecipeError for data flags that are out of range, or that the chosen backend would ignore (`given`: the
     destinations of the flags the command named; `local`: check_backend's)."""
-    shape = image_shape(args, training=False)
+    shape = Images.of(args).shape_of(training=False)
     if len(args.rgb_mean) != 3 or len(args.rgb_std) != 3 or min(args.rgb_std) <= 0:
         raise RecipeError('--rgb-mean and --rgb-std take 3 values each (R,G,B), the std values positive')
     if args.data_val_resize < max(shape[1:]):
@@ -144,12 +137,13 @@ def check_data_flags(args, given, local=True):
     if not 0 < args.min_random_area <= args.max_random_area <= 1:
         raise RecipeError(f'--min-random-area {args.min_random_area} and --max-random-area '
                           f'{args.max_random_area}: expected 0 < min <= max <= 1')
-    low, high = aspect_ratio_range(args)
+    low, high = preset.aspect_ratio_range(args.min_random_aspect_ratio, args.max_random_aspect_ratio)
     if not 0 < low <= high:
         raise RecipeError(f'aspect ratio range [{low}, {high}] from --min/max-random-aspect-ratio: expected '
                           '0 < min <= max')
-    augment.check(args, given, local)
-    resolution.check(args)
+    augment.check(preset.TrainingPreset.of(args), args.data_backend, given, args.mode in ('train', 'train_val'), local)
+    resolution.check(args.progressive_size, args.progressive_epochs, args.image_shape, args.data_backend,
+                     args.num_epochs)
     changed = [flag for flag, _, default, _ in NATIVE_AUGMENTATIONS if flag_value(args, flag) != default]
     if args.data_backend == 'mxnet':
         conflicts = [flag for flag in RESIZED_CROP_CONFLICTS if flag in changed]
@@ -165,6 +159,17 @@ def check_data_flags(args, given, local=True):
 
 def flag_value(args, flag):
     return getattr(args, flag[2:].replace('-', '_'))
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The native backend's own settings (`of`: the flags): ImageRecordIter's decoding threads
+    (--data-mxnet-threads)."""
+    threads: int = 40
+
+    @classmethod
+    def of(cls, args):
+        return cls(threads=args.data_mxnet_threads)
 
 
 # The native training loader hands ImageRecordIter chunks of about this many images, written in the epoch's
@@ -206,19 +211,22 @@ class RecordLoader:
     ceil(CHUNK_IMAGES / batch) batches, one iterator per chunk with an augmentation seed from (seed, epoch,
     rank, chunk): batch k of an epoch is fixed, and `epoch(e, k)` starts at k's chunk (exact resume, at most
     the chunk's earlier batches decoded in vain). Augmentation is ImageRecordIter's, with all its flags.
-    Validation reads the file in order with ImageRecordIter's own split."""
+    Validation reads the file in order with ImageRecordIter's own split. `dataset`: a contract.Dataset (its
+    files, batch, classes, Images and training preset); `options`: Options."""
 
-    def __init__(self, args, rank, num_workers, training, contexts=(mx.cpu(),), seed=0):
-        self.args, self.rank, self.num_workers, self.training = args, rank, num_workers, training
+    def __init__(self, dataset, options, rank, num_workers, training, contexts=(mx.cpu(),), seed=0):
+        self.dataset, self.options = dataset, options
+        self.images, self.preset = dataset.images, dataset.preset
+        self.rank, self.num_workers, self.training = rank, num_workers, training
         self.contexts, self.seed = contexts, seed
-        self.batch_size = per_worker_batch(args, num_workers)
+        self.batch_size = per_worker_batch(dataset.batch_size, num_workers)
         what = 'training' if training else 'validation'
-        rec, idx = (args.data_train, args.data_train_idx) if training else (args.data_val, args.data_val_idx)
-        self.records = records.RecordFile(rec, idx, args.num_classes, what)
+        rec, idx = dataset.train if training else dataset.val
+        self.records = records.RecordFile(rec, idx, dataset.num_classes, what)
         if training:
-            self.num_examples = args.num_examples or len(self.records)
+            self.num_examples = dataset.num_examples or len(self.records)
             self.shard = records.TrainingShard(len(self.records), self.num_examples, rank, num_workers, self.batch_size,
-                                               seed, args.aug_repeats)
+                                               seed, self.preset.repeats)
             self.num_batches = self.shard.num_batches
             self.chunk_batches = max(1, -(-CHUNK_IMAGES // self.batch_size))
         else:
@@ -234,32 +242,30 @@ class RecordLoader:
             self.linked = os.path.join(self.workdir, 'val')
             os.symlink(os.path.abspath(self.records.rec_path), self.linked + '.rec')
             os.symlink(os.path.abspath(self.records.idx_path), self.linked + '.idx')
-            if val_interpolation(args) == 'linear-antialias':
+            if self.images.val_interpolation == 'linear-antialias':
                 raise RecipeError('--data-backend mxnet: ImageRecordIter cannot resize as this run validates (linear, '
                                   'antialiased: DALI\'s): leave --data-backend out, or use dali-cpu')
-            log.info('Validation with ImageRecordIter: %s', describe_val_resize(args))
+            log.info('Validation with ImageRecordIter: %s', describe_val_resize(self.images))
+
+    @classmethod
+    def of(cls, args, rank, num_workers, training, contexts=(mx.cpu(),), seed=0):
+        """The loader of the resolved flags `args` (its records made here)."""
+        return cls(Dataset.of(args), Options.of(args), rank, num_workers, training, contexts, seed)
 
     def _common(self, shape):
-        args = self.args
+        mean, std = self.images.mean, self.images.std
         return dict(data_shape=(3,) + tuple(shape[1:]), batch_size=self.batch_size,
-                    label_width=1, preprocess_threads=args.data_mxnet_threads, verbose=False,
-                    mean_r=args.rgb_mean[0], mean_g=args.rgb_mean[1], mean_b=args.rgb_mean[2],
-                    std_r=args.rgb_std[0], std_g=args.rgb_std[1], std_b=args.rgb_std[2])
+                    label_width=1, preprocess_threads=self.options.threads, verbose=False,
+                    mean_r=mean[0], mean_g=mean[1], mean_b=mean[2], std_r=std[0], std_g=std[1], std_b=std[2])
 
     def _training_iterator(self, path, seed, shape):
-        args = self.args
-        low, high = aspect_ratio_range(args)
+        """ImageRecordIter over a chunk, augmenting as the training preset says: its crop, flip and jitters."""
+        preset = self.preset
+        low, high = preset.aspect_ratio
         return mx.io.ImageRecordIter(
             path_imgrec=path + '.rec', path_imgidx=path + '.idx', shuffle=False, round_batch=False, seed_aug=seed,
-            rand_crop=args.random_crop, rand_mirror=args.random_mirror, random_resized_crop=args.random_resized_crop,
-            min_random_area=args.min_random_area, max_random_area=args.max_random_area,
-            min_aspect_ratio=low, max_aspect_ratio=high,
-            random_h=args.max_random_h, random_s=args.max_random_s, random_l=args.max_random_l,
-            max_rotate_angle=args.max_random_rotate_angle, max_shear_ratio=args.max_random_shear_ratio,
-            max_random_scale=args.max_random_scale, min_random_scale=args.min_random_scale,
-            min_crop_size=args.min_crop_size, max_crop_size=args.max_crop_size, brightness=args.brightness,
-            contrast=args.contrast, saturation=args.saturation, pca_noise=args.pca_noise, pad=args.pad_size,
-            **self._common(shape))
+            rand_mirror=preset.mirror, min_random_area=preset.area[0], max_random_area=preset.area[1],
+            min_aspect_ratio=low, max_aspect_ratio=high, **dict(preset.native), **self._common(shape))
 
     def epoch(self, epoch, start=0):
         """The epoch's batches from `start`. A batch, like those of MXNet's own iterators, is valid until the
@@ -293,7 +299,7 @@ class RecordLoader:
             f.write(''.join(f'{i}\t{offset}\n' for i, offset in enumerate(offsets)))
         try:
             iterator = self._training_iterator(path, records.epoch_seed(self.seed, epoch, self.rank, chunk),
-                                               resolution.training_shape(self.args, epoch))
+                                               self.preset.training_shape(epoch))
         except mx.base.MXNetError as e:
             shutil.rmtree(folder, ignore_errors=True)
             raise RecipeError(records.undecodable_message(self.records, indices, e)) from e
@@ -315,7 +321,7 @@ class RecordLoader:
                 try:
                     for index, batch in enumerate(current.iterator, first):
                         if index >= start:
-                            images, labels = on_devices(batch.data[0], batch.label[0], self.args, self.contexts)
+                            images, labels = on_devices(batch.data[0], batch.label[0], self.images, self.contexts)
                             yield mx.io.DataBatch(data=[images], label=[labels], pad=self.shard.batch(epoch, index)[1])
                 except mx.base.MXNetError as e:
                     raise RecipeError(records.undecodable_message(self.records, current.indices, e)) from e
@@ -334,21 +340,22 @@ class RecordLoader:
         the start and reports its pad (without it, ImageRecordIter reports pad 0 and garbage labels). Labels
         are checked batch by batch."""
         iterator = mx.io.ImageRecordIter(
-            path_imgrec=self.linked + '.rec', path_imgidx=self.linked + '.idx', resize=self.args.data_val_resize,
+            path_imgrec=self.linked + '.rec', path_imgidx=self.linked + '.idx', resize=self.images.val_resize,
             inter_method=1, rand_crop=False, rand_mirror=False, shuffle=False, round_batch=True,
-            num_parts=self.num_workers, part_index=self.rank, **self._common(image_shape(self.args, training=False)))
+            num_parts=self.num_workers, part_index=self.rank, **self._common(self.images.shape_of(training=False)))
         first = self.part.start
         for index, batch in enumerate(iterator):
             if index == self.num_batches:
                 return
             labels = batch.label[0].asnumpy()[:self.batch_size - batch.pad]
-            bad = np.flatnonzero(~((labels >= 0) & (labels < self.args.num_classes) & (labels == np.floor(labels))))
+            classes = self.dataset.num_classes
+            bad = np.flatnonzero(~((labels >= 0) & (labels < classes) & (labels == np.floor(labels))))
             if len(bad):
                 raise RecipeError(f'validation record {first + index * self.batch_size + int(bad[0])} of '
                                   f'{self.records.rec_path} has label {labels[bad[0]]:g}, outside '
-                                  f'[0, {self.args.num_classes}): check --num-classes')
+                                  f'[0, {classes}): check --num-classes')
             if index >= start:
-                images, labels = on_devices(batch.data[0], batch.label[0], self.args, self.contexts)
+                images, labels = on_devices(batch.data[0], batch.label[0], self.images, self.contexts)
                 yield mx.io.DataBatch(data=[images], label=[labels], pad=batch.pad)
 
 

@@ -29,7 +29,6 @@ from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
 from rn50.checkpoints.saver import Policy, Saver
 from rn50 import flags
-from rn50.data import resolution
 from rn50.data.contract import batches
 from rn50.errors import RecipeError
 from rn50.inference import inference
@@ -107,21 +106,18 @@ def evaluated(args, epoch):
     schedule's last epoch (not with an MLPerf result log: MLPerf evaluates on its period alone). The best
     checkpoint and --target-accuracy see only these epochs."""
     return epoch % args.eval_period == args.eval_offset % args.eval_period or \
-        (epoch == args.num_epochs - 1 and not mlperf_log.enabled(args))
+        (epoch == args.num_epochs - 1 and not mlperf_log.enabled(args.mlperf_log))
 
 
 def check_schedule_flags(args, origin):
     """RecipeError for a schedule that cannot be what was meant (train.py and the runner call it before anything
     starts, the flags resolved or not): schedule.check's, and the MLPerf result log's rules. `origin`:
     resolve.Origin, which flags the command gave and which the recipe set."""
-    mlperf_log.check_flags(args, origin.given)   # MLPerf's log's rules (val modes too: its flags alone are an error)
+    # MLPerf's log's rules (val modes too: its flags alone are an error)
+    mlperf_log.check_flags(mlperf_log.Run.of(args), origin.given)
     if args.mode not in ('train', 'train_val') or args.test_io:
         return
     schedule.check(args.lr_steps, args.warmup_epochs, args.num_epochs, 'warmup_epochs' in origin.from_recipe)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The step
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -215,13 +211,14 @@ def stop_agreed(stop, world, done, every):
 # The run
 
 
-def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, workspace):
+def train(args, net, world, seed, loaders, dataset, build_network, dllogger, stop, workspace):
     """--mode train / train_val: the epoch loop with validation and checkpoints; returns the checkpoint
     meta (its 'history' holds the metrics of every epoch). `seed`: the run's (workers.resolve_seed), unless the
-    state it resumes has its own. The loaders come from `get_loaders(args, rank, workers, train=..., val=...,
-    contexts=..., seed=...)` once the state to start from, and so the seed that orders the data, is known.
-    `build_network(**overrides)` builds a --teacher. `stop` (rn50.launch.stop's StopRequest) says when a signal
-    asked the run to stop. `workspace`: the run's Workspace, its checkpoints written by a Saver."""
+    state it resumes has its own. The loaders of `dataset` (the run's contract.Dataset) come from `loaders(dataset,
+    rank, workers, train=..., val=..., contexts=..., seed=...)` (train.Loaders) once the state to start from, and
+    so the seed that orders the data, is known. `build_network(**overrides)` builds a --teacher. `stop`
+    (rn50.launch.stop's StopRequest) says when a signal asked the run to stop. `workspace`: the run's Workspace,
+    its checkpoints written by a Saver. The library gets the flags as records, made here once."""
     check_training_flags(args)
     saver = Saver(workspace, world, Policy.of(args))
     state = saver.start(net)
@@ -244,9 +241,9 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, wo
         dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': meta['iteration']})
     meta['seed'] = seed   # as every state records it; report.json too
     # run_start: before the loaders touch the data
-    mlperf = mlperf_log.start(mlperf_log.Run.of(args), world, seed, resumed=state is not None)
-    train_loader, val_loader = get_loaders(args, world.rank, world.size, train=True, val=args.mode == 'train_val',
-                                           contexts=world.devices.contexts, seed=seed)
+    mlperf = mlperf_log.start(mlperf_log.Run.of(args, workspace), world, seed, resumed=state is not None)
+    train_loader, val_loader = loaders(dataset, world.rank, world.size, train=True, val=args.mode == 'train_val',
+                                       contexts=world.devices.contexts, seed=seed)
     if args.mode == 'train_val' and val_loader is None:
         raise RecipeError('--mode train_val needs validation data (--data-val); use --mode train to skip it')
     mlperf.data(train_loader, val_loader)
@@ -258,16 +255,17 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, wo
         log.info('This run is finished (%d of %d epochs): its results are in %s (report.json, model_best.params); '
                  'give a new --workspace to train again', meta['epoch'], args.num_epochs,
                  os.path.abspath(workspace.folder))
-    dllogger = tensorboard_log.teed(args, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
+    events = None if args.tensorboard is None else workspace.place(args.tensorboard)
+    dllogger = tensorboard_log.teed(events, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
     clock = WallClock(meta, world.start_time)
-    rates = schedule.Schedule.of(args)
+    rates, validation = schedule.Schedule.of(args), inference.Validation.of(args)
     with checkpoint.BackgroundWriter() as writer:   # the files of an epoch are written while the next one trains
         for epoch in range(meta['epoch'], last_epoch):
             start_batch = meta['iteration'] if epoch == meta['epoch'] else 0
             if start_batch == 0:
                 meta['loss_sum'], meta['loss_count'] = 0.0, 0
             log.info('Starting epoch %d%s', epoch, '' if args.progressive_size is None else
-                     ' (training at %dx%d)' % resolution.training_shape(args, epoch)[1:])
+                     ' (training at %dx%d)' % dataset.preset.training_shape(epoch)[1:])
             mlperf.epoch_start(epoch)
             next_batch, durations, stopped = train_epoch(args, step, train_loader, epoch, start_batch, meta,
                                                          dllogger, stop, rates, workspace.last_state)
@@ -292,11 +290,11 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, wo
             if val_loader is not None and evaluated(args, epoch):
                 log.info('Validating epoch %d', epoch)
                 mlperf.eval_start(epoch)
-                val_metrics, _ = inference.validate(args, net, val_loader, world)
+                val_metrics, _ = inference.validate(validation, net, val_loader, world)
                 mlperf.eval_stop(epoch, val_metrics)
                 metrics.update(val_metrics)
-                metrics.update(ema.validate_average(net, step.average, val_loader, world, meta, epoch, saver, args,
-                                                    writer))
+                metrics.update(ema.validate_average(net, step.average, val_loader, world, meta, epoch, saver,
+                                                    validation, writer))
             validated = time.time()
             meta['history'].append(dict(metrics, epoch=epoch))
             clock.record(meta)
@@ -306,7 +304,7 @@ def train(args, net, world, seed, get_loaders, build_network, dllogger, stop, wo
             saver.save_epoch(net, epoch, metrics, meta, writer)
             write_state(saver, net, step, meta, world, writer)
             optimizer_state.check_replicas(net, step.gluon_trainer, world, epoch)
-            logs.write_report(workspace.report(args.mode), args, world, meta['history'],
+            logs.write_report(workspace.report(args.mode), vars(args), world, meta['history'],
                               duration=meta['wall_seconds'], seed=seed)
             log_epoch(dllogger, epoch, metrics, time.time() - trained - (validated - validating),
                       validated - validating)

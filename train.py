@@ -17,7 +17,9 @@ or directly, with global values:
 Augmentation, Inference, MLPerf. Only this module knows every other one: rn50/config/resolve.py (the flags,
 resolved once), rn50/world/workers.py (who runs where, on which devices, with which seed), models.py (the
 network), data.py / dali.py / rn50/data/synthetic.py (the loaders), fit.py (training), rn50/inference/
-(validation, prediction, INT8, export), rn50/checkpoints/ and rn50/reports/ (files). The modes:
+(validation, prediction, INT8, export), rn50/checkpoints/ and rn50/reports/ (files). The library under rn50/
+never sees the flags' namespace: this module and fit.py hand it records made once from the resolved flags (the
+`of(args)` adapters beside the code they feed: contract.Dataset, inference.Setup, export.Export, ...). The modes:
 
     train_val, train   fit.train              (validation every epoch in train_val)
     val                inference.evaluate
@@ -52,7 +54,7 @@ from rn50.checkpoints.workspace import Workspace  # noqa: E402
 from rn50.checkpoints import resume  # noqa: E402
 from rn50 import flags  # noqa: E402
 from rn50.config import resolve, run_flags  # noqa: E402
-from rn50.data import augment, synthetic  # noqa: E402
+from rn50.data import augment, contract, synthetic  # noqa: E402
 from rn50.errors import RecipeError  # noqa: E402
 from rn50.inference import export, inference  # noqa: E402
 from rn50.launch.stop import StopRequest  # noqa: E402
@@ -83,48 +85,96 @@ def parse_flags(argv=None):
     return resolve.from_command(build_parser(), argv)
 
 
-def get_loaders(args, rank=0, num_workers=1, train=True, val=True, contexts=(mx.cpu(),), seed=None):
-    """(train loader or None, val loader or None) of args.data_backend for worker `rank` of `num_workers`,
-    placing batches on `contexts` (the worker's devices) and drawing from `seed` (the run's; None: --seed's,
+class Loaders:
+    """The loaders of a run's --data-backend (`backend`, with the native backend's and DALI's own Options), as the
+    library asks for them: loaders(dataset, rank, workers, train=..., val=..., contexts=..., seed=...) -> (train
+    loader or None, val loader or None) of `dataset` (a contract.Dataset) for worker `rank` of `workers`, placing
+    batches on `contexts` (the worker's devices) and drawing from `seed` (the run's; None: `default_seed`, --seed's,
     0 when not given); None where not asked for or where there is no data (no --data-val means no validation
     loader)."""
-    if args.data_backend in ('dali-gpu', 'dali-cpu'):
-        make = dali.DaliLoader
-    else:
-        make = synthetic.SyntheticLoader if args.data_backend == 'synthetic' else data.RecordLoader
-    seed = (args.seed or 0) if seed is None else seed
-    has_val = args.data_backend == 'synthetic' or args.data_val
-    train_loader = make(args, rank, num_workers, True, contexts, seed) if train else None
-    val_loader = make(args, rank, num_workers, False, contexts, seed) if val and has_val else None
-    return train_loader, val_loader
+
+    def __init__(self, backend, native=data.Options(), dali_options=dali.Options(), default_seed=0):
+        self.backend, self.native, self.dali, self.default_seed = backend, native, dali_options, default_seed
+
+    @classmethod
+    def of(cls, args):
+        return cls(args.data_backend, data.Options.of(args), dali.Options.of(args), args.seed or 0)
+
+    def __call__(self, dataset, rank=0, num_workers=1, train=True, val=True, contexts=(mx.cpu(),), seed=None):
+        if self.backend in ('dali-gpu', 'dali-cpu'):
+            make = functools.partial(dali.DaliLoader, dataset, self.dali)
+        elif self.backend == 'synthetic':
+            make = functools.partial(synthetic.SyntheticLoader, dataset)
+        else:
+            make = functools.partial(data.RecordLoader, dataset, self.native)
+        seed = self.default_seed if seed is None else seed
+        has_val = self.backend == 'synthetic' or dataset.val[0]
+        train_loader = make(rank, num_workers, True, contexts, seed) if train else None
+        val_loader = make(rank, num_workers, False, contexts, seed) if val and has_val else None
+        return train_loader, val_loader
+
+
+def get_loaders(args, rank=0, num_workers=1, train=True, val=True, contexts=(mx.cpu(),), seed=None):
+    """Loaders.of(args)'s loaders of the resolved flags' data (contract.Dataset.of(args)), for a caller that has
+    the flags (the tests, the scripts): (train loader or None, val loader or None)."""
+    return Loaders.of(args)(contract.Dataset.of(args), rank, num_workers, train, val, contexts, seed)
+
+
+def check_inference_flags(args):
+    """RecipeError for inference flags that cannot work with the mode, and for a class-name file pred cannot
+    use. INT8 runs on the CPU, a GPU node's too (rn50/config/resolve.py). The runner checks them too."""
+    if args.mode == 'pred' and not args.test_io:
+        inference.class_names(args.num_classes, args.classes, (args.data_train, args.data_val))
+    if args.triton and args.mode != 'export':
+        raise RecipeError(f'--triton writes a model repository in --mode export, not --mode {args.mode}')
+    if args.quantize is None:
+        return
+    if args.mode not in ('val', 'pred'):
+        raise RecipeError(f'--quantize int8 is for --mode val and pred (INT8 inference), not --mode {args.mode}; '
+                          'to deploy the INT8 model, run --mode val --quantize int8 and use the '
+                          f'{args.model_prefix}_int8-symbol.json/-0000.params it saves')
+    if args.amp or args.dtype != 'float32':
+        raise RecipeError('--quantize int8 starts from the float32 network: leave out --amp and use '
+                          '--dtype float32')
+    if args.data_backend != 'synthetic' and not args.data_train:
+        raise RecipeError('--quantize int8 calibrates on the training set: pass --data-train (or --data-root '
+                          'to the runner)')
 
 
 def run_mode(args, net, world, seed, dllogger, stop, workspace):
-    """Run args.mode (or --test-io) on `net`, write its report (in `workspace`) and the DLLogger summary."""
+    """Run args.mode (or --test-io) on `net`, write its report (in `workspace`) and the DLLogger summary. The
+    run's data and loaders are made here, once, for every mode."""
+    dataset, loaders = contract.Dataset.of(args), Loaders.of(args)
     if args.test_io:
-        loaders = get_loaders(args, world.rank, world.size, train=args.test_io_mode == 'train',
-                              val=args.test_io_mode == 'val', contexts=world.devices.contexts, seed=seed)
-        data.measure_loader(args, loaders[args.test_io_mode == 'val'], world, dllogger)
+        pair = loaders(dataset, world.rank, world.size, train=args.test_io_mode == 'train',
+                       val=args.test_io_mode == 'val', contexts=world.devices.contexts, seed=seed)
+        data.measure_loader(args, pair[args.test_io_mode == 'val'], world, dllogger)
         return
     if args.mode == 'export':
-        summary = export.export(args, world, get_loaders, functools.partial(models.build, args, 'cpu'),
-                                functools.partial(dali.serialize_preprocessing, args))
-        logs.write_report(workspace.report(args.mode), args, world, [], summary, seed=seed)
+        summary = export.export(export.Export.of(args), world, workspace, dataset, loaders,
+                                functools.partial(models.build, args, 'cpu'),
+                                functools.partial(dali.serialize_preprocessing, dataset.images,
+                                                  args.dali_validation_threads))
+        logs.write_report(workspace.report(args.mode), vars(args), world, [], summary, seed=seed)
         return
+    validation = inference.Validation.of(args)
     if args.mode in ('val', 'pred'):
-        net = inference.inference_network(args, net, world, get_loaders)
+        net = inference.inference_network(net, world, inference.Setup.of(args), workspace, dataset, loaders)
     if args.mode == 'pred':
-        inference.predict(args, net, world, dali.PredictionImages)
+        inference.predict(net, world, inference.Prediction.of(args), validation, dataset.images, workspace,
+                          dali.PredictionImages)
         return
     if args.mode == 'val':
-        summary, history = inference.evaluate(args, net, world, seed, get_loaders, dllogger)
+        summary, history = inference.evaluate(net, world, seed, dataset, loaders, dllogger, validation,
+                                              args.num_epochs)
     else:
         teacher_network = functools.partial(models.build, args, world.devices.kind)   # for a --teacher
-        meta = fit.train(args, net, world, seed, get_loaders, teacher_network, dllogger, stop, workspace)
+        meta = fit.train(args, net, world, seed, loaders, dataset, teacher_network, dllogger, stop, workspace)
         history, duration, seed = meta['history'], meta['wall_seconds'], meta['seed']
         summary = fit.training_summary(history, args.target_accuracy)
-        summary.update(mlperf_log.summary(args))   # the MLPerf result log's status and time to train
-    logs.write_report(workspace.report(args.mode), args, world, history, summary,
+        # the MLPerf result log's status and time to train
+        summary.update(mlperf_log.summary(mlperf_log.log_path(args.mlperf_log, workspace)))
+    logs.write_report(workspace.report(args.mode), vars(args), world, history, summary,
                       duration=duration if args.mode in ('train', 'train_val') else None, seed=seed)
     mx.nd.waitall()
     dllogger.log((), summary)
@@ -154,9 +204,9 @@ def run(args, origin):
     if world.devices.kind == 'cpu':
         log.info('CPU: %s; %s', cpu.identity(), cpu.describe())
     data.check_backend(args, origin.given, on_gpu=world.devices.kind == 'gpu')
-    inference.check_inference_flags(args)
+    check_inference_flags(args)
     net = models.get_model(**models.model_options(args, world.devices.kind))
-    memory.check_batch_fits(args, net, world)
+    memory.check_batch_fits(net, world, args.batch_size, contract.Images.of(args), args.dtype, args.mode, args.test_io)
     dllogger_path = os.path.join(args.logdir or args.workspace, args.dllogger_log)
     dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0,
                              stream=sys.stderr if args.mode == 'pred' else None)   # stdout: the predictions

@@ -121,9 +121,12 @@ def main():
                'cores': os.cpu_count(), 'cpu': cpu.identity(), 'onednn': cpu.describe()}
 
     # In this order: INT8 calibration needs the unfused network, which float32 inference then fuses.
-    exported = export.export(args, world, train.get_loaders, functools.partial(models.build, args, 'cpu'),
-                             functools.partial(dali.serialize_preprocessing, args))
-    weight_files.load_weights(net, resume.find_weights(Workspace.of(args), args.load), args.rgb_mean, args.rgb_std)
+    workspace, dataset, loaders = Workspace.of(args), contract.Dataset.of(args), train.Loaders.of(args)
+    exported = export.export(export.Export.of(args), world, workspace, dataset, loaders,
+                             functools.partial(models.build, args, 'cpu'),
+                             functools.partial(dali.serialize_preprocessing, dataset.images,
+                                               args.dali_validation_threads))
+    weight_files.load_weights(net, resume.find_weights(workspace, args.load), args.rgb_mean, args.rgb_std)
     engines = {}
     try:
         import onnxruntime
@@ -133,14 +136,15 @@ def main():
         results['onnxruntime'] = 'not installed'
     has_bfloat16 = bool(cpu.cpu_flags() & {'avx512_bf16', 'amx_bf16'})
     engines.update(openvino_engines(exported['onnx'], has_bfloat16, results))
-    int8 = inference.int8_network(args, net, resume.find_weights(Workspace.of(args), args.load), world, train.get_loaders)
+    int8 = inference.int8_network(net, resume.find_weights(workspace, args.load), world,
+                                  inference.Calibration.of(args), workspace, dataset, loaders)
     engines['int8'] = lambda x: int8(x).asnumpy()
     if has_bfloat16:    # --amp's network: converted to bfloat16, then fused
-        bfloat16 = inference.fused_bfloat16(args, net, world.devices)
+        bfloat16 = inference.fused_bfloat16(net, world.devices, dataset.images)
         engines['bfloat16'] = lambda x: bfloat16(x).astype('float32').asnumpy()
     else:
         results['bfloat16'] = 'this CPU has neither avx512_bf16 nor AMX'
-    float32 = inference.inference_network(args, net, world, train.get_loaders)
+    float32 = inference.inference_network(net, world, inference.Setup.of(args), workspace, dataset, loaders)
     engines['float32'] = lambda x: float32(x).asnumpy()
     results.update(compare(engines, batches, options.rounds))
     results['int8_speedup'] = round(results['int8'][0] / results['float32'][0], 2)

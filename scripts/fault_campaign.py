@@ -298,7 +298,7 @@ def worker_lost(camp):
 
 def repeated_starts(camp):
     """The 2-worker run started camp.starts times, each killed once it logged its second iteration: every start
-    must get there (Horovod 0.28.1's own broadcast crashed about one start in 25; see workers.World)."""
+    must get there (Horovod 0.28.1's own broadcast crashed about one start in 25; see workers.Communicator)."""
     name = f'start-up/{camp.starts} starts of 2 workers'
     if not camp.starts or not camp.selected(name):
         return

@@ -324,6 +324,22 @@ def resolved(flags, **values):
     return resolve.replaced(args, **values) if values else args
 
 
+def exported(args, world=None):
+    """export.export of the resolved flags `args` (--mode export), its records made as train.py makes them."""
+    import dali
+    import models
+    import train
+    from rn50.checkpoints.workspace import Workspace
+    from rn50.data import contract
+    from rn50.inference import export
+    from rn50.world import workers
+    return export.export(export.Export.of(args), workers.World() if world is None else world, Workspace.of(args),
+                         contract.Dataset.of(args), train.Loaders.of(args),
+                         functools.partial(models.build, args, 'cpu'),
+                         functools.partial(dali.serialize_preprocessing, contract.Images.of(args),
+                                           args.dali_validation_threads))
+
+
 # ---- tiers ----------------------------------------------------------------------------------------------------
 
 TIERS = ('multiworker', 'integration', 'unit')     # pytest.ini says what each means; the costliest first

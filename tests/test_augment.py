@@ -11,9 +11,16 @@ import numpy as np
 import pytest
 
 from rn50.data import augment
+from rn50.data import preset
 from conftest import ROOT, resolved
 from test_data import unique_label_args
 from train import get_loaders
+
+
+def check(args, given=frozenset()):
+    """augment.check of the resolved flags `args`, as data.check_data_flags calls it."""
+    augment.check(preset.TrainingPreset.of(args), args.data_backend, given, args.mode in ('train', 'train_val'))
+
 
 IMAGES = 20000
 
@@ -24,7 +31,7 @@ def within_binomial(count, total, probability, sigmas=5):
 
 
 def draws(policy_flags):
-    policy = augment.Policy(resolved(policy_flags))
+    policy = augment.Policy(preset.TrainingPreset.of(resolved(policy_flags)).auto_augment)
     return policy, policy.draw(np.random.default_rng(0), IMAGES)
 
 
@@ -107,7 +114,7 @@ def test_ra_flags_out_of_range_are_errors():
     from rn50.errors import RecipeError
     args = resolved(['--auto-augment', 'ra', '--ra-magnitude', '11', '--ra-magnitude-scale', '10'])
     with pytest.raises(RecipeError, match='above --ra-magnitude-scale 10'):
-        augment.check(args, frozenset())
+        check(args)
     for flag, value in (('--ra-prob', '1.5'), ('--ra-magnitude-std', '-1'), ('--ra-magnitude-scale', '0'),
                         ('--auto-augment-fill', '256'), ('--auto-augment-fill', '1,2'), ('--auto-augment-fill', 'x')):
         with pytest.raises(SystemExit):
@@ -117,11 +124,16 @@ def test_ra_flags_out_of_range_are_errors():
 @pytest.mark.unit
 def test_the_fill_is_torchvisions_zero_and_rsb_a3_fills_timms_mean_colour():
     timm_mean = tuple(round(255 * m) for m in (0.485, 0.456, 0.406))    # timm's img_mean from IMAGENET_DEFAULT_MEAN
-    assert augment.fill_value(resolved(['--auto-augment', 'ta_wide'])) == 0
-    assert augment.fill_value(resolved(['--recipe', 'torchvision-v2'])) == 0
-    assert augment.fill_value(resolved(['--recipe', 'rsb-a3'])) == timm_mean == (124, 116, 104)
-    assert augment.fill_value(resolved(['--auto-augment', 'ra', '--auto-augment-fill', 'mean'])) == (124, 117, 104)
-    assert augment.fill_value(resolved(['--auto-augment', 'ra', '--auto-augment-fill', '7,7,7'])) == 7
+    assert fill_value(resolved(['--auto-augment', 'ta_wide'])) == 0
+    assert fill_value(resolved(['--recipe', 'torchvision-v2'])) == 0
+    assert fill_value(resolved(['--recipe', 'rsb-a3'])) == timm_mean == (124, 116, 104)
+    assert fill_value(resolved(['--auto-augment', 'ra', '--auto-augment-fill', 'mean'])) == (124, 117, 104)
+    assert fill_value(resolved(['--auto-augment', 'ra', '--auto-augment-fill', '7,7,7'])) == 7
+
+
+def fill_value(args):
+    """The fill of --auto-augment-fill as the training preset takes it (preset.fill_value)."""
+    return preset.fill_value(args.auto_augment_fill, args.rgb_mean)
 
 
 @pytest.mark.unit
@@ -309,13 +321,13 @@ def test_auto_augment_on_a_dali_without_it_is_an_error_naming_the_version(monkey
     monkeypatch.setitem(sys.modules, 'nvidia.dali', OldDali(version, conditionals))
     monkeypatch.setitem(sys.modules, 'nvidia.dali.auto_aug', None)      # import nvidia.dali.auto_aug fails
     with pytest.raises(RecipeError) as error:
-        augment.check(args, frozenset())
+        check(args)
     assert str(error.value) == (
         f'--auto-augment needs DALI 1.24 or newer (automatic augmentation, conditional pipelines) and DALI {version} '
         f'lacks {lacks}: pip install nvidia-dali-cuda110==1.34.0, the version the recipe is tested with '
         '(requirements.txt; the Dockerfile installs it)')
-    augment.check(resolved(['--auto-augment', 'ta_wide', '--data-backend', 'dali-cpu', '--mode', 'val']), frozenset())  # no policy
-    augment.check(resolved(['--random-erase', '0.5', '--data-backend', 'dali-cpu']), frozenset())
+    check(resolved(['--auto-augment', 'ta_wide', '--data-backend', 'dali-cpu', '--mode', 'val']))  # no policy
+    check(resolved(['--random-erase', '0.5', '--data-backend', 'dali-cpu']))
 
 
 @pytest.mark.integration
@@ -355,7 +367,7 @@ def test_without_auto_augment_no_pipeline_asks_for_conditionals(tmp_path, monkey
     args = unique_label_args(tmp_path, 'dali-cpu', count=8, batch=4, extra=[
         '--random-erase', '0.5', '--dtype', 'float16', '--progressive-size', '24', '--progressive-epochs', '0,1',
         '--progressive-step', '8'])
-    augment.check(args, frozenset())
+    check(args)
     train, val = get_loaders(args, 0, 1)
     assert next(train.epoch(0)).data[0].shape == (4, 3, 24, 24)
     assert next(val.epoch(0)).data[0].shape == (4, 3, 32, 32)

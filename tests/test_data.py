@@ -15,6 +15,7 @@ from conftest import digits_flags, resolved
 from rn50.errors import RecipeError
 from rn50.config import resolve
 from rn50.data import contract
+from rn50.data import preset
 from rn50.data import validation_resize
 
 pytestmark = pytest.mark.unit
@@ -198,14 +199,14 @@ def test_load_image_uses_validation_preprocessing(tmp_path):
     path = str(tmp_path / 'wide.png')
     Image.fromarray(np.full((40, 80, 3), 255, np.uint8)).save(path)
     args = resolved(['--image-shape', '4,32,32', '--data-val-resize', '36', '--input-layout', 'NHWC'])
-    image = validation_resize.load_image(path, args).asnumpy()
+    image = validation_resize.load_image(path, contract.Images.of(args)).asnumpy()
     assert image.shape == (1, 32, 32, 4)
     np.testing.assert_allclose(image[0, 0, 0, :3], (255 - np.array(args.rgb_mean)) / np.array(args.rgb_std),
                                rtol=1e-5)
     assert (image[..., 3] == 0).all()
     (tmp_path / 'bad.jpg').write_bytes(b'no')
     with pytest.raises(RecipeError, match='cannot read image') as error:
-        validation_resize.load_image(str(tmp_path / 'bad.jpg'), args)
+        validation_resize.load_image(str(tmp_path / 'bad.jpg'), contract.Images.of(args))
     assert 'Traceback' not in str(error.value) and len(str(error.value).splitlines()) == 1
 
 
@@ -243,7 +244,7 @@ def test_native_augmentations_and_aspect_range_none(digits):
                                             '--brightness', '0.2', '--min-random-aspect-ratio', 'None',
                                             '--max-random-aspect-ratio', '0.25'])
     data.check_data_flags(args, frozenset())
-    assert contract.aspect_ratio_range(args) == (0.75, 1.25)
+    assert preset.TrainingPreset.of(args).aspect_ratio == (0.75, 1.25)
     train, _ = get_loaders(args, 0, 1, val=False)
     first, again = (next(train.epoch(0)).data[0].asnumpy() for _ in range(2))
     np.testing.assert_array_equal(first, again)           # augmentation seeded per epoch, too
@@ -256,11 +257,13 @@ def test_synthetic_batches_live_on_the_workers_devices():
     """No host-to-device copy per step: the fixed batch is made on the worker's device, or one slice per
     device with several, with the values of the host batch."""
     flags = ['--data-backend', 'synthetic', '--batch-size', '8', '--image-shape', '3,16,16', '--num-classes', '10']
-    reference = synthetic.SyntheticLoader(resolved(flags), 0, 1, True).batch
-    batch = next(synthetic.SyntheticLoader(resolved(flags), 0, 1, True, contexts=[mx.cpu(1)]).epoch(0))
+    reference = synthetic.SyntheticLoader(contract.Dataset.of(resolved(flags)), 0, 1, True).batch
+    batch = next(synthetic.SyntheticLoader(contract.Dataset.of(resolved(flags)), 0, 1, True,
+                                           contexts=[mx.cpu(1)]).epoch(0))
     assert batch.data[0].context == mx.cpu(1) and batch.label[0].context == mx.cpu(1)
     np.testing.assert_array_equal(batch.data[0].asnumpy(), reference.data[0].asnumpy())
-    batch = next(synthetic.SyntheticLoader(resolved(flags), 0, 1, True, contexts=[mx.cpu(1), mx.cpu(2)]).epoch(0))
+    batch = next(synthetic.SyntheticLoader(contract.Dataset.of(resolved(flags)), 0, 1, True,
+                                           contexts=[mx.cpu(1), mx.cpu(2)]).epoch(0))
     assert [p.context for p in batch.data[0]] == [mx.cpu(1), mx.cpu(2)] == [p.context for p in batch.label[0]]
     np.testing.assert_array_equal(contract.whole(batch.data[0]).asnumpy(), reference.data[0].asnumpy())
     np.testing.assert_array_equal(contract.whole(batch.label[0]).asnumpy(), reference.label[0].asnumpy())
@@ -271,7 +274,7 @@ def test_native_float16_batches_are_cast_on_their_device(digits, monkeypatch):
     is 'unknown dtype for ImageRecordIter2'), so each device's slice is copied there and cast there, not on
     the host's threads; the values are the host cast's."""
     flags = digits_flags(digits, batch=16) + ['--data-backend', 'mxnet']
-    reference = next(iter(data.RecordLoader(resolved(flags), 0, 1, True).epoch(0))).data[0].asnumpy()
+    reference = next(iter(data.RecordLoader.of(resolved(flags), 0, 1, True).epoch(0))).data[0].asnumpy()
     args = resolved(flags, dtype='float16')
     casts, astype = [], mx.nd.NDArray.astype
 
@@ -279,7 +282,7 @@ def test_native_float16_batches_are_cast_on_their_device(digits, monkeypatch):
         casts.append((array.context, np.dtype(dtype)))
         return astype(array, dtype, *more, **options)
     monkeypatch.setattr(mx.nd.NDArray, 'astype', recording_astype)
-    batch = next(iter(data.RecordLoader(args, 0, 1, True, contexts=[mx.cpu(1)]).epoch(0)))
+    batch = next(iter(data.RecordLoader.of(args, 0, 1, True, contexts=[mx.cpu(1)]).epoch(0)))
     assert batch.data[0].context == mx.cpu(1) and batch.data[0].dtype == np.float16
     assert [context for context, dtype in casts if dtype == np.float16] == [mx.cpu(1)]
     np.testing.assert_array_equal(batch.data[0].asnumpy(), reference.astype(np.float16))
@@ -326,6 +329,6 @@ def test_training_and_validation_images_have_their_own_shapes(digits, backend):
     assert next(train.epoch(0)).data[0].shape[1:] == (3, 32, 32)
     assert next(val.epoch(0)).data[0].shape[1:] == (3, 40, 40)
     image = next((digits / 'images' / 'val' / 'digit_1').iterdir())
-    assert validation_resize.load_image(str(image), args).shape == (1, 3, 40, 40)
+    assert validation_resize.load_image(str(image), contract.Images.of(args)).shape == (1, 3, 40, 40)
     args = resolve.replaced(args, val_image_shape=(4, 40, 40))   # channels: --image-shape's (the runner's 4 on GPUs)
-    assert contract.image_shape(args, training=False) == (3, 40, 40)
+    assert contract.Images.of(args).shape_of(training=False) == (3, 40, 40)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rn50.checkpoints import checkpoint
+from rn50.checkpoints.workspace import Workspace
 from rn50.training import ema
 from rn50.training import losses
 from rn50.reports import tensorboard_log
@@ -336,7 +337,8 @@ def test_tensorboard_scalars_are_on_disk_when_the_record_is_logged(tmp_path):
     args = SimpleNamespace(tensorboard=str(tmp_path / 'tb'), workspace=str(tmp_path), model_prefix='model')
     threads = set(threading.enumerate())
     dllogger = RecordsOnly()
-    logger = tensorboard_log.teed(args, workers.World(), dllogger, 4, {'epoch': 0, 'iteration': 0})
+    logger = tensorboard_log.teed(Workspace.of(args).place(args.tensorboard), workers.World(), dllogger, 4,
+                                  {'epoch': 0, 'iteration': 0})
     logger.log((0, 2), {'train.loss': 1.5, 'train.lr': 0.1})
     logger.log((0,), {'val.accuracy': 0.5, 'val.ips': 900.0})
     assert set(threading.enumerate()) <= threads      # no thread started (others' may have ended)

@@ -350,7 +350,7 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
     contexts = [mx.cpu(0), mx.cpu(1)]
     args = resolved(digits_flags(digits, batch=8) + ['--data-backend', 'dali-cpu', '--label-smoothing', '0',
                                                       '--kv-store', 'device', '--wd', '0', '--seed', '1'])
-    loader = dali.DaliLoader(args, 0, 1, True, contexts=contexts, seed=1)
+    loader = dali.DaliLoader.of(args, 0, 1, True, contexts=contexts, seed=1)
     slices = [batch for _, batch in zip(range(3), loader.epoch(0))]
     for batch in slices:
         assert [p.context for p in batch.data[0]] == contexts == [p.context for p in batch.label[0]]

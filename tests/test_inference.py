@@ -1,6 +1,5 @@
 """inference.py through train.py on a ResNet-10 trained on the digits: INT8 accuracy and its cached
 calibration, bfloat16 where the CPU has it, ONNX export checked with onnxruntime, and the clear errors."""
-import functools
 import json
 import os
 
@@ -11,15 +10,16 @@ import pytest
 from rn50.checkpoints import weight_files
 from rn50.world import cpu
 import checkpoint_formats as formats
-import dali
 from rn50.inference import export
 from rn50.inference import inference
 from rn50.reports import logs
 import models
 import train
 from rn50.world import workers
-from conftest import TRAINED_NET, copy_workspace, digits_flags, resolved, run_mode, train_main
+from conftest import TRAINED_NET, copy_workspace, digits_flags, exported, resolved, run_mode, train_main
 from rn50.errors import RecipeError
+from rn50.checkpoints.workspace import Workspace
+from rn50.data import contract
 from rn50.data import validation_resize
 
 MODEL = TRAINED_NET
@@ -102,14 +102,15 @@ def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_pat
     """--mode val/pred in float32 on the CPU run oneDNN's fused graph: same logits as the trained network."""
     args = resolved(digits_flags(digits) + MODEL + ['--mode', 'val', '--load', str(model / 'model_best.params')])
     files = sorted((digits / 'images' / 'val' / 'digit_4').iterdir())[:8]
-    images = mx.nd.concat(*[validation_resize.load_image(str(f), args) for f in files], dim=0)
+    images = mx.nd.concat(*[validation_resize.load_image(str(f), contract.Images.of(args)) for f in files], dim=0)
     plain = models.get_model(**models.model_options(args, 'cpu'))
     plain.load_parameters(str(model / 'model_best.params'))
     plain.hybridize(static_alloc=True, static_shape=True)
     net = models.get_model(**models.model_options(args, 'cpu'))
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
-    fused = inference.inference_network(args, net, workers.World(), train.get_loaders)
+    fused = inference.inference_network(net, workers.World(), inference.Setup.of(args), Workspace.of(args),
+                                        contract.Dataset.of(args), train.Loaders.of(args))
     fused_logits = fused(images).asnumpy()
     np.testing.assert_allclose(fused_logits, plain(images).asnumpy(), atol=1e-4)
     assert (fused_logits.argmax(1) == 4).mean() >= 0.6
@@ -160,7 +161,8 @@ def test_bfloat16_inference_is_one_fused_bfloat16_graph(digits, model, tmp_path)
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
     world = workers.World(devices=workers.Devices(amp_dtype='bfloat16'))
-    fused = inference.inference_network(args, net, world, train.get_loaders)
+    fused = inference.inference_network(net, world, inference.Setup.of(args), Workspace.of(args),
+                                        contract.Dataset.of(args), train.Loaders.of(args))
     fused.export(str(tmp_path / 'bf16'))
     nodes = json.loads((tmp_path / 'bf16-symbol.json').read_text())['nodes']
     operators = collections.Counter(node['op'] for node in nodes if node['op'] != 'null')
@@ -170,7 +172,7 @@ def test_bfloat16_inference_is_one_fused_bfloat16_graph(digits, model, tmp_path)
     weights = mx.nd.load(str(tmp_path / 'bf16-0000.params'))
     convolutions = [value for name, value in weights.items() if 'conv' in name and name.endswith('weight')]
     assert len(convolutions) == 12 and {value.dtype.names for value in convolutions} == {('bfloat16',)}   # MXNet's
-    images = mx.nd.concat(*[validation_resize.load_image(str(f), args) for f in
+    images = mx.nd.concat(*[validation_resize.load_image(str(f), contract.Images.of(args)) for f in
                             sorted((digits / 'images' / 'val' / 'digit_4').iterdir())[:8]], dim=0)
     assert fused(images).argmax(axis=1).asnumpy().tolist().count(4) >= 6
 
@@ -192,7 +194,7 @@ def test_export_to_symbol_and_onnx_matches_on_real_images(digits, model, tmp_pat
 
     args = resolved(digits_flags(digits) + MODEL)
     files = sorted((digits / 'images' / 'val' / 'digit_2').iterdir())     # all 35: 5 were 2 to 4 right by chance
-    images = mx.nd.concat(*[validation_resize.load_image(str(f), args) for f in files], dim=0)
+    images = mx.nd.concat(*[validation_resize.load_image(str(f), contract.Images.of(args)) for f in files], dim=0)
     session = onnxruntime.InferenceSession(str(folder / 'model.onnx'), providers=['CPUExecutionProvider'])
     onnx_logits = session.run(None, {'data': images.asnumpy()})[0]
     block = mx.gluon.SymbolBlock.imports(str(folder / 'model-symbol.json'), ['data'],
@@ -292,8 +294,7 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
     onnxruntime = pytest.importorskip('onnxruntime')
     gpu_checkpoint(tmp_path / 'model_best.params')
     args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
-    outputs = export.export(args, workers.World(), train.get_loaders,
-                            functools.partial(models.build, args, 'cpu'), functools.partial(dali.serialize_preprocessing, args))
+    outputs = exported(args)
     assert outputs['onnxruntime_max_difference'] < 1e-4
     session = onnxruntime.InferenceSession(outputs['onnx'], providers=['CPUExecutionProvider'])
     assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
@@ -316,8 +317,7 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(export, 'write_onnx', unsupported)
     with pytest.raises(RecipeError, match='exporting .*NotImplementedError: no ONNX conversion.*nothing was written'):
         args = resolved(GPU_RUN + ['--workspace', str(tmp_path)])
-        export.export(args, workers.World(), train.get_loaders, functools.partial(models.build, args, 'cpu'),
-                      functools.partial(dali.serialize_preprocessing, args))
+        exported(args)
     assert os.listdir(tmp_path / 'export') == []
 
 
@@ -327,7 +327,6 @@ def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images
     the metrics are those of the plain loop, and val.ips counts real images, not the padding of the last
     batch (timed with a clock that ticks one second per reading); no top-5 of 5 classes."""
     import itertools
-    import types
     from test_fit import RecordingLoader
     rng = np.random.default_rng(0)
     batches = [mx.io.DataBatch(data=[mx.nd.array(rng.normal(size=(4, 3)))],
@@ -340,9 +339,8 @@ def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images
     monkeypatch.setattr(inference, 'batch_metrics', lambda *a: events.append('wait') or real(*a))
     clock = itertools.count()
     monkeypatch.setattr(inference.time, 'time', lambda: float(next(clock)))
-    args = types.SimpleNamespace(benchmark_iters=None, no_metrics=False, num_classes=5,
-                                 tta=None)
-    metrics, _ = inference.validate(args, net, RecordingLoader(batches, events), workers.World())
+    validation = inference.Validation(num_classes=5, tta=None)
+    metrics, _ = inference.validate(validation, net, RecordingLoader(batches, events), workers.World())
     assert events == [('fetch', 0), ('fetch', 1), 'wait', ('fetch', 2), 'wait', 'wait']
     logits = np.concatenate([net(b.data[0]).asnumpy() for b in batches])[:9]
     labels = np.concatenate([b.label[0].asnumpy() for b in batches])[:9]
@@ -356,7 +354,6 @@ def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images
 def test_flip_tta_scores_the_mean_of_the_logits_of_each_image_and_its_mirror(layout):
     """--tta flip: validation's accuracy and loss are those of (logits(x) + logits(x mirrored)) / 2, the
     mirror taken along the width, computed here in numpy; they differ from those without it."""
-    import types
     from test_fit import RecordingLoader
     rng = np.random.default_rng(1)
     shape = (16, 2, 3, 5) if layout == 'NCHW' else (16, 3, 5, 2)
@@ -367,9 +364,8 @@ def test_flip_tta_scores_the_mean_of_the_logits_of_each_image_and_its_mirror(lay
     width = layout.index('W')
     found = {}
     for tta in (None, 'flip'):
-        args = types.SimpleNamespace(benchmark_iters=None, no_metrics=False, num_classes=4,
-                                     tta=tta, input_layout=layout)
-        found[tta], _ = inference.validate(args, net, RecordingLoader(batches, []), workers.World())
+        validation = inference.Validation(num_classes=4, tta=tta, layout=layout)
+        found[tta], _ = inference.validate(validation, net, RecordingLoader(batches, []), workers.World())
     images = np.concatenate([b.data[0].asnumpy() for b in batches])
     labels = np.concatenate([b.label[0].asnumpy() for b in batches]).astype(int)
     outputs = (net(mx.nd.array(images)).asnumpy() + net(mx.nd.array(np.flip(images, width).copy())).asnumpy()) / 2
@@ -391,7 +387,7 @@ def test_flip_tta_prediction_gives_the_probabilities_of_the_mean_logits(digits, 
         (tmp_path / 'in' / f.name).write_bytes(f.read_bytes())
     plain = models.get_model(**models.model_options(args, 'cpu'))
     plain.load_parameters(str(model / 'model_best.params'))
-    images = mx.nd.concat(*[validation_resize.load_image(str(f), args) for f in files], dim=0)
+    images = mx.nd.concat(*[validation_resize.load_image(str(f), contract.Images.of(args)) for f in files], dim=0)
     outputs = (plain(images) + plain(mx.nd.flip(images, axis=3))).asnumpy() / 2
     expected = np.exp(outputs) / np.exp(outputs).sum(1, keepdims=True)
     for tta in ([], ['--tta', 'flip']):
@@ -407,7 +403,6 @@ def test_flip_tta_prediction_gives_the_probabilities_of_the_mean_logits(digits, 
 def test_a_validation_of_two_batches_is_timed_whole(monkeypatch):
     """With two batches the second computes while the first is waited for, so its finish-to-finish time (0 s
     here) would give any images/s: the whole pass is timed (3 clock readings of 1 s apart: 2 s for 5 images)."""
-    import types
     from test_fit import RecordingLoader
     rng = np.random.default_rng(0)
     batches = [mx.io.DataBatch(data=[mx.nd.array(rng.normal(size=(4, 3)))],
@@ -418,6 +413,6 @@ def test_a_validation_of_two_batches_is_timed_whole(monkeypatch):
     world = workers.World()
     readings = iter([0.0, 1.0, 1.0, 2.0])    # start, first finish, second finish (no time at all), the end
     monkeypatch.setattr(inference.time, 'time', lambda: next(readings, 2.0))
-    args = types.SimpleNamespace(benchmark_iters=None, no_metrics=False, num_classes=5, tta=None)
-    metrics, durations = inference.validate(args, net, RecordingLoader(batches, []), world)
+    validation = inference.Validation(num_classes=5, tta=None)
+    metrics, durations = inference.validate(validation, net, RecordingLoader(batches, []), world)
     assert metrics['val.ips'] == pytest.approx(5 / 2) and durations == [1.0, 1.0]

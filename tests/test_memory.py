@@ -12,6 +12,7 @@ import mxnet as mx
 import pytest
 
 from rn50.config import resolve
+from rn50.data import contract
 from rn50.world import memory, workers
 import models
 from conftest import ROOT, resolved
@@ -43,6 +44,16 @@ def test_a_batch_that_cannot_fit_is_one_error_line_with_both_figures(tmp_path):
     assert not os.path.exists(tmp_path / 'model_last.state')
 
 
+def need_of(args, net, images):
+    """memory.batch_need of the resolved flags `args` for a batch of `images` images, as train.py asks."""
+    return memory.batch_need(net, images, contract.Images.of(args), args.dtype, args.mode in ('train', 'train_val'))
+
+
+def fits(args, net, world):
+    """memory.check_batch_fits of the resolved flags `args`, as train.py calls it."""
+    memory.check_batch_fits(net, world, args.batch_size, contract.Images.of(args), args.dtype, args.mode, args.test_io)
+
+
 def small_run(flags=()):
     args = resolved(['--num-layers', '50', '--num-classes', '10', '--image-shape', '3,32,32', '--mode', 'train']
                     + list(flags))
@@ -52,44 +63,44 @@ def small_run(flags=()):
 @pytest.mark.unit
 def test_the_estimate_grows_with_the_batch_and_the_image_area():
     args, net = small_run()
-    need_8, per_image = memory.batch_need(args, net, 8)
-    need_64, _ = memory.batch_need(args, net, 64)
+    need_8, per_image = need_of(args, net, 8)
+    need_64, _ = need_of(args, net, 64)
     assert need_64 - need_8 == pytest.approx(56 * per_image)
     # The fixed part: ResNet-50's 23.5 M parameters (10 classes), weights + gradients + momentum in float32; in
     # float16 also the float32 master weights and the undoable update's copies (22 bytes a parameter).
     assert need_8 - 8 * per_image == pytest.approx(23.6e6 * 4 * 3, rel=0.02)
     half = resolve.replaced(args, dtype='float16')
-    need_half, per_half = memory.batch_need(half, net, 8)
+    need_half, per_half = need_of(half, net, 8)
     assert need_half - 8 * per_half == pytest.approx(23.6e6 * 22, rel=0.02) and per_half == pytest.approx(per_image / 2)
     # The calibration runs (memory.py): 1.86 MB per image measured at 3x32x32, 7.98 MB at 3x64x64.
     assert per_image == pytest.approx(1.86 * 2 ** 20, rel=0.1)
     big, big_net = small_run(['--image-shape', '3,64,64'])
-    assert memory.batch_need(big, big_net, 1)[1] == pytest.approx(7.98 * 2 ** 20, rel=0.15)
+    assert need_of(big, big_net, 1)[1] == pytest.approx(7.98 * 2 ** 20, rel=0.15)
     val, val_net = small_run(['--mode', 'val'])
-    assert memory.batch_need(val, val_net, 1)[1] < per_image / 5   # no activations kept for a backward pass
+    assert need_of(val, val_net, 1)[1] < per_image / 5   # no activations kept for a backward pass
 
 
 @pytest.mark.unit
 def test_a_batch_that_fits_passes_and_pred_is_not_checked(monkeypatch):
     args, net = small_run(['--batch-size', '64'])
     world = workers.World()
-    memory.check_batch_fits(args, net, world)
+    fits(args, net, world)
     monkeypatch.setattr(memory, 'host_available', lambda: 10 ** 6)
     with pytest.raises(RecipeError, match='needs about 0.4 GB of memory, and this machine has 0.0 GB available'):
-        memory.check_batch_fits(args, net, world)
-    memory.check_batch_fits(resolve.replaced(args, mode='pred'), net, world)
+        fits(args, net, world)
+    fits(resolve.replaced(args, mode='pred'), net, world)
 
 
 @pytest.mark.unit
 def test_several_workers_of_a_node_share_its_memory(monkeypatch):
     args, net = small_run(['--batch-size', '64'])
-    need, _ = memory.batch_need(args, net, 32)
+    need, _ = need_of(args, net, 32)
     monkeypatch.setattr(memory, 'host_available', lambda: 1.5 * need)
     alone = workers.World(size=2, local_size=1)
-    memory.check_batch_fits(args, net, alone)           # one worker of two on this node: 32 images fit
+    fits(args, net, alone)           # one worker of two on this node: 32 images fit
     together = workers.World(size=2, local_size=2)
     with pytest.raises(RecipeError, match=r'of memory x 2 workers on this node'):
-        memory.check_batch_fits(args, net, together)
+        fits(args, net, together)
 
 
 @pytest.mark.unit
@@ -97,19 +108,19 @@ def test_gpu_path_on_cpu_contexts(monkeypatch):
     """Two CPU contexts stand for two GPUs: each device's batch against its own free memory."""
     args, net = small_run(['--batch-size', '64'])
     world = workers.World(devices=workers.Devices((mx.cpu(0), mx.cpu(1)), 'gpu'))
-    need, _ = memory.batch_need(args, net, 32)       # 64 images over 2 devices
+    need, _ = need_of(args, net, 32)       # 64 images over 2 devices
     free = {0: 2 * need, 1: need / 2}
     monkeypatch.setattr(mx.context, 'gpu_memory_info', lambda device_id: (free[device_id], 16 * GB))
     with pytest.raises(RecipeError, match=r'\(32 images per device, .*\) needs about [0-9.]+ GB on GPU 1, which '
                                           r'has [0-9.]+ GB free: lower the batch size'):
-        memory.check_batch_fits(args, net, world)
+        fits(args, net, world)
     free[1] = 2 * need
-    memory.check_batch_fits(args, net, world)
+    fits(args, net, world)
 
     def unknown(device_id):
         raise mx.base.MXNetError('no such call in this build')
     monkeypatch.setattr(mx.context, 'gpu_memory_info', unknown)
-    memory.check_batch_fits(args, net, world)   # MXNet cannot tell: no check
+    fits(args, net, world)   # MXNet cannot tell: no check
 
 
 @pytest.mark.unit

@@ -23,6 +23,7 @@ import train
 from rn50.config import resolve
 from rn50.errors import RecipeError
 from rn50.reports import mlperf_log
+from rn50.checkpoints.workspace import Workspace
 from rn50.world import workers
 
 HOROVOD = pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
@@ -115,6 +116,11 @@ class EveryWorkerAlike(workers.Communicator):
         return np.asarray(values, dtype=np.float64) * self.size
 
 
+def run_of(args):
+    """The MLPerf log's Run of the resolved flags `args`, in their workspace."""
+    return mlperf_log.Run.of(args, Workspace.of(args))
+
+
 def one_worker(rank=0, size=1):
     return workers.World(rank, size, rank, comm=EveryWorkerAlike(rank=rank, size=size, local_rank=rank))
 
@@ -122,7 +128,7 @@ def one_worker(rank=0, size=1):
 def simulated_run(args, accuracy, interrupt=None, world=None):
     """The hooks in fit.train's order, for a run whose validation gives accuracy(epoch); `interrupt`: the epoch a
     signal stops. Returns the records of the log."""
-    result = mlperf_log.start(mlperf_log.Run.of(args), world or one_worker(), 3, resumed=False)
+    result = mlperf_log.start(mlperf_log.Run.of(args, Workspace.of(args)), world or one_worker(), 3, resumed=False)
     result.data(types.SimpleNamespace(num_examples=1438, num_batches=23), types.SimpleNamespace(num_examples=359))
     for epoch in range(args.num_epochs):
         result.epoch_start(epoch)
@@ -135,7 +141,7 @@ def simulated_run(args, accuracy, interrupt=None, world=None):
             if accuracy(epoch) >= args.target_accuracy:
                 break
     result.run_stop()
-    return parse_log(mlperf_log.log_path(args))
+    return parse_log(mlperf_log.log_path(args.mlperf_log, Workspace.of(args)))
 
 
 def reaches_at_6(epoch):
@@ -171,7 +177,7 @@ def test_a_run_that_reaches_the_target_writes_a_log_the_checker_accepts(good_log
     assert values['submission_platform'] == '1xCPU' and values['cache_clear'] is False
     assert [line['metadata']['epoch_num'] for line in good_log if line['key'] == 'eval_accuracy'] == [3, 7]
     assert good_log[-1]['metadata']['status'] == 'success'
-    assert mlperf_log.summary(mlperf_args(tmp_path)) == {
+    assert mlperf_log.summary(mlperf_log.log_path('mlperf.log', Workspace.of(mlperf_args(tmp_path)))) == {
         'mlperf.log': str(tmp_path / 'mlperf.log'), 'mlperf.status': 'success',
         'mlperf.time_to_train': (good_log[-1]['time_ms'] - keys_time(good_log, 'run_start')) / 1000}
 
@@ -223,8 +229,8 @@ def test_runs_in_one_process_write_their_own_files_alone(tmp_path, capsys):
     """mllog.config(filename=...) adds a file handler to mllog's one shared logger at every call, so runs in one
     process (the tests run train.py in process) would write each other's files: each run writes through a logger of
     its own, to its file alone, and nothing to the standard output (where mllog's shared logger prints)."""
-    first = mlperf_log.start(mlperf_log.Run.of(mlperf_args(tmp_path / 'a')), one_worker(), 3, resumed=False)
-    second = mlperf_log.start(mlperf_log.Run.of(mlperf_args(tmp_path / 'b')), one_worker(), 3, resumed=False)
+    first = mlperf_log.start(run_of(mlperf_args(tmp_path / 'a')), one_worker(), 3, resumed=False)
+    second = mlperf_log.start(run_of(mlperf_args(tmp_path / 'b')), one_worker(), 3, resumed=False)
     first.epoch_start(0)
     second.epoch_start(5)
     first.run_stop()
@@ -293,12 +299,13 @@ def check(*argv):
 def test_the_mlperf_recipe_writes_the_log_in_the_workspace_and_stops_at_the_target(tmp_path):
     args = check('--recipe', 'mlperf', '--workspace', str(tmp_path))
     assert (args.mlperf_log, args.target_accuracy) == ('mlperf.log', 0.759)
-    assert mlperf_log.log_path(args) == str(tmp_path / 'mlperf.log')
+    assert mlperf_log.log_path(args.mlperf_log, Workspace.of(args)) == str(tmp_path / 'mlperf.log')
     assert (args.submission_org, args.submission_division, args.submission_status) == \
         ('unaffiliated', 'closed', 'onprem')
     assert check('--recipe', 'mlperf', '--mlperf-log', '/x/y.log').mlperf_log == '/x/y.log'
-    assert not mlperf_log.enabled(check('--recipe', 'mlperf', '--mlperf-log', 'none', '--target-accuracy', '0.1'))
-    assert not mlperf_log.enabled(check())
+    off = check('--recipe', 'mlperf', '--mlperf-log', 'none', '--target-accuracy', '0.1')
+    assert not mlperf_log.enabled(off.mlperf_log)
+    assert not mlperf_log.enabled(check().mlperf_log)
 
 
 @pytest.mark.parametrize('flag', ['--submission-org', '--submission-platform'])
@@ -369,19 +376,19 @@ def test_a_log_evaluates_on_its_period_alone():
 @pytest.mark.unit
 def test_a_resumed_run_or_weights_to_start_from_write_no_log(tmp_path, caplog):
     args = mlperf_args(tmp_path)
-    result = mlperf_log.start(mlperf_log.Run.of(args), one_worker(), 3, resumed=True)
+    result = mlperf_log.start(mlperf_log.Run.of(args, Workspace.of(args)), one_worker(), 3, resumed=True)
     result.epoch_start(5)
     result.run_stop()
     assert not (tmp_path / 'mlperf.log').exists() and 'writes no MLPerf result log' in caplog.text
     args = resolve.replaced(args, load=str(tmp_path / 'weights.params'))
     with pytest.raises(RecipeError, match='allow no pre-training'):
-        mlperf_log.start(mlperf_log.Run.of(args), one_worker(), 3, resumed=False)
+        mlperf_log.start(mlperf_log.Run.of(args, Workspace.of(args)), one_worker(), 3, resumed=False)
 
 
 @pytest.mark.unit
 def test_only_rank_0_writes(tmp_path):
     args = mlperf_args(tmp_path, ['--mlperf-log', str(tmp_path / 'rank1.log')])
-    result = mlperf_log.start(mlperf_log.Run.of(args), one_worker(rank=1, size=2), 3, resumed=False)
+    result = mlperf_log.start(mlperf_log.Run.of(args, Workspace.of(args)), one_worker(rank=1, size=2), 3, resumed=False)
     result.epoch_start(0)
     result.run_stop()
     assert not (tmp_path / 'rank1.log').exists()
@@ -392,7 +399,7 @@ def test_a_log_that_cannot_be_written_is_one_error(tmp_path):
     (tmp_path / 'file').write_text('')
     args = mlperf_args(tmp_path, ['--mlperf-log', str(tmp_path / 'file' / 'mlperf.log')])
     with pytest.raises(RecipeError, match=r'--mlperf-log .*/file/mlperf.log: cannot write it'):
-        mlperf_log.start(mlperf_log.Run.of(args), one_worker(), 3, resumed=False)
+        mlperf_log.start(mlperf_log.Run.of(args, Workspace.of(args)), one_worker(), 3, resumed=False)
 
 
 @pytest.mark.unit

@@ -246,12 +246,12 @@ def test_every_backend_and_pred_compute_the_same_input(digits, tmp_path, interpo
         batches[backend] = next(loader.epoch(0)).data[0].asnumpy()
         assert batches[backend].shape == (6, 3, 24, 24)
     if interpolation == 'linear-antialias':
-        pred = np.concatenate([dali.PredictionImages(args).load(p).asnumpy() for p in paths])
+        pred = np.concatenate([dali.PredictionImages(contract.Images.of(args)).load(p).asnumpy() for p in paths])
         np.testing.assert_array_equal(pred, batches['dali-cpu'])
-        plain = np.concatenate([validation_resize.load_image(p, args).asnumpy() for p in paths])
+        plain = np.concatenate([validation_resize.load_image(p, contract.Images.of(args)).asnumpy() for p in paths])
         assert np.abs(plain - pred).max() * 57 > 5                 # without antialiasing: another input
     else:
-        pred = np.concatenate([validation_resize.load_image(p, args).asnumpy() for p in paths])
+        pred = np.concatenate([validation_resize.load_image(p, contract.Images.of(args)).asnumpy() for p in paths])
         np.testing.assert_allclose(pred, batches['mxnet'], atol=1e-5)
         assert np.abs(batches['dali-cpu'] - pred).max() <= 1.01 / 57.12    # one grey level over the smallest std
 
@@ -262,7 +262,7 @@ def test_pred_reports_an_unreadable_image_and_goes_on(digits, tmp_path):
     paths = non_square_images(digits, tmp_path / 'images')
     (tmp_path / 'bad.jpg').write_bytes(b'not an image')
     args = resolved(digits_flags(digits) + MODEL)
-    images = dali.PredictionImages(args)
+    images = dali.PredictionImages(contract.Images.of(args))
     first = images.load(paths[0]).asnumpy()
     with pytest.raises(RecipeError, match='cannot read image .*bad.jpg') as error:
         images.load(str(tmp_path / 'bad.jpg'))

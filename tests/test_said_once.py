@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import data
+from rn50.checkpoints.workspace import Workspace
 from rn50.reports import tensorboard_log
 from rn50.world import workers
 from conftest import ROOT, digits_flags, resolved
@@ -44,20 +45,21 @@ def test_setup_installs_without_pips_conflict_report_and_checks_the_rest():
 def test_repeats_on_fewer_workers_say_where_the_copies_go(digits, caplog):
     args = resolved(digits_flags(digits) + ['--aug-repeats', '4', '--data-backend', 'mxnet'])
     with caplog.at_level(logging.INFO, logger='rn50.data.records'):
-        data.RecordLoader(args, 0, 1, training=True)
+        data.RecordLoader.of(args, 0, 1, training=True)
     assert ('--aug-repeats 4 with 1 worker: the 4 copies of an image are dealt over the workers, so up to 4 of them '
             'sit side by side in one worker\'s batch') in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger='rn50.data.records'):
-        data.RecordLoader(args, 0, 4, training=True)       # as many workers as repeats: one copy each
-        data.RecordLoader(args, 1, 2, training=True)       # rank 1 of 2: rank 0 says it
+        data.RecordLoader.of(args, 0, 4, training=True)       # as many workers as repeats: one copy each
+        data.RecordLoader.of(args, 1, 2, training=True)       # rank 1 of 2: rank 0 says it
     assert caplog.text == ''
 
 
 def test_tensorboard_says_where_its_files_go(tmp_path, caplog):
     args = SimpleNamespace(tensorboard='tb', workspace=str(tmp_path), model_prefix='model')
     with caplog.at_level(logging.INFO, logger='rn50.reports.tensorboard_log'):
-        tensorboard_log.teed(args, workers.World(), SimpleNamespace(), 4, {'epoch': 0, 'iteration': 0})
+        tensorboard_log.teed(Workspace.of(args).place(args.tensorboard), workers.World(), SimpleNamespace(), 4,
+                             {'epoch': 0, 'iteration': 0})
     folder = tmp_path / 'tb'
     assert f'--tensorboard: event files in {folder} (view them with: tensorboard --logdir {folder})' in caplog.text
     assert os.listdir(folder)

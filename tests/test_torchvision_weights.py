@@ -4,7 +4,6 @@ the same name load model.torchvision.safetensors with strict=True and give MXNet
 whatever layout, precision and stem the run trained with and with the run's batchnorm epsilon and momentum;
 torchvision's own weights come back bit for bit through --load and export; every twin's names and shapes are
 torchvision's; a network torchvision does not build gets no such file, and the log names the twins."""
-import functools
 import json
 import os
 import subprocess
@@ -14,15 +13,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import dali
 import models
-import train
-from conftest import ROOT, digits_flags, randomise_batchnorm, resolved, train_main
+from conftest import ROOT, digits_flags, exported, randomise_batchnorm, resolved, train_main
 from rn50.checkpoints import weight_files, weights
 from rn50.data import validation_resize
-from rn50.inference import export
 from rn50.nets import catalogue
-from rn50.world import workers
 from test_readme import code_blocks
 
 TOLERANCE = 1e-4      # float32 logits of the same network in two frameworks (the issue's bound)
@@ -166,9 +161,7 @@ def test_a_network_without_a_twin_exports_the_rest_and_names_the_twins(tmp_path,
                      'synthetic', '--num-examples', '8', '--batch-size', '8', '--mode', 'export', '--workspace',
                      str(tmp_path)])
     with caplog.at_level('INFO'):
-        outputs = export.export(args, workers.World(), train.get_loaders,
-                                functools.partial(models.build, args, 'cpu'),
-                                functools.partial(dali.serialize_preprocessing, args))
+        outputs = exported(args)
     assert outputs['torchvision'] is None
     assert sorted(os.listdir(tmp_path / 'export')) == ['model-0000.params', 'model-symbol.json', 'model.onnx',
                                                        'model.preprocessing.json']

@@ -3,7 +3,6 @@ read it: every config.pbtxt parses into Triton's own ModelConfig message (triton
 wiring is complete; the serialized pipeline, deserialized by DALI and run on the CPU on the files' bytes, then
 onnxruntime on the network model, gives --mode pred's probabilities, on the digits and on photographs; a folder in
 use, a class-name file of another count and a failure while writing leave nothing behind."""
-import functools
 import json
 import os
 import shutil
@@ -14,13 +13,10 @@ import pytest
 from google.protobuf import text_format
 from PIL import Image
 
-import dali
 import models
-import train
-from conftest import resolved, train_main
+from conftest import exported, resolved, train_main
+from rn50.inference import triton
 from rn50.errors import RecipeError
-from rn50.inference import export, triton
-from rn50.world import workers
 from test_preprocessing import clear, predictions, run, snippet_bound, train_py  # noqa: F401 (fixtures)
 
 # A ResNet-10 export from a checkpoint, on synthetic data (no training, no dataset): 10 classes at 32x32
@@ -39,8 +35,7 @@ def checkpoint_of(path, num_classes=10):
 
 def export_in_process(workspace, *extra):
     args = resolved(SYNTHETIC + ['--workspace', str(workspace), *extra])
-    return export.export(args, workers.World(), train.get_loaders, functools.partial(models.build, args, 'cpu'),
-                         functools.partial(dali.serialize_preprocessing, args))
+    return exported(args)
 
 
 def read_configs(folder):

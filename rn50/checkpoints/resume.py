@@ -24,7 +24,7 @@ import os
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import weight_files
 from rn50.checkpoints import weights
-from rn50.data import validation_resize
+from rn50.data import contract
 from rn50.errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,8 @@ def run_settings(args):
     settings['lr'], settings['global_batch'] = args.lr, args.batch_size
     settings['data_val_resize'] = args.data_val_resize     # what val, pred and export take (trained_settings.py)
     settings['val_image_shape'] = list(args.val_image_shape) if args.val_image_shape else None
-    settings['val_interpolation'] = validation_resize.val_interpolation(args)      # the validation resize's, the backend's
+    # the validation resize's: the weights' run's, else the backend's
+    settings['val_interpolation'] = contract.interpolation(getattr(args, 'val_interpolation', None), args.data_backend)
     return settings
 
 

@@ -75,7 +75,7 @@ def from_command(parser, argv=None):
     for name, value in from_recipe.items():
         setattr(args, name, value)
     if args.data_val_resize is None:
-        args.data_val_resize = resolution.default_val_resize(args)
+        args.data_val_resize = resolution.default_val_resize(args.image_shape, args.val_image_shape)
     if args.recipe and 'lr' not in given:   # the recipe's rate for this global batch
         args.lr = recipes.learning_rate(args.recipe, args.batch_size * args.grad_accum_steps)
     args.val_interpolation = None    # the backend's, or (for_run) the trained run's

@@ -118,28 +118,30 @@ def add_args(parser):
 RA_FLAGS = ('ra_magnitude', 'ra_magnitude_scale', 'ra_magnitude_std', 'ra_prob', 'ra_num_ops', 'ra_ops')
 
 
-def check(args, given, local=True):
-    """RecipeError for these flags on a backend that does not have them, out of range, given where they would be
-    ignored (`given`: the destinations of the flags the command named), or --auto-augment on a DALI without
-    automatic augmentation (the installed one; `local` False: the workers run elsewhere and check theirs)."""
-    used = [flag for flag, on in (('--auto-augment', args.auto_augment), ('--random-erase', args.random_erase))
-            if on]
-    if used and args.data_backend not in ('dali-gpu', 'dali-cpu'):
+def check(preset, backend, given, training=True, local=True):
+    """RecipeError for these flags (as `preset`, the TrainingPreset, holds them) on a --data-backend (`backend`)
+    that does not have them, out of range, given where they would be ignored (`given`: the destinations of the
+    flags the command named), or --auto-augment on a DALI without automatic augmentation (the installed one, for
+    a `training` run; `local` False: the workers run elsewhere and check theirs)."""
+    auto = preset.auto_augment
+    policy = auto.policy if auto else None
+    used = [flag for flag, on in (('--auto-augment', policy), ('--random-erase', preset.random_erase)) if on]
+    if used and backend not in ('dali-gpu', 'dali-cpu'):
         raise RecipeError(f'{" and ".join(used)}: only the DALI backends implement this (--data-backend dali-gpu, '
-                          f'or dali-cpu without a GPU); --data-backend {args.data_backend} has no such augmentation')
-    if args.aug_repeats > 1 and args.data_backend == 'synthetic':
+                          f'or dali-cpu without a GPU); --data-backend {backend} has no such augmentation')
+    if preset.repeats > 1 and backend == 'synthetic':
         raise RecipeError('--aug-repeats repeats the records of an epoch; --data-backend synthetic has none')
-    idle = [name for name in RA_FLAGS if name in given] if args.auto_augment != 'ra' else []
-    idle += ['auto_augment_fill'] if 'auto_augment_fill' in given and not args.auto_augment else []
+    idle = [name for name in RA_FLAGS if name in given] if policy != 'ra' else []
+    idle += ['auto_augment_fill'] if 'auto_augment_fill' in given and not policy else []
     if idle:
         names = ', '.join('--' + name.replace('_', '-') for name in idle)
         raise RecipeError(f'{names} would be ignored: {"they shape" if len(idle) > 1 else "it shapes"} '
                           f'{"--auto-augment ra" if idle[0].startswith("ra_") else "--auto-augment"}, which this '
-                          f'run does not use (--auto-augment {args.auto_augment or "not given"})')
-    if args.auto_augment == 'ra' and args.ra_magnitude > args.ra_magnitude_scale:
-        raise RecipeError(f'--ra-magnitude {args.ra_magnitude} is above --ra-magnitude-scale '
-                          f'{args.ra_magnitude_scale}, the whole range of an operation')
-    if args.auto_augment and args.mode in ('train', 'train_val') and local:
+                          f'run does not use (--auto-augment {policy or "not given"})')
+    if policy == 'ra' and auto.ra_magnitude > auto.ra_magnitude_scale:
+        raise RecipeError(f'--ra-magnitude {auto.ra_magnitude} is above --ra-magnitude-scale '
+                          f'{auto.ra_magnitude_scale}, the whole range of an operation')
+    if policy and training and local:
         check_dali()
 
 
@@ -167,16 +169,6 @@ def check_dali():
         raise RecipeError(f'--auto-augment needs DALI {DALI_NEEDED} or newer (automatic augmentation, conditional '
                           f'pipelines) and {found}: pip install nvidia-dali-cuda110=={DALI_TESTED}, the version '
                           'the recipe is tested with (requirements.txt; the Dockerfile installs it)')
-
-
-def fill_value(args):
-    """--auto-augment-fill as DALI's fill: one number, or a tuple of 3 for a colour of unequal channels."""
-    fill = args.auto_augment_fill
-    if fill == 'mean':
-        fill = tuple(min(255, max(0, round(m))) for m in args.rgb_mean)
-    if isinstance(fill, tuple) and len(set(fill)) == 1:
-        fill = fill[0]
-    return fill
 
 
 def colour_filled(aug, colour):
@@ -219,18 +211,19 @@ def ra_suite(ops):
 
 
 class Policy:
-    """One --auto-augment policy: `suite` (DALI augmentations), `stages` (operations applied in turn),
-    `num_bins`, and draw(), which says per image and stage which operation, bin and sign."""
+    """One --auto-augment policy (`auto`, the training preset's AutoAugment): `suite` (DALI augmentations),
+    `stages` (operations applied in turn), `num_bins`, and draw(), which says per image and stage which operation,
+    bin and sign."""
 
-    def __init__(self, args):
+    def __init__(self, auto):
         from nvidia.dali.auto_aug import augmentations, auto_augment, trivial_augment
-        self.name, self.stages = args.auto_augment, 1
+        self.name, self.stages = auto.policy, 1
         if self.name == 'ta_wide':
             self.suite, self.num_bins = trivial_augment.get_trivial_augment_wide_suite(), 31
         elif self.name == 'ra':
-            self.suite, self.choices = ra_suite(args.ra_ops)
-            self.stages, self.scale = args.ra_num_ops, args.ra_magnitude_scale
-            self.magnitude, self.std, self.prob = args.ra_magnitude, args.ra_magnitude_std, args.ra_prob
+            self.suite, self.choices = ra_suite(auto.ra_ops)
+            self.stages, self.scale = auto.ra_num_ops, auto.ra_magnitude_scale
+            self.magnitude, self.std, self.prob = auto.ra_magnitude, auto.ra_magnitude_std, auto.ra_prob
             whole_units = self.std == 0 and float(self.magnitude).is_integer()
             self.steps_per_unit = 1 if whole_units else RA_STEPS_PER_UNIT
             self.num_bins = self.scale * self.steps_per_unit + 1
@@ -246,7 +239,7 @@ class Policy:
                  + [(self.suite.index(augmentations.identity), 0.0, 0)] * (self.stages - len(sub))
                  for sub in policy.sub_policies], dtype=np.float64)
         self.identity = next(i for i, aug in enumerate(self.suite) if aug.name == 'identity')
-        self.fill = fill_value(args)
+        self.fill = auto.fill
         if isinstance(self.fill, tuple):
             import inspect
             self.suite = [colour_filled(aug, self.fill) if 'fill_value' in inspect.signature(aug.op).parameters

@@ -1,5 +1,11 @@
 """The loader contract every --data-backend follows (data.py's RecordLoader, dali.py's DaliLoader,
-synthetic.py's SyntheticLoader), and the shapes, dtype and device placement of the batches they hand out.
+synthetic.py's SyntheticLoader), and the shapes, dtype and device placement of the batches they hand out. What
+a loader is given are records: a Dataset (the files, the batch, the classes, the Images the network takes and
+the training augmentation, rn50/data/preset.py's TrainingPreset), each built once from the flags by the composer:
+
+    dataset = contract.Dataset.of(args)                     # train.get_loaders, once
+    images = dataset.images                                 # Images: shapes, layout, dtype, normalisation, resize
+    images.shape_of(training=False)                         # (C, H, W) of validation, pred and export
 
 A loader has `batch_size` (per worker: --batch-size is the global batch), `num_batches` (per epoch, equal on
 every worker for training, since Horovod needs equal step counts), `num_examples`, and `epoch(e, start)`,
@@ -33,39 +39,91 @@ Semantics shared by every backend:
 * Synthetic data has the real path's shapes and dtypes, a validation set of ImageNet's share of the epoch,
   and random validation labels (accuracy stays at chance: it measures speed, not learning).
 """
+import dataclasses
+
 import mxnet as mx
 import numpy as np
 
+from rn50.data.preset import TrainingPreset
 from rn50.errors import RecipeError
 
 IMAGENET_TRAIN_SIZE = 1281167
 IMAGENET_VAL_SIZE = 50000
 
 
-def image_shape(args, training):
-    """(C, H, W) of the images of training, or of validation, pred and export (--val-image-shape's size, else
-    --image-shape's; the channels always --image-shape's, which the runner makes 4 for float16 on GPUs)."""
-    if training or args.val_image_shape is None:
-        return tuple(args.image_shape)
-    return (args.image_shape[0],) + tuple(args.val_image_shape[1:])
+def training_dtype(dtype, amp):
+    """The dtype the network consumes (`dtype`: --dtype, `amp`: --amp): float16 only for float16 without AMP."""
+    return 'float16' if dtype == 'float16' and not amp else 'float32'
 
 
-def aspect_ratio_range(args):
-    """[min, max] width/height ratio of the random crop: [1 - max, 1 + max] when the min flag is None."""
-    if args.min_random_aspect_ratio is None:
-        return 1 - args.max_random_aspect_ratio, 1 + args.max_random_aspect_ratio
-    return args.min_random_aspect_ratio, args.max_random_aspect_ratio
+def interpolation(given, backend):
+    """The validation resize's interpolation, a property of the run: the weights' run's in val, pred and export
+    (`given`, resolve.py's val_interpolation from trained_settings), else the `backend`'s: 'linear' (OpenCV's
+    INTER_LINEAR, as ImageRecordIter) for mxnet, 'linear-antialias' (fn.resize's default) for DALI (and synthetic
+    data's runs)."""
+    if given:
+        return given
+    return 'linear' if backend == 'mxnet' else 'linear-antialias'
 
 
-def training_dtype(args):
-    """The dtype the network consumes: float16 only for --dtype float16 without AMP."""
-    return 'float16' if args.dtype == 'float16' and not args.amp else 'float32'
+@dataclasses.dataclass(frozen=True)
+class Images:
+    """What the network takes, as values (`of`: the resolved flags): `shape` (C, H, W) of training (--image-shape),
+    `val_shape` (--val-image-shape, or None: the training size), the input `layout`, the `dtype` the network
+    consumes (training_dtype), the normalisation (`mean`, `std` on the 0-255 scale), and the validation resize
+    val, pred and export share (`val_resize`, --data-val-resize, and its `val_interpolation`)."""
+    shape: tuple = (3, 224, 224)
+    val_shape: tuple = None
+    layout: str = 'NCHW'
+    dtype: str = 'float32'
+    mean: tuple = (123.68, 116.779, 103.939)
+    std: tuple = (58.393, 57.12, 57.375)
+    val_resize: int = 256
+    val_interpolation: str = 'linear-antialias'
+
+    @classmethod
+    def of(cls, args):
+        return cls(shape=tuple(args.image_shape),
+                   val_shape=None if args.val_image_shape is None else tuple(args.val_image_shape),
+                   layout=args.input_layout, dtype=training_dtype(args.dtype, args.amp), mean=tuple(args.rgb_mean),
+                   std=tuple(args.rgb_std), val_resize=args.data_val_resize,
+                   val_interpolation=interpolation(getattr(args, 'val_interpolation', None), args.data_backend))
+
+    def shape_of(self, training):
+        """(C, H, W) of the images of training, or of validation, pred and export (--val-image-shape's size, else
+        --image-shape's; the channels always --image-shape's, which the runner makes 4 for float16 on GPUs)."""
+        if training or self.val_shape is None:
+            return tuple(self.shape)
+        return (self.shape[0],) + tuple(self.val_shape[1:])
 
 
-def per_worker_batch(args, num_workers):
-    if args.batch_size % num_workers:
-        raise RecipeError(f'--batch-size {args.batch_size} is not divisible by the {num_workers} workers')
-    return args.batch_size // num_workers
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """What a loader reads and hands out, as values (`of`): the training and validation files (`train`, `val`:
+    (.rec, .idx), the .rec None where not given), the global `batch_size`, `num_classes`, `num_examples` of a
+    training epoch (--num-examples; None: every record), the `images` the network takes (Images) and the training
+    augmentation (`preset`, a TrainingPreset). A part of the run that reads otherwise (validation's batch on a
+    small set, INT8 calibration on the training images) takes a dataclasses.replace'd copy."""
+    train: tuple = (None, '')
+    val: tuple = (None, '')
+    batch_size: int = 192
+    num_classes: int = 1000
+    num_examples: int = None
+    images: Images = Images()
+    preset: TrainingPreset = TrainingPreset()
+
+    @classmethod
+    def of(cls, args):
+        return cls(train=(args.data_train, args.data_train_idx), val=(args.data_val, args.data_val_idx),
+                   batch_size=args.batch_size, num_classes=args.num_classes, num_examples=args.num_examples,
+                   images=Images.of(args), preset=TrainingPreset.of(args))
+
+
+def per_worker_batch(batch_size, num_workers):
+    """The batch of each of `num_workers` workers of the global `batch_size` (--batch-size)."""
+    if batch_size % num_workers:
+        raise RecipeError(f'--batch-size {batch_size} is not divisible by the {num_workers} workers')
+    return batch_size // num_workers
 
 
 def batches(loader, epoch, start, count):
@@ -96,24 +154,25 @@ def whole(array):
     return mx.nd.concat(*[part.as_in_context(array[0].context) for part in array], dim=0)
 
 
-def on_devices(images, labels, args, contexts):
+def on_devices(images, labels, spec, contexts):
     """(images, labels) of a host batch (NCHW float32 normalised images) on the worker's devices (`contexts`),
     as a loader hands them out: each device's slice is copied there first, then given the network's channels,
-    layout and dtype there (finish_images). On a GPU that work leaves the host's threads: the float16 cast of
-    192 images took 87 ms on the CPU with the runner's OMP_NUM_THREADS=1, longer than a 64 ms step. One array
-    each for one device, else a list of one array per device."""
-    image_parts = [finish_images(part, args) for part in device_slices(images, contexts)]
+    layout and dtype there (finish_images; `spec`: an Images). On a GPU that work leaves the host's threads: the
+    float16 cast of 192 images took 87 ms on the CPU with the runner's OMP_NUM_THREADS=1, longer than a 64 ms
+    step. One array each for one device, else a list of one array per device."""
+    image_parts = [finish_images(part, spec) for part in device_slices(images, contexts)]
     label_parts = device_slices(labels, contexts)
     if len(contexts) == 1:
         return image_parts[0], label_parts[0]
     return image_parts, label_parts
 
 
-def finish_images(images, args):
-    """NCHW float32 normalised images -> the layout, channel count and dtype the network takes."""
-    if args.image_shape[0] == 4:
+def finish_images(images, spec):
+    """NCHW float32 normalised images -> the layout, channel count and dtype the network takes (`spec`: an
+    Images)."""
+    if spec.shape[0] == 4:
         images = mx.nd.concat(images, mx.nd.zeros_like(images[:, :1]), dim=1)
-    if args.input_layout == 'NHWC':
+    if spec.layout == 'NHWC':
         images = mx.nd.transpose(images, axes=(0, 2, 3, 1))
-    dtype = training_dtype(args)
+    dtype = spec.dtype
     return images if images.dtype == np.dtype(dtype) else images.astype(dtype)

@@ -9,6 +9,7 @@ The size of epoch e is a pure function of e (so a resume at any epoch trains at 
 would): --progressive-size up to --progressive-epochs' first epoch, --image-shape's from its second on, and
 between them the linear interpolation rounded to a multiple of --progressive-step (FFCV: 32). The network
 (global average pooling before the classifier) takes any size; MXNet plans its memory again at each new one.
+The training preset (preset.py's TrainingPreset.training_shape) gives each epoch's size with size_at.
 """
 import numpy as np
 
@@ -27,32 +28,33 @@ def add_args(group):
                        help='--progressive-size: sizes are multiples of this (FFCV: 32)')
 
 
-def check(args):
-    """RecipeError for a progressive resizing that cannot work."""
-    if args.progressive_size is None:
-        if args.progressive_epochs is not None:
+def check(size, epochs, image_shape, backend, num_epochs):
+    """RecipeError for a progressive resizing that cannot work: --progressive-size (`size`), --progressive-epochs
+    (`epochs`), --image-shape, --data-backend (`backend`) and --num-epochs."""
+    if size is None:
+        if epochs is not None:
             raise RecipeError('--progressive-epochs says when --progressive-size grows: add --progressive-size')
         return
-    height, width = args.image_shape[1:]
+    height, width = image_shape[1:]
     if height != width:
         raise RecipeError(f'--progressive-size: the training images are square; --image-shape is {height}x{width}')
-    if args.progressive_size > height:
-        raise RecipeError(f'--progressive-size {args.progressive_size} is larger than --image-shape\'s {height}, '
+    if size > height:
+        raise RecipeError(f'--progressive-size {size} is larger than --image-shape\'s {height}, '
                           'the size it grows to')
-    if args.data_backend == 'synthetic':
+    if backend == 'synthetic':
         raise RecipeError('--progressive-size resizes decoded images; --data-backend synthetic has none')
-    start, end = ramp(args)
+    start, end = ramp(epochs, num_epochs)
     if not 0 <= start <= end:
         raise RecipeError(f'--progressive-epochs {start},{end}: expected 0 <= START <= END')
 
 
-def ramp(args):
-    """(first, last) epoch of the growth."""
-    if args.progressive_epochs is None:
-        return 0, max(args.num_epochs - 1, 0)
-    if len(args.progressive_epochs) != 2:
+def ramp(epochs, num_epochs):
+    """(first, last) epoch of the growth: --progressive-epochs (`epochs`), by default all the run's."""
+    if epochs is None:
+        return 0, max(num_epochs - 1, 0)
+    if len(epochs) != 2:
         raise RecipeError('--progressive-epochs takes two epochs: START,END')
-    return tuple(args.progressive_epochs)
+    return tuple(epochs)
 
 
 def size_at(epoch, low, high, start, end, step):
@@ -66,20 +68,12 @@ def size_at(epoch, low, high, start, end, step):
     return int(min(max(size, low), high))
 
 
-def training_shape(args, epoch):
-    """(C, H, W) of the training images of `epoch`."""
-    if args.progressive_size is None:
-        return tuple(args.image_shape)
-    size = size_at(epoch, args.progressive_size, args.image_shape[1], *ramp(args), args.progressive_step)
-    return (args.image_shape[0], size, size)
-
-
 # The original recipe validates at 224 after resizing the shorter side to 256: that ratio at any test size.
 VAL_RESIZE_RATIO = 256 / 224
 
 
-def default_val_resize(args):
+def default_val_resize(image_shape, val_image_shape=None):
     """--data-val-resize when neither the command nor a recipe gives it: the test size (--val-image-shape, else
     --image-shape) times 256/224, so that a run at 64 tests a 64 crop of a 73-pixel image, as one at 224 does of
     a 256-pixel one, instead of a 64-pixel patch of a 256-pixel image."""
-    return round(max((args.val_image_shape or args.image_shape)[1:]) * VAL_RESIZE_RATIO)
+    return round(max((val_image_shape or image_shape)[1:]) * VAL_RESIZE_RATIO)

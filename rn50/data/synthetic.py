@@ -19,10 +19,10 @@ class SyntheticLoader:
     batch lives on the worker's devices (one slice per device), so a step copies nothing from the host
     (about 77 MB per 192 images on a GPU, which would distort the benchmark)."""
 
-    def __init__(self, args, rank, num_workers, training, contexts=(mx.cpu(),), seed=0):
-        self.args = args
-        self.batch_size = contract.per_worker_batch(args, num_workers)
-        train_examples = args.num_examples or contract.IMAGENET_TRAIN_SIZE
+    def __init__(self, dataset, rank, num_workers, training, contexts=(mx.cpu(),), seed=0):
+        """`dataset`: a contract.Dataset (its batch, class count, --num-examples and Images)."""
+        self.batch_size = contract.per_worker_batch(dataset.batch_size, num_workers)
+        train_examples = dataset.num_examples or contract.IMAGENET_TRAIN_SIZE
         if training:
             self.num_examples = train_examples
             self.num_batches = records.training_steps(self.num_examples, num_workers, self.batch_size)
@@ -32,12 +32,13 @@ class SyntheticLoader:
             self.num_batches = -(-records.shard_size(self.num_examples, rank, num_workers) // self.batch_size)
         first = rank * self.batch_size
         stream = 0 if training else 1
-        shape = (3,) + contract.image_shape(args, training)[1:]
+        shape = (3,) + dataset.images.shape_of(training)[1:]
         images = np.stack([np.random.default_rng([seed, stream, first + i]).uniform(-1, 1, shape)
                            for i in range(self.batch_size)]).astype(np.float32)
         labels = np.random.default_rng([seed, stream]).integers(
-            0, args.num_classes, size=self.batch_size * num_workers)[first:first + self.batch_size]
-        images, labels = contract.on_devices(mx.nd.array(images), mx.nd.array(labels, dtype='float32'), args, contexts)
+            0, dataset.num_classes, size=self.batch_size * num_workers)[first:first + self.batch_size]
+        images, labels = contract.on_devices(mx.nd.array(images), mx.nd.array(labels, dtype='float32'), dataset.images,
+                                             contexts)
         self.batch = mx.io.DataBatch(data=[images], label=[labels], pad=0)
 
     def epoch(self, epoch, start=0):

@@ -17,6 +17,7 @@ export.py's.
 * float32 on the CPU: oneDNN's graph fusion (`fused_float32`), about 12% faster. `--amp` (bfloat16 on CPU,
   float16 on GPU): workers.resolve_devices switched AMP on before the network was built; nothing to do here.
 """
+import dataclasses
 import hashlib
 import json
 import logging
@@ -29,12 +30,10 @@ import numpy as np
 from rn50 import files
 from rn50.checkpoints import weight_files
 from rn50.checkpoints import resume
-from rn50.checkpoints.workspace import Workspace
 from rn50 import flags
-from rn50.config import resolve
 from rn50.data import classes
-from rn50.data.contract import batches, device_slices, image_shape, whole
-from rn50.data.validation_resize import describe_val_resize, load_image, val_interpolation
+from rn50.data.contract import batches, device_slices, whole
+from rn50.data.validation_resize import describe_val_resize, load_image
 from rn50.errors import RecipeError, mxnet_message
 from rn50.reports import logs
 from rn50.world import memory
@@ -81,48 +80,83 @@ def add_inference_args(parser):
     return group
 
 
-def check_inference_flags(args):
-    """RecipeError for inference flags that cannot work with the mode, and for a class-name file pred cannot
-    use. INT8 runs on the CPU, a GPU node's too (rn50/config/resolve.py)."""
-    if args.mode == 'pred' and not args.test_io:
-        class_names(args)
-    if args.triton and args.mode != 'export':
-        raise RecipeError(f'--triton writes a model repository in --mode export, not --mode {args.mode}')
-    if args.quantize is None:
-        return
-    if args.mode not in ('val', 'pred'):
-        raise RecipeError(f'--quantize int8 is for --mode val and pred (INT8 inference), not --mode {args.mode}; '
-                          'to deploy the INT8 model, run --mode val --quantize int8 and use the '
-                          f'{args.model_prefix}_int8-symbol.json/-0000.params it saves')
-    if args.amp or args.dtype != 'float32':
-        raise RecipeError('--quantize int8 starts from the float32 network: leave out --amp and use '
-                          '--dtype float32')
-    if args.data_backend != 'synthetic' and not args.data_train:
-        raise RecipeError('--quantize int8 calibrates on the training set: pass --data-train (or --data-root '
-                          'to the runner)')
+@dataclasses.dataclass(frozen=True)
+class Validation:
+    """How a validation pass runs, as values (`of`): `num_classes`, at most `iterations` batches (--benchmark-iters;
+    None: all), whether it computes the accuracy and loss (`metrics`: not --no-metrics), test-time augmentation
+    (`tta`: --tta, None or 'flip') and the input `layout` (the width axis a flip mirrors)."""
+    num_classes: int = 1000
+    iterations: int = None
+    metrics: bool = True
+    tta: str = None
+    layout: str = 'NCHW'
+
+    @classmethod
+    def of(cls, args):
+        return cls(num_classes=args.num_classes, iterations=args.benchmark_iters, metrics=not args.no_metrics,
+                   tta=args.tta, layout=args.input_layout)
 
 
-def inference_network(args, net, world, get_loaders):
-    """The network val and pred run: `net` with trained weights, or its INT8 version."""
-    if args.no_metrics and not args.load and args.mode == 'val':
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """--quantize int8's calibration, as values (`of`): --calib-mode (`mode`),
+    --calib-batches (`batches`), and what the cached model records of the network (`arch`, `num_layers`,
+    `num_classes`) and of its data (`data`: the training .rec, or 'synthetic')."""
+    mode: str = 'naive'
+    batches: int = 10
+    arch: str = 'resnetv15'
+    num_layers: int = 50
+    num_classes: int = 1000
+    data: str = 'synthetic'
+
+    @classmethod
+    def of(cls, args):
+        return cls(mode=args.calib_mode, batches=args.calib_batches, arch=args.arch, num_layers=args.num_layers,
+                   num_classes=args.num_classes,
+                   data=args.data_train if args.data_backend != 'synthetic' else 'synthetic')
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """How val and pred make the network ready, as values (`of`): its weights (`load`, --load, else the
+    workspace's), `random` weights for a --mode val --no-metrics speed measurement without --load, the INT8
+    `calibration` (a Calibration, or None), and the network's `dtype` and `amp` (oneDNN's float32 fusion is for
+    float32 without AMP)."""
+    load: str = None
+    random: bool = False
+    calibration: Calibration = None
+    dtype: str = 'float32'
+    amp: bool = False
+
+    @classmethod
+    def of(cls, args):
+        return cls(load=args.load, random=bool(args.no_metrics and not args.load and args.mode == 'val'),
+                   calibration=Calibration.of(args) if args.quantize else None, dtype=args.dtype, amp=args.amp)
+
+
+def inference_network(net, world, setup, workspace, dataset, loaders):
+    """The network val and pred run: `net` with trained weights (`setup`, a Setup: --load, else `workspace`'s), or
+    its INT8 version (calibrated on `dataset`'s training images through `loaders`, the composer's loader factory:
+    loaders(dataset, rank, workers, train=..., val=..., contexts=..., seed=...))."""
+    if setup.random:
         log.warning('--no-metrics: measuring validation speed; weights are random unless --load is given')
         source = None
     else:
-        source = resume.inference_weights(Workspace.of(args), args.load)
-        weight_files.load_weights(net, source, args.rgb_mean, args.rgb_std)
-    if args.quantize:
-        return int8_network(args, net, source, world, get_loaders)
+        source = resume.inference_weights(workspace, setup.load)
+        weight_files.load_weights(net, source, dataset.images.mean, dataset.images.std)
+    if setup.calibration:
+        return int8_network(net, source, world, setup.calibration, workspace, dataset, loaders)
     if world.devices.amp_dtype == 'bfloat16':
-        return fused_bfloat16(args, net, world.devices)
-    return fused_float32(args, net, world.devices)
+        return fused_bfloat16(net, world.devices, dataset.images)
+    return fused_float32(net, world.devices, dataset.images, setup.dtype, setup.amp)
 
 
-def fused_bfloat16(args, net, devices):
+def fused_bfloat16(net, devices, images):
     """--amp on the CPU (bfloat16): the network converted to bfloat16 first (weights, and every operator AMP
     lists as safe; the input cast once) and then fused by oneDNN, so that each convolution with its batchnorm,
     residual addition and ReLU is one bfloat16 operator, instead of float32 fusions with casts between them."""
     from mxnet.contrib import amp
-    example = mx.nd.zeros((1,) + input_shape(args), ctx=devices.contexts[0])
+    example = mx.nd.zeros((1,) + input_shape(images), ctx=devices.contexts[0])
     net(example)     # the graph to convert: conversion reads the hybridized graph of one forward pass
     converted = amp.convert_hybrid_block(net, target_dtype='bfloat16', ctx=devices.contexts[0],
                                          cast_optional_params=True)
@@ -133,14 +167,15 @@ def fused_bfloat16(args, net, devices):
     return converted
 
 
-def fused_float32(args, net, devices):
-    """`net` with oneDNN's graph fusion on a oneDNN CPU build in float32: each convolution with its batchnorm
-    (folded into the weights), residual addition and ReLU becomes one operator. ResNet-50 ran 12% faster
-    (same logits within 1e-5); it is for inference only, as the folded batchnorm no longer trains."""
-    if devices.kind != 'cpu' or args.amp or args.dtype != 'float32' or \
+def fused_float32(net, devices, images, dtype='float32', amp=False):
+    """`net` with oneDNN's graph fusion on a oneDNN CPU build in float32 (`dtype`, without `amp`): each
+    convolution with its batchnorm (folded into the weights), residual addition and ReLU becomes one operator.
+    ResNet-50 ran 12% faster (same logits within 1e-5); it is for inference only, as the folded batchnorm no
+    longer trains. `images`: the run's contract.Images."""
+    if devices.kind != 'cpu' or amp or dtype != 'float32' or \
             not mx.runtime.Features().is_enabled('MKLDNN'):
         return net
-    example = mx.nd.zeros((1,) + input_shape(args), ctx=devices.contexts[0])   # partitioning runs it once
+    example = mx.nd.zeros((1,) + input_shape(images), ctx=devices.contexts[0])   # partitioning runs it once
     net.optimize_for(example, backend='MKLDNN', static_alloc=True, static_shape=True)
     log.info('float32 inference with oneDNN fusion (convolution + batchnorm + add + ReLU in one operator)')
     return net
@@ -150,34 +185,34 @@ def fused_float32(args, net, devices):
 # Validation (every epoch of train_val, and --mode val)
 
 
-def validate(args, net, loader, world, passes_label=''):
-    """One pass over the validation data: top-1, top-5 and loss summed over all workers, each image counted
-    once (padding removed); per-batch latencies in seconds. The next batch is fetched (read, decoded,
-    copied) and queued before the outputs of the current one are waited for, so that loading overlaps the
-    network's compute; val.ips counts real images only."""
+def validate(validation, net, loader, world, passes_label=''):
+    """One pass over the validation data as `validation` (a Validation) says: top-1, top-5 and loss summed over
+    all workers, each image counted once (padding removed); per-batch latencies in seconds. The next batch is
+    fetched (read, decoded, copied) and queued before the outputs of the current one are waited for, so that
+    loading overlaps the network's compute; val.ips counts real images only."""
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
     totals = np.zeros(4)  # correct top-1, correct top-5, loss sum, images
     timed = []            # (seconds, real images) per batch, from one batch's finish to the next
     pending = None
     tick = begin = time.time()
-    for batch in batches(loader, 0, 0, args.benchmark_iters or loader.num_batches):
-        queued = queue_batch(args, net, batch, world.devices.contexts)
+    for batch in batches(loader, 0, 0, validation.iterations or loader.num_batches):
+        queued = queue_batch(validation, net, batch, world.devices.contexts)
         if pending is not None:
-            totals += finish_batch(args, pending, loss_fn)
+            totals += finish_batch(validation, pending, loss_fn)
             now = time.time()
             timed.append((now - tick, pending[2]))
             tick = now
         pending = queued
     if pending is not None:
-        totals += finish_batch(args, pending, loss_fn)
+        totals += finish_batch(validation, pending, loss_fn)
         timed.append((time.time() - tick, pending[2]))
     whole = (time.time() - begin, sum(images for _, images in timed))
     totals = world.comm.allreduce_sum(totals)
     seen = max(totals[3], 1)
     metrics = {}
-    if not args.no_metrics:
+    if validation.metrics:
         metrics = {'val.loss': totals[2] / seen, 'val.accuracy': totals[0] / seen}
-        if args.num_classes > 5:   # with 5 classes or fewer every image is in the top 5
+        if validation.num_classes > 5:   # with 5 classes or fewer every image is in the top 5
             metrics['val.top_k_accuracy_5'] = totals[1] / seen
     # With one or two batches the last one computes while the first is waited for (the engine runs both), so
     # its finish-to-finish time says nothing: the whole pass is timed instead, shared out over its batches.
@@ -186,32 +221,33 @@ def validate(args, net, loader, world, passes_label=''):
     seconds, images = (sum(column) for column in zip(*steady)) if steady else (0.0, 0)
     metrics['val.ips'] = images * world.size / seconds if seconds else 0.0
     metrics['val.latency_avg'] = seconds / len(steady) if steady else 0.0
-    log.info('Validation%s%s: %d images%s', passes_label, ' (--tta flip)' if args.tta else '', int(totals[3]), ''.join(
-        f', {name} {metrics[key]:.4f}' for name, key in (('top-1', 'val.accuracy'), ('top-5', 'val.top_k_accuracy_5'))
-        if key in metrics))
+    log.info('Validation%s%s: %d images%s', passes_label, ' (--tta flip)' if validation.tta else '', int(totals[3]),
+             ''.join(f', {name} {metrics[key]:.4f}' for name, key in (('top-1', 'val.accuracy'),
+                                                                      ('top-5', 'val.top_k_accuracy_5'))
+                     if key in metrics))
     return metrics, [duration for duration, _ in steady]
 
 
-def queue_batch(args, net, batch, contexts):
+def queue_batch(validation, net, batch, contexts):
     """(outputs, labels, real images) of `batch` over `contexts`, the network's work queued on MXNet's engine, not
     waited for."""
     images, labels = device_slices(batch.data[0], contexts), device_slices(batch.label[0], contexts)
-    return [logits(args, net, x) for x in images], labels, sum(x.shape[0] for x in images) - batch.pad
+    return [logits(validation, net, x) for x in images], labels, sum(x.shape[0] for x in images) - batch.pad
 
 
-def logits(args, net, images):
-    """The network's outputs for a batch of `images`; with --tta flip the mean of those of the images and of
-    their mirror images (flipped along the width)."""
-    if args.tta != 'flip':
+def logits(validation, net, images):
+    """The network's outputs for a batch of `images`; with --tta flip (validation.tta) the mean of those of the
+    images and of their mirror images (flipped along the width)."""
+    if validation.tta != 'flip':
         return net(images)
-    mirrored = mx.nd.flip(images, axis=args.input_layout.index('W'))
+    mirrored = mx.nd.flip(images, axis=validation.layout.index('W'))
     return (net(images).astype('float32') + net(mirrored).astype('float32')) / 2
 
 
-def finish_batch(args, queued, loss_fn):
+def finish_batch(validation, queued, loss_fn):
     """[top-1 correct, top-5 correct, loss sum, count] of a queued batch, once its outputs are computed."""
     outputs, labels, valid = queued
-    if not args.no_metrics:
+    if validation.metrics:
         return batch_metrics(outputs, labels, valid, loss_fn)
     outputs[-1].wait_to_read()
     return np.array([0.0, 0.0, 0.0, valid])
@@ -241,27 +277,29 @@ def latency_percentiles(durations):
     return {f'val.latency_{p}': float(np.percentile(durations, p)) for p in (50, 90, 95, 99, 100)}
 
 
-def evaluate(args, net, world, seed, get_loaders, dllogger):
-    """--mode val: --num-epochs passes (default 1) of `net`, ready from inference_network: (summary, per pass).
-    `seed`: the run's (synthetic data draws its images from it)."""
-    _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True,
-                                contexts=world.devices.contexts, seed=seed)
+def evaluate(net, world, seed, dataset, loaders, dllogger, validation, passes=1):
+    """--mode val: `passes` passes (--num-epochs, default 1) of `net`, ready from inference_network, over the
+    validation data of `dataset` (a contract.Dataset, its loader from `loaders`, the composer's factory), as
+    `validation` (a Validation) says: (summary, per pass). `seed`: the run's (synthetic data draws its images from
+    it)."""
+    _, val_loader = loaders(dataset, world.rank, world.size, train=False, val=True, contexts=world.devices.contexts,
+                            seed=seed)
     if val_loader is None:
         raise RecipeError('--mode val needs validation data: pass --data-val (and --data-val-idx)')
     # A small set (the quick start's 32 images at the runner's -b 192) is read in a batch of its size, rounded up
     # to the workers' devices, instead of a batch that is mostly padding.
     devices = world.size * len(world.devices.contexts)
     fitting = -(-val_loader.num_examples // devices) * devices
-    if args.batch_size >= 2 * val_loader.num_examples and fitting < args.batch_size:
+    if dataset.batch_size >= 2 * val_loader.num_examples and fitting < dataset.batch_size:
         log.info('--batch-size %d is over twice the %d validation images: validating with a batch of %d instead (no '
-                 'padding to compute)', args.batch_size, val_loader.num_examples, fitting)
-        args = resolve.replaced(args, batch_size=fitting)
-        _, val_loader = get_loaders(args, world.rank, world.size, train=False, val=True,
-                                    contexts=world.devices.contexts, seed=seed)
+                 'padding to compute)', dataset.batch_size, val_loader.num_examples, fitting)
+        dataset = dataclasses.replace(dataset, batch_size=fitting)
+        _, val_loader = loaders(dataset, world.rank, world.size, train=False, val=True,
+                                contexts=world.devices.contexts, seed=seed)
     memory.check_batch_against_data(val_loader, world)
     all_durations, history = [], []
-    for epoch in range(args.num_epochs):
-        metrics, durations = validate(args, net, val_loader, world, f' pass {epoch}')
+    for epoch in range(passes):
+        metrics, durations = validate(validation, net, val_loader, world, f' pass {epoch}')
         metrics.update(latency_percentiles(durations))
         dllogger.log((epoch,), metrics)
         all_durations += durations
@@ -295,53 +333,75 @@ def prediction_inputs(path):
     return [path]
 
 
-def class_names(args):
-    """Names for the output classes: --classes, else classes.json beside the training or validation data,
-    else the ImageNet names for a 1000-class model, else "class N" (classes.py reads the files)."""
-    if args.classes:
-        return classes.read_names(args.classes, args.num_classes)
-    path = classes.dataset_file(args.data_train, args.data_val)
+def class_names(num_classes, classes_file=None, data_files=()):
+    """Names for the `num_classes` output classes: `classes_file` (--classes), else classes.json beside the
+    training or validation data (`data_files`), else the ImageNet names for a 1000-class model, else "class N"
+    (classes.py reads the files)."""
+    if classes_file:
+        return classes.read_names(classes_file, num_classes)
+    path = classes.dataset_file(*data_files)
     if path:
-        return classes.read_names(path, args.num_classes, flag='the dataset\'s')
-    if args.num_classes == 1000:
+        return classes.read_names(path, num_classes, flag='the dataset\'s')
+    if num_classes == 1000:
         return classes.read_names(classes.IMAGENET_NAMES,
                                   1000, flag='the recipe\'s')
-    return [f'class {i}' for i in range(args.num_classes)]
+    return [f'class {i}' for i in range(num_classes)]
 
 
-def predict(args, net, world, dali_images):
-    """--mode pred: the top --topk classes of each image, with probabilities, printed and optionally saved
-    as JSON. An unreadable image is reported and the others are still classified. `net` comes from
-    inference_network (trained weights, INT8 if asked). Images are preprocessed as the run validates
-    (val_interpolation): by DALI's validation graph (`dali_images(args)`: dali.py's PredictionImages, given by
-    the composer), or as ImageRecordIter (load_image)."""
-    names = class_names(args)
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """--mode pred's values (`of`): the image or folder to classify (`inputs`, --data-pred), how many classes to
+    print (`topk`), the JSON file to write (`output`, --pred-output), the class names (`classes`, --classes; else
+    a classes.json beside `data_files`, the training and validation .rec) and the --load whose name the JSON
+    file records (`load`; else the workspace's weights)."""
+    inputs: str
+    topk: int = 5
+    output: str = None
+    classes: str = None
+    data_files: tuple = ()
+    load: str = None
+
+    @classmethod
+    def of(cls, args):
+        return cls(inputs=args.data_pred, topk=args.topk, output=args.pred_output, classes=args.classes,
+                   data_files=(args.data_train, args.data_val), load=args.load)
+
+
+def predict(net, world, prediction, validation, images, workspace, dali_images):
+    """--mode pred (`prediction`, a Prediction): the top classes of each image, with probabilities, printed and
+    optionally saved as JSON. An unreadable image is reported and the others are still classified. `net` comes
+    from inference_network (trained weights, INT8 if asked), and computes as `validation` says (its --tta).
+    Images are preprocessed as the run validates (`images`, the run's contract.Images: its val_interpolation):
+    by DALI's validation graph (`dali_images(images)`: dali.py's PredictionImages, given by the composer), or as
+    ImageRecordIter (load_image). `workspace`: the run's Workspace, whose weights the JSON file names."""
+    names = class_names(validation.num_classes, prediction.classes, prediction.data_files)
     results = []
-    inputs = prediction_inputs(args.data_pred)
+    inputs = prediction_inputs(prediction.inputs)
     # The run's validation preprocessing: DALI's graph for a run that validates with DALI, else ImageRecordIter's
-    images = dali_images(args) if val_interpolation(args) == 'linear-antialias' else None
-    log.info('Prediction with %s: %s', 'DALI (on the CPU)' if images else 'OpenCV', describe_val_resize(args))
+    reader = dali_images(images) if images.val_interpolation == 'linear-antialias' else None
+    log.info('Prediction with %s: %s', 'DALI (on the CPU)' if reader else 'OpenCV', describe_val_resize(images))
     for path in inputs:
         try:
-            image = (images.load(path) if images else load_image(path, args)).as_in_context(world.devices.contexts[0])
+            image = (reader.load(path) if reader else load_image(path, images)).as_in_context(
+                world.devices.contexts[0])
         except RecipeError as e:
             if len(inputs) > 1:   # one image alone: the error line at the end says it
                 log.error('%s', e)
             results.append({'image': path, 'error': str(e)})
             continue
-        probabilities = mx.nd.softmax(logits(args, net, image).astype('float32')).asnumpy()[0]
-        top = np.argsort(-probabilities)[:args.topk]
+        probabilities = mx.nd.softmax(logits(validation, net, image).astype('float32')).asnumpy()[0]
+        top = np.argsort(-probabilities)[:prediction.topk]
         print(f'{path}:')
         for rank, index in enumerate(top, 1):
             print(f'{rank:>3}. {probabilities[index] * 100:6.2f}% -> {names[index]}')
         results.append({'image': path, 'top': [{'class': int(i), 'name': names[i],
                                                  'probability': float(probabilities[i])} for i in top]})
-    if args.pred_output:
-        files.write_json(args.pred_output, {'checkpoint': resume.find_weights(Workspace.of(args), args.load),
-                                            'predictions': results})
+    if prediction.output:
+        files.write_json(prediction.output, {'checkpoint': resume.find_weights(workspace, prediction.load),
+                                             'predictions': results})
     if all('error' in r for r in results):
         raise RecipeError(results[0]['error'] if len(results) == 1 else
-                          f'none of the {len(results)} images of --data-pred {args.data_pred} could be read '
+                          f'none of the {len(results)} images of --data-pred {prediction.inputs} could be read '
                           f'(the first: {results[0]["error"]})')
     return results
 
@@ -350,15 +410,16 @@ def predict(args, net, world, dali_images):
 # INT8
 
 
-def int8_network(args, net, source, world, get_loaders):
-    """The calibrated INT8 network: loaded from the workspace cache when it matches, else calibrated now
-    (by rank 0; other workers wait for its files) and saved."""
-    prefix = Workspace.of(args).int8_prefix
-    wanted = calibration_record(args, net, source)
+def int8_network(net, source, world, calibration, workspace, dataset, loaders):
+    """The calibrated INT8 network (`calibration`, a Calibration, of the weights `source`): loaded from the cache in
+    `workspace` when it matches, else calibrated now on `dataset`'s training images (by rank 0, their loader from
+    `loaders`; other workers wait for its files) and saved."""
+    prefix = workspace.int8_prefix
+    wanted = calibration_record(calibration, net, source, dataset.images)
     if world.rank == 0 and cached_calibration(prefix) != wanted:
         if os.path.exists(prefix + '.json'):
             os.remove(prefix + '.json')             # it must not vouch for the files about to be replaced
-        quantized, images = calibrate(args, net, get_loaders)
+        quantized, images = calibrate(net, calibration, dataset, loaders)
         export_block(quantized, prefix)
         files.write_json(prefix + '.json', dict(wanted, calib_images=images))   # last: it vouches for the files
         log.info('Saved the calibrated INT8 model as %s-symbol.json / -0000.params', prefix)
@@ -366,7 +427,7 @@ def int8_network(args, net, source, world, get_loaders):
     record = cached_calibration(prefix)
     if record != wanted:
         raise RecipeError(f'{prefix}.json does not describe this calibration (another run wrote it meanwhile?)')
-    log.info('INT8 model: %s-symbol.json (%s calibration on %d training images)', prefix, args.calib_mode,
+    log.info('INT8 model: %s-symbol.json (%s calibration on %d training images)', prefix, calibration.mode,
              record['calib_images'])
     try:
         block = mx.gluon.SymbolBlock.imports(prefix + '-symbol.json', ['data'], prefix + '-0000.params',
@@ -378,17 +439,18 @@ def int8_network(args, net, source, world, get_loaders):
     return block
 
 
-def calibration_record(args, net, source):
-    """What an INT8 model depends on; a cached model is reused only when all of it matches. The graph's hash
-    makes a change to models.py (a new operator, say) calibrate again even with the same weights."""
+def calibration_record(calibration, net, source, images):
+    """What an INT8 model depends on (`calibration`, the weights `source`, the network's graph, the `images` it
+    takes); a cached model is reused only when all of it matches. The graph's hash makes a change to models.py
+    (a new operator, say) calibrate again even with the same weights."""
     graph = net(mx.sym.var('data')).tojson().encode()
     return {'weights': os.path.abspath(source) if source else None,
             'weights_sha256': files.file_sha256(source) if source else None,
             'graph_sha256': hashlib.sha256(graph).hexdigest(),
-            'arch': args.arch, 'num_layers': args.num_layers, 'num_classes': args.num_classes,
-            'image_shape': list(image_shape(args, training=False)), 'input_layout': args.input_layout,
-            'calib_mode': args.calib_mode, 'calib_batches': args.calib_batches, 'calib_batch_size': CALIBRATION_BATCH,
-            'data': args.data_train if args.data_backend != 'synthetic' else 'synthetic'}
+            'arch': calibration.arch, 'num_layers': calibration.num_layers, 'num_classes': calibration.num_classes,
+            'image_shape': list(images.shape_of(training=False)), 'input_layout': images.layout,
+            'calib_mode': calibration.mode, 'calib_batches': calibration.batches, 'calib_batch_size': CALIBRATION_BATCH,
+            'data': calibration.data}
 
 
 class CalibrationRecord(dict):
@@ -412,34 +474,33 @@ def cached_calibration(prefix):
     return CalibrationRecord(record) if ready and isinstance(record, dict) else None
 
 
-def calibrate(args, net, get_loaders):
-    """Quantize `net` with ranges measured on --calib-batches training batches of CALIBRATION_BATCH images,
-    preprocessed as validation images are (no random crops: the ranges should be those the model meets at
-    inference). Returns the quantized network and how many images calibrated it."""
+def calibrate(net, calibration, dataset, loaders):
+    """Quantize `net` with ranges measured on --calib-batches training batches of CALIBRATION_BATCH images of
+    `dataset` (read through `loaders`), preprocessed as validation images are (no random crops: the ranges should
+    be those the model meets at inference). Returns the quantized network and how many images calibrated it."""
     from mxnet.contrib import quantization
-    calib_args = resolve.replaced(args, data_val=args.data_train, data_val_idx=args.data_train_idx,
-                                  batch_size=CALIBRATION_BATCH)
-    _, loader = get_loaders(calib_args, 0, 1, train=False, val=True)   # on the CPU: INT8's device
-    count = min(args.calib_batches, loader.num_batches)
+    training_as_validation = dataclasses.replace(dataset, val=dataset.train, batch_size=CALIBRATION_BATCH)
+    _, loader = loaders(training_as_validation, 0, 1, train=False, val=True)   # on the CPU: INT8's device
+    count = min(calibration.batches, loader.num_batches)
     images = [whole(batch.data[0]).copyto(mx.cpu()) for batch in batches(loader, 0, 0, count)]
-    log.info('Calibrating INT8 ranges (%s) on %d batches of %d training images%s', args.calib_mode, count,
-             loader.batch_size, '' if count == args.calib_batches else
-             f' (the training set has only {count} batches, not --calib-batches {args.calib_batches})')
+    log.info('Calibrating INT8 ranges (%s) on %d batches of %d training images%s', calibration.mode, count,
+             loader.batch_size, '' if count == calibration.batches else
+             f' (the training set has only {count} batches, not --calib-batches {calibration.batches})')
     calib_data = mx.io.NDArrayIter(data=mx.nd.concat(*images, dim=0), batch_size=loader.batch_size)
-    quantized = quantization.quantize_net_v2(net, quantized_dtype='auto', calib_mode=args.calib_mode,
+    quantized = quantization.quantize_net_v2(net, quantized_dtype='auto', calib_mode=calibration.mode,
                                              calib_data=calib_data, num_calib_examples=count * loader.batch_size,
                                              ctx=mx.cpu(), logger=None)
     quantized(images[0])   # export() saves the parameters of the graph a forward pass has built (else none)
     return quantized, count * loader.batch_size
 
 
-def input_shape(args, channels=None):
-    """The (C, H, W) or (H, W, C) shape of one validation (and pred, export) image in --input-layout, with
-    --image-shape's channels unless `channels` is given."""
-    shape = image_shape(args, training=False)
+def input_shape(images, channels=None):
+    """The (C, H, W) or (H, W, C) shape of one validation (and pred, export) image in the input layout of
+    `images` (the run's contract.Images), with its channels unless `channels` is given."""
+    shape = images.shape_of(training=False)
     height, width = shape[1:]
     channels = channels or shape[0]
-    return (height, width, channels) if args.input_layout == 'NHWC' else (channels, height, width)
+    return (height, width, channels) if images.layout == 'NHWC' else (channels, height, width)
 
 
 def export_block(block, prefix):

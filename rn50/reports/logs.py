@@ -17,7 +17,7 @@ checkpoints included); where in the workspace an output goes is rn50/checkpoints
 (`Workspace.place`, `Workspace.report`).
 
 Usage (see train.py and fit.py): `logger = DLLogger(path)`, `logger.log(step, {...})`,
-`write_report(Workspace.of(args).report(args.mode), args, world, history, summary)`,
+`write_report(workspace.report(args.mode), vars(args), world, history, summary)`,
 `progress_bar(total, label, enabled)`.
 """
 import datetime
@@ -261,16 +261,16 @@ def peak_memory_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def write_report(path, args, world, history, summary=None, duration=None, seed=None):
+def write_report(path, config, world, history, summary=None, duration=None, seed=None):
     """The mode's report, `path` (Workspace.report: report.json, or report_<mode>.json), written by rank 0 only:
-    the resolved configuration, the run's seed (given or drawn), the world's workers and devices, AMP's dtype,
-    versions, hardware, per-epoch metrics, the summary and the duration so far (`duration`: training's, over
-    all its resumes; else this process's)."""
+    the resolved configuration (`config`: {flag destination: value}, the resolved flags' vars), the run's seed
+    (given or drawn), the world's workers and devices, AMP's dtype, versions, hardware, per-epoch metrics, the
+    summary and the duration so far (`duration`: training's, over all its resumes; else this process's)."""
     if world.rank != 0:
         return
-    report = {'model': args.arch, 'mode': args.mode, 'workers': world.size, 'seed': seed,
+    report = {'model': config['arch'], 'mode': config['mode'], 'workers': world.size, 'seed': seed,
               'devices': [str(c) for c in world.devices.contexts], 'amp_dtype': world.devices.amp_dtype,
-              'cmd': sys.argv, 'config': vars(args),
+              'cmd': sys.argv, 'config': config,
               'versions': library_versions(), 'hardware': hardware(), 'epochs': history,
               'total_duration': time.time() - world.start_time if duration is None else duration,
               'peak_memory_mb': peak_memory_mb()}

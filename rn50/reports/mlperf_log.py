@@ -39,7 +39,6 @@ import time
 from mlperf_logging.mllog import constants
 from mlperf_logging.mllog.mllog import MLLogger
 
-from rn50.checkpoints.workspace import Workspace
 from rn50.errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -84,105 +83,108 @@ def add_args(parser):
     return group
 
 
-def enabled(args):
-    """Whether the run writes a result log (--mlperf-log given or set by --recipe mlperf, and not `none`)."""
-    return args.mlperf_log not in (None, OFF)
+def enabled(log):
+    """Whether the run writes a result log (`log`: --mlperf-log, given or set by --recipe mlperf, and not `none`)."""
+    return log not in (None, OFF)
 
 
-def log_path(args):
-    """--mlperf-log as given when absolute, else in the workspace."""
-    return Workspace.of(args).place(args.mlperf_log)
+def log_path(log, workspace):
+    """The result log's path: --mlperf-log (`log`) as given when absolute, else in the `workspace` (a Workspace);
+    None when the run writes none."""
+    return workspace.place(log) if enabled(log) else None
 
 
 # ----------------------------------------------------------------------------------------------------------
 # The rules, before anything starts
 
 
-def check_flags(args, given):
+def check_flags(run, given):
     """RecipeError, before anything starts (train.py and the runner, through fit.check_schedule_flags), for a
-    result log that cannot be what was asked: one of this group's flags given where no log is written, a run
+    result log that cannot be what was asked (`run`, a Run of the flags, resolved or not; `given`: the
+    destinations of the flags the command named): one of this group's flags given where no log is written, a run
     MLPerf would not time (no validation, a --benchmark-iters measurement, no target, a teacher's knowledge),
     an optimizer or schedule without MLPerf keys, and in the closed division hyper-parameters outside the
     rules."""
     given = [name for name in FLAGS if name in given]
-    training = args.mode in ('train', 'train_val') and not args.test_io
-    if not enabled(args):
+    training = run.mode in ('train', 'train_val') and not run.test_io
+    if not enabled(run.log):
         extra, why = [name for name in given if name != 'mlperf_log'], 'this run writes none (--mlperf-log PATH)'
     else:
-        extra, why = ([] if training else given), f'training writes one, not --mode {args.mode}' + \
-            (' --test-io' if args.test_io else '')
+        extra, why = ([] if training else given), f'training writes one, not --mode {run.mode}' + \
+            (' --test-io' if run.test_io else '')
     if extra:
         raise RecipeError(f'--{extra[0].replace("_", "-")} fills an MLPerf result log, and {why}')
-    if not (training and enabled(args)):
+    if not (training and enabled(run.log)):
         return
-    problems, closed = run_problems(args), closed_problems(args) if args.submission_division == 'closed' else []
+    problems, closed = run_problems(run), closed_problems(run) if run.division == 'closed' else []
     if problems or closed:
         ways = ['--submission-division open takes other hyper-parameters'] * bool(closed) + [
             f'--mlperf-log {OFF} writes no log']
-        raise RecipeError(f'an MLPerf result log (--mlperf-log {args.mlperf_log}) cannot record this run: '
+        raise RecipeError(f'an MLPerf result log (--mlperf-log {run.log}) cannot record this run: '
                           f'{"; ".join(problems + closed)} ({"; ".join(ways)})')
 
 
-def run_problems(args):
-    """What makes a run one MLPerf would not time, whatever the division."""
+def run_problems(run):
+    """What makes a run (a Run) one MLPerf would not time, whatever the division."""
     problems = []
-    if args.mode != 'train_val':
-        problems.append(f'--mode {args.mode} does not validate (MLPerf scores evaluations: --mode train_val)')
-    if args.benchmark_iters:
+    if run.mode != 'train_val':
+        problems.append(f'--mode {run.mode} does not validate (MLPerf scores evaluations: --mode train_val)')
+    if run.measuring:
         problems.append('--benchmark-iters trains and validates part of the data')
-    if args.data_backend == 'synthetic':
+    if run.backend == 'synthetic':
         problems.append('--data-backend synthetic has no data to reach a target on')
-    if args.no_metrics:
+    if not run.metrics:
         problems.append('--no-metrics computes no accuracy')
-    if args.target_accuracy is None:
+    if run.target is None:
         problems.append(f'no --target-accuracy (the run stops at its quality target, {QUALITY_TARGET} for ResNet-50)')
-    if args.begin_epoch:
-        problems.append(f'--begin-epoch {args.begin_epoch} starts the schedule part-way (MLPerf times it from 0)')
-    if args.teacher is not None:
+    if run.begin_epoch:
+        problems.append(f'--begin-epoch {run.begin_epoch} starts the schedule part-way (MLPerf times it from 0)')
+    if run.teacher is not None:
         problems.append('--teacher distils pretrained knowledge (the rules allow no pre-training)')
-    if args.optimizer not in ('lars', 'sgd'):
-        problems.append(f'--optimizer {args.optimizer} (MLPerf\'s ResNet-50 keys are lars\'s or sgd\'s)')
-    if args.lr_schedule != 'poly':
-        problems.append(f'--lr-schedule {args.lr_schedule} (MLPerf\'s ResNet-50 decays polynomially: poly)')
+    if run.optimizer not in ('lars', 'sgd'):
+        problems.append(f'--optimizer {run.optimizer} (MLPerf\'s ResNet-50 keys are lars\'s or sgd\'s)')
+    if run.lr_schedule != 'poly':
+        problems.append(f'--lr-schedule {run.lr_schedule} (MLPerf\'s ResNet-50 decays polynomially: poly)')
     return problems
 
 
-def closed_problems(args):
-    """The hyper-parameters outside the closed division's rules: the quality target and evaluation frequency
-    (Training rules), the values the HP table fixes to the reference or constrains (lars_* / sgd_*)."""
-    batch = args.batch_size * args.grad_accum_steps
+def closed_problems(run):
+    """The hyper-parameters of `run` (a Run) outside the closed division's rules: the quality target and
+    evaluation frequency (Training rules), the values the HP table fixes to the reference or constrains
+    (lars_* / sgd_*)."""
+    batch = run.batch_size * run.grad_accum_steps
     problems = []
-    if args.target_accuracy is not None and args.target_accuracy < QUALITY_TARGET:
-        problems.append(f'--target-accuracy {args.target_accuracy:g} (the closed target is {QUALITY_TARGET}: '
+    if run.target is not None and run.target < QUALITY_TARGET:
+        problems.append(f'--target-accuracy {run.target:g} (the closed target is {QUALITY_TARGET}: '
                         'closed_resnet.yaml wants an eval_accuracy at least that)')
-    if args.eval_period != EVAL_PERIOD:
-        problems.append(f'--eval-period {args.eval_period} (ResNet-50 evaluates every {EVAL_PERIOD} epochs)')
-    if not math.isclose(args.end_lr, END_LR):
-        problems.append(f'--end-lr {args.end_lr:g} (the end learning rate is the reference\'s {END_LR:g})')
-    if args.lr_poly_power != POLY_POWER:
-        problems.append(f'--lr-poly-power {args.lr_poly_power:g} (the reference\'s power is {POLY_POWER:g})')
-    if not args.warmup_prefix:
+    if run.eval_period != EVAL_PERIOD:
+        problems.append(f'--eval-period {run.eval_period} (ResNet-50 evaluates every {EVAL_PERIOD} epochs)')
+    if not math.isclose(run.end_lr, END_LR):
+        problems.append(f'--end-lr {run.end_lr:g} (the end learning rate is the reference\'s {END_LR:g})')
+    if run.poly_power != POLY_POWER:
+        problems.append(f'--lr-poly-power {run.poly_power:g} (the reference\'s power is {POLY_POWER:g})')
+    if not run.warmup_prefix:
         problems.append('--warmup-prefix 0 (the reference decays after the warm-up)')
-    power = math.log2(args.wd / 0.0001) if args.wd > 0 else 0.5
+    power = math.log2(run.weight_decay / 0.0001) if run.weight_decay > 0 else 0.5
     if not math.isclose(power, round(power), abs_tol=1e-9):
-        problems.append(f'--wd {args.wd:g} (the weight decay is 0.0001 x 2^N)')
-    if args.mom != MOMENTUM and (args.optimizer == 'sgd' or batch < LARGE_BATCH):
-        problems.append(f'--mom {args.mom:g} (momentum is {MOMENTUM:g}, for lars below a global batch of '
+        problems.append(f'--wd {run.weight_decay:g} (the weight decay is 0.0001 x 2^N)')
+    if run.momentum != MOMENTUM and (run.optimizer == 'sgd' or batch < LARGE_BATCH):
+        problems.append(f'--mom {run.momentum:g} (momentum is {MOMENTUM:g}, for lars below a global batch of '
                         f'{LARGE_BATCH})')
-    if args.label_smoothing not in (0, 0.1):
-        problems.append(f'--label-smoothing {args.label_smoothing:g} (0 or 0.1)')
-    if args.tta is not None:
-        problems.append(f'--tta {args.tta} (the quality measure is the reference\'s, one centre crop)')
-    if args.optimizer == 'lars':
-        if args.lars_eps != LARS_EPSILON:
-            problems.append(f'--lars-eps {args.lars_eps:g} (LARS epsilon is the reference\'s {LARS_EPSILON:g})')
-        if args.warmup_epochs is not None and args.warmup_epochs <= 0:
+    if run.label_smoothing not in (0, 0.1):
+        problems.append(f'--label-smoothing {run.label_smoothing:g} (0 or 0.1)')
+    if run.tta is not None:
+        problems.append(f'--tta {run.tta} (the quality measure is the reference\'s, one centre crop)')
+    if run.optimizer == 'lars':
+        if run.lars_epsilon != LARS_EPSILON:
+            problems.append(f'--lars-eps {run.lars_epsilon:g} (LARS epsilon is the reference\'s {LARS_EPSILON:g})')
+        if run.warmup_epochs is not None and run.warmup_epochs <= 0:
             problems.append('--warmup-epochs 0 (lars_opt_learning_rate_warmup_epochs is more than 0)')
-    if args.optimizer == 'sgd':
-        if args.warmup_epochs is not None and args.warmup_epochs != int(args.warmup_epochs):
-            problems.append(f'--warmup-epochs {args.warmup_epochs:g} (sgd warms up a whole number of epochs)')
-        if not math.isclose(args.lr / 0.001, round(args.lr / 0.001), abs_tol=1e-6):
-            problems.append(f'--lr {args.lr:g} (sgd_opt_base_learning_rate is a multiple of 0.001)')
+    if run.optimizer == 'sgd':
+        if run.warmup_epochs is not None and run.warmup_epochs != int(run.warmup_epochs):
+            problems.append(f'--warmup-epochs {run.warmup_epochs:g} (sgd warms up a whole number of epochs)')
+        if not math.isclose(run.lr / 0.001, round(run.lr / 0.001), abs_tol=1e-6):
+            problems.append(f'--lr {run.lr:g} (sgd_opt_base_learning_rate is a multiple of 0.001)')
     return problems
 
 
@@ -203,10 +205,15 @@ OPTIMIZER_KEYS = {
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """What a run's result log records, as values (Run.of takes them from the resolved flags): `path` (None: the
-    run writes no log), the submission (`platform` None: workers x device), the global batch and the optimizer's
-    hyper-parameters, the epochs the decay spans, the target, `load` (weights to start from: refused), and the
-    model (arch, depth, HxW, classes: a closed result needs the reference's)."""
+    """What a run's result log records and what MLPerf's rules check of the run, as values (`of`: from the flags,
+    resolved or not): `log` (--mlperf-log) and `path` (where the log goes; None: the run writes none, or `of` had
+    no workspace and the run is only checked), the submission (`platform` None: workers x device), the global
+    batch and the optimizer's hyper-parameters, the schedule's length and warm-up (`decay_epochs`, the epochs the
+    decay spans), the target, `load` (weights to start from: refused), the model (arch, depth, HxW, classes: a
+    closed result needs the reference's), and what the rules refuse (the mode, --test-io, a --benchmark-iters
+    measurement, the data backend, no metrics, --begin-epoch, a --teacher, the schedule's kind, the evaluation
+    period, label smoothing, test-time augmentation)."""
+    log: object
     path: object
     org: str
     platform: object
@@ -223,23 +230,44 @@ class Run:
     weight_decay: float
     lars_epsilon: float
     warmup_epochs: float
-    decay_epochs: float
+    warmup_prefix: int
+    num_epochs: int
     target: float
     load: object
     model: tuple
+    mode: str = 'train_val'
+    test_io: bool = False
+    measuring: bool = False
+    backend: str = None
+    metrics: bool = True
+    begin_epoch: int = None
+    teacher: object = None
+    lr_schedule: str = 'poly'
+    eval_period: int = EVAL_PERIOD
+    label_smoothing: float = 0.1
+    tta: str = None
 
     @classmethod
-    def of(cls, args):
-        return cls(path=log_path(args) if enabled(args) else None, org=args.submission_org,
-                   platform=args.submission_platform, division=args.submission_division,
+    def of(cls, args, workspace=None):
+        """The Run of the flags `args`, its log in `workspace` (a Workspace; None: only checked, not written)."""
+        return cls(log=args.mlperf_log, path=log_path(args.mlperf_log, workspace) if workspace is not None else None,
+                   org=args.submission_org, platform=args.submission_platform, division=args.submission_division,
                    status=args.submission_status, cache_clear=args.mlperf_cache_clear, batch_size=args.batch_size,
                    grad_accum_steps=args.grad_accum_steps, optimizer=args.optimizer, lr=args.lr, end_lr=args.end_lr,
                    poly_power=args.lr_poly_power, momentum=args.mom, weight_decay=args.wd,
-                   lars_epsilon=args.lars_eps, warmup_epochs=args.warmup_epochs,
-                   decay_epochs=args.num_epochs - (args.warmup_epochs if args.warmup_prefix else 0),
-                   target=args.target_accuracy, load=args.load,
+                   lars_epsilon=args.lars_eps, warmup_epochs=args.warmup_epochs, warmup_prefix=args.warmup_prefix,
+                   num_epochs=args.num_epochs, target=args.target_accuracy, load=args.load,
                    model=(args.arch, args.num_layers, f'{args.image_shape[1]}x{args.image_shape[2]}',
-                          args.num_classes))
+                          args.num_classes),
+                   mode=args.mode, test_io=args.test_io, measuring=bool(args.benchmark_iters),
+                   backend=args.data_backend, metrics=not args.no_metrics, begin_epoch=args.begin_epoch,
+                   teacher=args.teacher, lr_schedule=args.lr_schedule, eval_period=args.eval_period,
+                   label_smoothing=args.label_smoothing, tta=args.tta)
+
+    @property
+    def decay_epochs(self):
+        """The epochs the decay spans: the schedule's after the warm-up (--warmup-prefix 1), else all of them."""
+        return self.num_epochs - (self.warmup_epochs if self.warmup_prefix else 0)
 
 
 def writer(path):
@@ -416,14 +444,15 @@ def clear_cache(mode, world):
     return not failed
 
 
-def summary(args):
-    """report.json's entries of the result log, read back from it: its path, run_stop's status and the time to
-    train (run_stop - run_start, seconds); {} without one (a resumed run reports its first part's)."""
-    if not enabled(args) or not os.path.exists(log_path(args)):
+def summary(path):
+    """report.json's entries of the result log at `path` (Run.path; None: the run writes none), read back from it:
+    its path, run_stop's status and the time to train (run_stop - run_start, seconds); {} without one (a resumed
+    run reports its first part's)."""
+    if path is None or not os.path.exists(path):
         return {}
-    with open(log_path(args)) as f:
+    with open(path) as f:
         records = {r['key']: r for r in (json.loads(line[len(TOKEN):]) for line in f if line.startswith(TOKEN))}
-    result = {'mlperf.log': log_path(args)}
+    result = {'mlperf.log': path}
     if constants.RUN_START in records and constants.RUN_STOP in records:
         stop, run_start = records[constants.RUN_STOP], records[constants.RUN_START]
         result['mlperf.status'] = stop['metadata'][constants.STATUS]

@@ -3,7 +3,8 @@ allocated, against what the devices have: a batch that cannot fit is one `error:
 instead of the kernel's out-of-memory killer ending the run without a word (CPU) or an allocation failure
 inside the first step (GPU).
 
-    memory.check_batch_fits(args, net, world)   # train.py: after the network is built, before any weight or batch
+    memory.check_batch_fits(net, world, batch_size, images, dtype, mode)   # train.py: after the network is built,
+                                                                           # before any weight or batch
     memory.check_batch_against_data(loader, world)   # --mode val: a warning when most of a batch is padding
 
 The estimate, per device: batch images x bytes per image + the parameters' bytes (BYTES_PER_PARAMETER: in
@@ -31,7 +32,6 @@ import math
 
 import mxnet as mx
 
-from rn50.data.contract import image_shape
 from rn50.errors import RecipeError
 
 log = logging.getLogger(__name__)
@@ -59,13 +59,13 @@ def graph_bytes(net, image_shape, input_layout, dtype):
     return outputs * (2 if dtype == 'float16' else 4), parameters
 
 
-def batch_need(args, net, images):
-    """(estimated bytes one device needs for a batch of `images` images in args.mode, bytes per image)."""
-    training = args.mode in ('train', 'train_val')
-    outputs, parameters = graph_bytes(net, image_shape(args, training), args.input_layout, args.dtype)
+def batch_need(net, count, images, dtype, training):
+    """(estimated bytes one device needs for a batch of `count` images, bytes per image), `training` or not, the
+    images as `images` (contract.Images: shapes, layout) says, the network in `dtype` (--dtype)."""
+    outputs, parameters = graph_bytes(net, images.shape_of(training), images.layout, dtype)
     per_image = outputs * (TRAINING_FRACTION if training else VALIDATION_FRACTION)
-    kept = BYTES_PER_PARAMETER['training' if training else 'inference', args.dtype]
-    return images * per_image + parameters * kept, per_image
+    kept = BYTES_PER_PARAMETER['training' if training else 'inference', dtype]
+    return count * per_image + parameters * kept, per_image
 
 
 def host_available():
@@ -82,18 +82,19 @@ def gpu_free(context):
         return None
 
 
-def check_batch_fits(args, net, world):
-    """RecipeError when this worker's batch cannot fit in its devices' memory (world.devices; training and
-    validation: pred and export take a handful of images, --test-io no network)."""
-    if args.mode not in ('train', 'train_val', 'val') or args.test_io:
+def check_batch_fits(net, world, batch_size, images, dtype, mode, test_io=False):
+    """RecipeError when this worker's share of the global `batch_size` cannot fit in its devices' memory
+    (world.devices), the images as `images` (contract.Images) says, the network in `dtype`: for training and
+    validation (`mode`: --mode; pred and export take a handful of images, `test_io` no network)."""
+    if mode not in ('train', 'train_val', 'val') or test_io:
         return
     contexts = world.devices.contexts
-    per_worker = max(1, args.batch_size // world.size)
+    per_worker = max(1, batch_size // world.size)
     per_device = math.ceil(per_worker / len(contexts))
-    need, per_image = batch_need(args, net, per_device)
-    shape = image_shape(args, training=args.mode != 'val')
-    what = (f'--batch-size {args.batch_size} ({per_device} images per device, {"x".join(map(str, shape))} '
-            f'{args.dtype}, {"training" if args.mode != "val" else "validation"})')
+    need, per_image = batch_need(net, per_device, images, dtype, mode in ('train', 'train_val'))
+    shape = images.shape_of(training=mode != 'val')
+    what = (f'--batch-size {batch_size} ({per_device} images per device, {"x".join(map(str, shape))} '
+            f'{dtype}, {"training" if mode != "val" else "validation"})')
     if world.devices.kind == 'gpu':
         for context in contexts:
             free = gpu_free(context)
