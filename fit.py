@@ -1,18 +1,20 @@
-"""Training: the schedule, the targets, loss scaling, the step, the epoch loop, checkpoint cadence, stopping.
+"""Training: the Training flags, the epoch loop, validation, checkpoint cadence, divergence checks, stopping. A
+composer, like train.py: it turns the resolved flags into the library's records once (StepSettings, Schedule,
+Policy, Averaging, Validation, Run) and hands them to rn50/.
 
 train.py builds everything this needs and calls, for --mode train and train_val:
 
-    meta = fit.train(args, net, world, train.get_loaders, build_network, dllogger, StopRequest())   # meta["history"]
+    meta = fit.train(args, net, world, seed, loaders, dataset, build_network, dllogger, stop, workspace)
+    # meta["history"]; loaders: train.Loaders, dataset: contract.Dataset, workspace: its Workspace
 
 What happens, in order:
-1. The state to start from (resume_policy.agreed_training_start, rn50/checkpoints/resume.py): --load FILE (a
+1. The state to start from (the Saver's start, rn50/checkpoints/saver.py and resume.py): --load FILE (a
    .params file or a .state file), else the workspace's `<prefix>_last.state` (automatic resume), else the
    fresh initialisation; every worker must find rank 0's, or all stop with one error.
 2. Per epoch: iterations with the learning rate of the run's schedule.Schedule, a pure function of (epoch,
-   iteration);
-   validation (train_val, inference.validate); then checkpoints: `<prefix>_NNNN.params` every
-   --save-frequency epochs (the newest --keep-checkpoints kept), `<prefix>_best.params` on a new best top-1
-   (`<prefix>_ema_best.params` of --model-ema's average, ema.py), and always `<prefix>_last.state`,
+   iteration); validation (train_val, inference.validate); then checkpoints (the Saver): `<prefix>_NNNN.params`
+   every --save-frequency epochs (the newest --keep-checkpoints kept), `<prefix>_best.params` on a new best
+   top-1 (`<prefix>_ema_best.params` of --model-ema's average, ema.py), and always `<prefix>_last.state`,
    which holds everything an exact resume needs (parameters, optimizer state, loss scale, epoch and
    iteration, best accuracy, metric history and the seed that fixes the data order and mixup draws).
 3. SIGTERM or SIGUSR1 (rn50/launch/stop.py's StopRequest) stops the run at the next iteration boundary (the

@@ -141,10 +141,10 @@ def check_inference_flags(args):
                           'to the runner)')
 
 
-def run_mode(args, net, world, seed, dllogger, stop, workspace):
-    """Run args.mode (or --test-io) on `net`, write its report (in `workspace`) and the DLLogger summary. The
-    run's data and loaders are made here, once, for every mode."""
-    dataset, loaders = contract.Dataset.of(args), Loaders.of(args)
+def run_mode(args, net, world, seed, dllogger, stop, workspace, dataset):
+    """Run args.mode (or --test-io) on `net` with the run's `dataset` (a contract.Dataset), write its report (in
+    `workspace`) and the DLLogger summary."""
+    loaders = Loaders.of(args)
     if args.test_io:
         pair = loaders(dataset, world.rank, world.size, train=args.test_io_mode == 'train',
                        val=args.test_io_mode == 'val', contexts=world.devices.contexts, seed=seed)
@@ -205,8 +205,9 @@ def run(args, origin):
         log.info('CPU: %s; %s', cpu.identity(), cpu.describe())
     data.check_backend(args, origin.given, on_gpu=world.devices.kind == 'gpu')
     check_inference_flags(args)
+    dataset = contract.Dataset.of(args)   # the run's data, its images and training augmentation, made once
     net = models.get_model(**models.model_options(args, world.devices.kind))
-    memory.check_batch_fits(net, world, args.batch_size, contract.Images.of(args), args.dtype, args.mode, args.test_io)
+    memory.check_batch_fits(net, world, args.batch_size, dataset.images, args.dtype, args.mode, args.test_io)
     dllogger_path = os.path.join(args.logdir or args.workspace, args.dllogger_log)
     dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0,
                              stream=sys.stderr if args.mode == 'pred' else None)   # stdout: the predictions
@@ -215,7 +216,7 @@ def run(args, origin):
         seed = workers.resolve_seed(args.seed, world)
         net.initialize(ctx=list(world.devices.contexts))
         net.hybridize(static_alloc=True, static_shape=True)
-        run_mode(args, net, world, seed, dllogger, stop, workspace)
+        run_mode(args, net, world, seed, dllogger, stop, workspace, dataset)
     finally:
         dllogger.close()
 
