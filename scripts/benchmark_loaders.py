@@ -49,7 +49,10 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import bootstrap
+bootstrap.start(prepare_cpu=True)   # .venv in a fresh shell, this CPU prepared for MXNet
+
+ROOT = bootstrap.ROOT
 
 
 def parse_args():

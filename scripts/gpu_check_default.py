@@ -232,5 +232,14 @@ def check_default(options, workdir):
 RUNS = {'default': check_default}
 
 
-if __name__ == '__main__':   # photo_dataset's writer: FOLDER COUNT WIDTH HEIGHT
-    write_photos(sys.argv[1], *map(int, sys.argv[2:]))
+if __name__ == '__main__':   # photo_dataset's writer, in a process without MXNet
+    import argparse
+    parser = argparse.ArgumentParser(description='gpu_check.py default\'s photographs (it runs this file): COUNT '
+                                     'noise JPEGs of WIDTH x HEIGHT in 10 class folders of FOLDER')
+    parser.add_argument('folder')
+    parser.add_argument('count', type=int)
+    parser.add_argument('width', type=int)
+    parser.add_argument('height', type=int)
+    options = parser.parse_args()
+    bootstrap.start()   # .venv in a fresh shell, for Pillow and numpy
+    write_photos(options.folder, options.count, options.width, options.height)
