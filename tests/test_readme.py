@@ -242,3 +242,13 @@ def test_what_the_documented_commands_write_in_the_repository_is_ignored_by_git(
                'inferbenchmark_report_fp32.json.scaling.png', 'runs/demo/log.log', 'data/demo/rec/val.rec']
     result = subprocess.run(['git', 'check-ignore', '--no-index', *written], cwd=ROOT, capture_output=True, text=True)
     assert sorted(result.stdout.split()) == sorted(written), set(written) - set(result.stdout.split())
+
+
+@pytest.mark.unit
+def test_the_help_groups_the_docs_name_are_train_py_s():
+    """docs/training.md named groups that --help calls otherwise, and left out MLPerf's."""
+    import train
+    titles = [group.title for group in train.build_parser()._action_groups[2:]]   # after positional, options
+    with open(os.path.join(DOCS_FOLDER, 'training.md'), encoding='utf-8') as f:
+        named = re.search(r'all the others, in groups \(([^)]*)\)', f.read().replace('\n', ' ')).group(1)
+    assert named.split(', ') == titles
