@@ -191,6 +191,8 @@ def check_default(options, workdir):
     batch = (PUBLISHED[key]['batch'] if key else DEFAULT_BATCH) if on_gpu else 8
     data, image = photo_dataset(workdir, options.device)
     common = ['-n', str(workers), '-b', str(batch), '--data-root', data] + ([] if on_gpu else TWIN)
+    # val, pred and the reader on every GPU; the twin's in one process (its 2 workers train, for the replica check)
+    inference = common if on_gpu else ['-n', '1', '-b', str(batch), '--data-root', data] + TWIN
     size = ['--num-examples', str(workers * batch * STEPS[options.device]), '--seed', '1']
     workspace = os.path.join(workdir, 'default')
     status, output = run(runner(*common, '-e', '2', *size, '--workspace', workspace), timeout=3600)
@@ -207,7 +209,7 @@ def check_default(options, workdir):
     words = [f'{workers} x {batch} ({plan}): {ips:.1f} img/s' +
              (f', {ips / figure:.2f} of the original\'s {figure:g} on {key}' if figure else ''),
              f'{metrics[0]["train.epoch_gap"]:.2f} s between epochs']
-    status, output = run(runner('--mode', 'val', *common, '--workspace', workspace))
+    status, output = run(runner('--mode', 'val', *inference, '--workspace', workspace))
     validated = epoch_metrics(workspace)[-1] if status == 0 else {}
     if 'val.ips' not in validated:
         return False, f'val: {last_error(output)}'
@@ -216,7 +218,7 @@ def check_default(options, workdir):
     if status or 'class_' not in output:
         return False, f'pred: {last_error(output)}'
     words.append('pred ok')
-    words.append(reader_speeds(common, data, workdir))
+    words.append(reader_speeds(inference, data, workdir))
     amp = os.path.join(workdir, 'default-amp')
     status, output = run(runner(*common, '-e', '1', *size, '--amp', '--workspace', amp), timeout=3600)
     if not on_gpu and status == 2 and 'needs an AVX-512 CPU' in output:
