@@ -138,15 +138,6 @@ def write_photos(folder, count, width, height):
         Image.fromarray(pixels).save(path, format='JPEG', quality=85)
 
 
-def drop_page_cache(path):
-    """Evict `path` from the page cache (posix_fadvise DONTNEED; pages mapped by a process stay)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def reader_speeds(common, data, workdir):
     """The training loader alone (--test-io) on this node's storage, images/s: the page cache dropped, with the
     .rec mapped (the default: the feed thread's page faults hold Python's lock, which the training thread needs)
@@ -156,7 +147,9 @@ def reader_speeds(common, data, workdir):
     for name, cold, flags in (('cold, mmap', True, []), ('cold, positioned reads', True, ['--dali-dont-use-mmap']),
                               ('warm', False, [])):
         if cold:
-            drop_page_cache(os.path.join(data, 'train.rec'))
+            bootstrap.on_path()
+            from rn50.data import records
+            records.drop_page_cache(os.path.join(data, 'train.rec'))
         workspace = os.path.join(workdir, 'reader-' + name.replace(', ', '-').replace(' ', '-'))
         status, output = run(runner(*common, '--test-io', '--workspace', workspace, *flags))
         summary = read_summary(workspace) if status == 0 else {}
