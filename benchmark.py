@@ -18,7 +18,6 @@ Output: strict JSON at -o with the original's structure (`model`, `ngpus`, `bs`,
 metric on stdout, and next to the JSON `<output>.throughput.png` (throughput versus batch size, one line per
 worker count) and `<output>.scaling.png` (scaling efficiency ips(n) / (n x ips(1)) versus worker count).
 """
-import argparse
 import os
 import shutil
 import subprocess
@@ -41,10 +40,9 @@ METRICS = {'train': ['train.ips', 'train.epoch_gap'],
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     epilog='Every other flag goes to each point\'s runner command unchanged '
-                                     '(`./runner --help`, `python train.py --help`).',
-                                     formatter_class=flags.HelpFormatter)
+    parser = flags.ArgumentParser(prog='benchmark.py', description=__doc__.split('\n\n')[0],
+                                  epilog='Every other flag goes to each point\'s runner command unchanged '
+                                  '(`./runner --help`, `python train.py --help`).')
     parser.add_argument('--executable', default=os.path.join(HERE, 'runner'), help='the launcher to benchmark')
     parser.add_argument('-o', '--output', required=True, help='report path (JSON)')
     parser.add_argument('-n', '--ngpus', type=flags.positive_int_list, required=True,

@@ -13,8 +13,8 @@ or directly, with global values:
         --num-epochs 10 --image-shape 3,32,32 --num-classes 10 --workspace runs/demo
     python train.py --data-backend synthetic --test-io     # the data loader alone, images/s
 
-`python train.py --help` lists every flag, grouped as Run, Model, Training, Data, DALI, MXNet augmentation,
-Augmentation, Inference, MLPerf. Only this module knows every other one: rn50/config/resolve.py (the flags,
+`python train.py --help` lists every flag, grouped as Run, Model, Training, Data, DALI data backend, MXNet data
+backend, Augmentation, Inference, MLPerf. Only this module knows every other one: rn50/config/resolve.py (the flags,
 resolved once), rn50/world/workers.py (who runs where, on which devices, with which seed), models.py (the
 network), data.py / dali.py / rn50/data/synthetic.py (the loaders), fit.py (training), rn50/inference/
 (validation, prediction, INT8, export), rn50/checkpoints/ and rn50/reports/ (files). The library under rn50/
@@ -30,7 +30,6 @@ never sees the flags' namespace: this module and fit.py hand it records made onc
 A problem the user can fix (bad flags, missing files, no GPU for a GPU-only request) is printed as
 `error: ...` without a traceback, exit status 2.
 """
-import argparse
 import functools
 import logging
 import os
@@ -65,8 +64,7 @@ log = logging.getLogger(__name__)
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(description='Train, validate or run ResNet-50 v1.5 and relatives',
-                                     formatter_class=flags.HelpFormatter)
+    parser = flags.ArgumentParser(prog='train.py', description='Train, validate or run ResNet-50 v1.5 and relatives')
     run_flags.add_args(parser)
     models.add_model_args(parser)
     fit.add_fit_args(parser)

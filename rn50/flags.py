@@ -106,6 +106,17 @@ def image_shape(text):
     return shape
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, with HelpFormatter, whose error is one `error:` line naming --help: argparse printed the
+    whole usage first (94 lines for train.py) and the error after it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(formatter_class=HelpFormatter, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f'error: {message} ({self.prog} --help lists the flags)\n')
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help with each flag's default said once: argparse's "(default: X)" is added only where the help
     text does not already speak of its default, and never for None or an off switch (it would contradict

@@ -49,7 +49,10 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import bootstrap
+bootstrap.start(prepare_cpu=True)   # .venv in a fresh shell, this CPU prepared for MXNet
+
+ROOT = bootstrap.ROOT
 
 
 def parse_args():
@@ -389,24 +392,17 @@ def python_work(n=20000):
     return total
 
 
-def drop_page_cache(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def training_thread(args, rec, idx, extra, cold, device_seconds=0.05):
     """(mean and 90th percentile of the wait for a batch, the same of the Python piece), ms, over one epoch of
     the dali-cpu loader beside a training thread (the --gil docstring)."""
+    from rn50.data import records   # this tree's only (as in pil_batches)
     if cold:
-        drop_page_cache(rec)
+        records.drop_page_cache(rec)
     flags = ['--data-train', rec, '--data-train-idx', idx, '--batch-size', str(args.batch_size),
              '--data-backend', 'dali-cpu', '--dali-threads', str(args.workers), '--seed', '1', *extra]
     loader = get_loaders(options(flags), 0, 1, val=False)[0]
     if cold:
-        drop_page_cache(rec)     # making the loader read some records' headers
+        records.drop_page_cache(rec)     # making the loader read some records' headers
     waits, pieces = [], []
     asked = time.perf_counter()
     for batch in loader.epoch(0):

@@ -135,17 +135,18 @@ def check(environ=os.environ):
 
 
 def main(argv):
-    if argv == ['constraints']:
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('command', choices=['constraints', 'check'],
+                        help='constraints: the pip constraints of the image\'s packages; check: everything loads')
+    if parser.parse_args(argv).command == 'constraints':
         print('\n'.join(constraints(installed_versions())))
-    elif argv == ['check']:
-        from rn50.errors import RecipeError
-        try:
-            check()
-        except RecipeError as e:
-            print(f'error: {e}', file=sys.stderr)
-            return 2
-    else:
-        print('usage: container_setup.py constraints | check', file=sys.stderr)
+        return 0
+    from rn50.errors import RecipeError
+    try:
+        check()
+    except RecipeError as e:
+        print(f'error: {e}', file=sys.stderr)
         return 2
     return 0
 

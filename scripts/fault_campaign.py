@@ -51,11 +51,15 @@ import signal
 import sys
 import time
 
-import psutil
+import bootstrap
+bootstrap.start()   # .venv in a fresh shell: before psutil and the recipe's packages
 
-from fault_inputs import bad_input_campaign
-from fault_soak import soak_campaign
-from fault_tools import (EPOCHS, PY, ROOT, epoch_metrics, file_size_limit, launch, link_copy, one_error,
+import psutil  # noqa: E402
+
+from fault_inputs import bad_input_campaign  # noqa: E402
+from fault_soak import soak_campaign  # noqa: E402
+from fault_tools import (EPOCHS, PY, ROOT,  # noqa: E402
+                          epoch_metrics, file_size_limit, launch, link_copy, one_error,
                          run, runner_argv, sha256, snapshot, state_note, temporaries, unchanged)
 
 # ----------------------------------------------------------------------------------------------------------

@@ -18,11 +18,12 @@ import io
 import json
 import os
 import shutil
-import sys
 import time
 
 import bootstrap
-from fault_tools import ENV, PY, ROOT, run, temporaries
+if __name__ == '__main__':
+    bootstrap.start()   # .venv in a fresh shell (the campaign runs this file as a program to read a backend's epochs)
+from fault_tools import ENV, PY, ROOT, run, temporaries  # noqa: E402
 
 BACKENDS = ('mxnet', 'dali-cpu', 'synthetic')
 RECORDS, SIDE, BATCH, WORKERS = 20000, 8, 128, 2     # 64 per worker: chunks of 4 batches, as in the issue
@@ -196,4 +197,12 @@ def soak_campaign(camp, epochs):
 
 
 if __name__ == '__main__':
-    read_epochs(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    import argparse
+    parser = argparse.ArgumentParser(description='The soak\'s reading of one training backend (fault_campaign.py '
+                                     'runs it): EPOCHS epochs of REC/IDX through BACKEND\'s loaders')
+    parser.add_argument('backend', choices=['dali-cpu', 'mxnet'])
+    parser.add_argument('rec')
+    parser.add_argument('idx')
+    parser.add_argument('epochs', type=int)
+    options = parser.parse_args()
+    read_epochs(options.backend, options.rec, options.idx, options.epochs)

@@ -18,7 +18,6 @@ PTX (a slower first start, kernels not tuned for it).
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import bootstrap
@@ -138,15 +137,6 @@ def write_photos(folder, count, width, height):
         Image.fromarray(pixels).save(path, format='JPEG', quality=85)
 
 
-def drop_page_cache(path):
-    """Evict `path` from the page cache (posix_fadvise DONTNEED; pages mapped by a process stay)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def reader_speeds(common, data, workdir):
     """The training loader alone (--test-io) on this node's storage, images/s: the page cache dropped, with the
     .rec mapped (the default: the feed thread's page faults hold Python's lock, which the training thread needs)
@@ -156,7 +146,9 @@ def reader_speeds(common, data, workdir):
     for name, cold, flags in (('cold, mmap', True, []), ('cold, positioned reads', True, ['--dali-dont-use-mmap']),
                               ('warm', False, [])):
         if cold:
-            drop_page_cache(os.path.join(data, 'train.rec'))
+            bootstrap.on_path()
+            from rn50.data import records
+            records.drop_page_cache(os.path.join(data, 'train.rec'))
         workspace = os.path.join(workdir, 'reader-' + name.replace(', ', '-').replace(' ', '-'))
         status, output = run(runner(*common, '--test-io', '--workspace', workspace, *flags))
         summary = read_summary(workspace) if status == 0 else {}
@@ -191,6 +183,8 @@ def check_default(options, workdir):
     batch = (PUBLISHED[key]['batch'] if key else DEFAULT_BATCH) if on_gpu else 8
     data, image = photo_dataset(workdir, options.device)
     common = ['-n', str(workers), '-b', str(batch), '--data-root', data] + ([] if on_gpu else TWIN)
+    # val, pred and the reader on every GPU; the twin's in one process (its 2 workers train, for the replica check)
+    inference = common if on_gpu else ['-n', '1', '-b', str(batch), '--data-root', data] + TWIN
     size = ['--num-examples', str(workers * batch * STEPS[options.device]), '--seed', '1']
     workspace = os.path.join(workdir, 'default')
     status, output = run(runner(*common, '-e', '2', *size, '--workspace', workspace), timeout=3600)
@@ -207,7 +201,7 @@ def check_default(options, workdir):
     words = [f'{workers} x {batch} ({plan}): {ips:.1f} img/s' +
              (f', {ips / figure:.2f} of the original\'s {figure:g} on {key}' if figure else ''),
              f'{metrics[0]["train.epoch_gap"]:.2f} s between epochs']
-    status, output = run(runner('--mode', 'val', *common, '--workspace', workspace))
+    status, output = run(runner('--mode', 'val', *inference, '--workspace', workspace))
     validated = epoch_metrics(workspace)[-1] if status == 0 else {}
     if 'val.ips' not in validated:
         return False, f'val: {last_error(output)}'
@@ -216,7 +210,7 @@ def check_default(options, workdir):
     if status or 'class_' not in output:
         return False, f'pred: {last_error(output)}'
     words.append('pred ok')
-    words.append(reader_speeds(common, data, workdir))
+    words.append(reader_speeds(inference, data, workdir))
     amp = os.path.join(workdir, 'default-amp')
     status, output = run(runner(*common, '-e', '1', *size, '--amp', '--workspace', amp), timeout=3600)
     if not on_gpu and status == 2 and 'needs an AVX-512 CPU' in output:
@@ -232,5 +226,14 @@ def check_default(options, workdir):
 RUNS = {'default': check_default}
 
 
-if __name__ == '__main__':   # photo_dataset's writer: FOLDER COUNT WIDTH HEIGHT
-    write_photos(sys.argv[1], *map(int, sys.argv[2:]))
+if __name__ == '__main__':   # photo_dataset's writer, in a process without MXNet
+    import argparse
+    parser = argparse.ArgumentParser(description='gpu_check.py default\'s photographs (it runs this file): COUNT '
+                                     'noise JPEGs of WIDTH x HEIGHT in 10 class folders of FOLDER')
+    parser.add_argument('folder')
+    parser.add_argument('count', type=int)
+    parser.add_argument('width', type=int)
+    parser.add_argument('height', type=int)
+    options = parser.parse_args()
+    bootstrap.start()   # .venv in a fresh shell, for Pillow and numpy
+    write_photos(options.folder, options.count, options.width, options.height)

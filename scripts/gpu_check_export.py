@@ -386,6 +386,8 @@ def calibrate(argv=None):
 
 
 if __name__ == '__main__':
-    if sys.argv[1:2] != ['calibrate']:
-        sys.exit('usage: gpu_check_export.py calibrate REPOSITORY --data-root D (the checks run from gpu_check.py)')
-    sys.exit(calibrate(sys.argv[2:]))
+    parser = argparse.ArgumentParser(description='The INT8 calibration cache of a Triton repository for trtexec; '
+                                     'this file\'s checks run from gpu_check.py (--only tensorrt,triton)')
+    parser.add_argument('command', choices=['calibrate'], help='calibrate REPOSITORY --data-root D [--images N]')
+    command, rest = parser.parse_known_args()
+    sys.exit(calibrate(rest))

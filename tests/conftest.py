@@ -346,8 +346,8 @@ TIERS = ('multiworker', 'integration', 'unit')     # pytest.ini says what each m
 # Fixtures that train once for the whole run (built_once; run, continued and one_epoch are test_preprocessing's,
 # test_short_runs' and test_train's): under pytest-xdist the tests of each run on one worker, the one that trains it.
 SHARED_BUILDS = ('trained_digits', 'trained_apart', 'run', 'continued', 'one_epoch')
-# Two files their owners are rewriting now, whose tests get their tier here, test by test (a new test in them still
-# needs one): the marks move into the files once those settle.
+# A file its owners are rewriting now, whose tests get their tier here, test by test (a new test in it still needs
+# one): the marks move into the file once it settles.
 TIERS_GIVEN_HERE = {
     'test_layout.py': dict.fromkeys([
         'test_the_root_holds_the_entry_points_and_the_package_the_rest', 'test_no_import_cycle',
@@ -357,10 +357,6 @@ TIERS_GIVEN_HERE = {
         'test_the_folder_graph_finds_folders_that_import_each_other',
         'test_every_folder_says_what_it_holds', 'test_the_design_document_lists_the_folders_there_are',
         'test_modules_stay_readable'], 'unit'),
-    'test_readme.py': dict(dict.fromkeys([
-        'test_every_runner_command_of_the_readme_and_docs_is_accepted_as_printed',
-        'test_the_readme_is_short_and_indexes_every_document', 'test_every_link_leads_somewhere'], 'unit'),
-        test_the_quick_start_takes_a_folder_of_images_to_a_model_predictions_and_onnx='integration'),
 }
 
 

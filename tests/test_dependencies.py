@@ -11,7 +11,6 @@ import glob
 import importlib.metadata
 import os
 import re
-import subprocess
 import sys
 
 import pytest

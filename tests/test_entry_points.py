@@ -10,8 +10,14 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
-ENTRY_POINTS = ['runner', 'train.py', 'benchmark.py', 'scripts/prepare_dataset.py', 'scripts/make_demo_dataset.py',
-                'scripts/gpu_check.py', 'scripts/benchmark_training.py', 'scripts/benchmark_inference.py']
+def scripts_run_as_programs():
+    """Every file of scripts/ that runs as a program (`if __name__ == '__main__'`; the others are its helpers)."""
+    folder = os.path.join(ROOT, 'scripts')
+    return sorted(f'scripts/{name}' for name in os.listdir(folder) if name.endswith('.py') and
+                  "if __name__ == '__main__'" in open(os.path.join(folder, name)).read())
+
+
+ENTRY_POINTS = ['runner', 'train.py', 'benchmark.py'] + scripts_run_as_programs()
 
 
 def bare_python(*argv, env=None):

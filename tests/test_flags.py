@@ -46,8 +46,10 @@ def test_out_of_range_flags_stop_at_parse_time(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
         train.parse_flags(argv)[0]
     assert stopped.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert ': error: argument ' in err and re.search(message, err), err
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines            # one line: argparse printed train.py's 94 lines of usage first
+    assert lines[0].startswith('error: argument ') and re.search(message, lines[0]), lines
+    assert lines[0].endswith('(train.py --help lists the flags)')
 
 
 def test_values_in_range_and_sentinels_pass():

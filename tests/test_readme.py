@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, report_gpus, runner_module, runner_runs
 
 README = os.path.join(ROOT, 'README.md')
@@ -55,6 +57,7 @@ def anchor(title):
     return re.sub(r'[^\w\- ]', '', title.strip().lower()).replace(' ', '-')
 
 
+@pytest.mark.unit
 def test_every_runner_command_of_the_readme_and_docs_is_accepted_as_printed(capsys, monkeypatch):
     """Each `./runner ...` line of a bash block in the README or docs/ (placeholders such as <path> aside) passes
     the runner's checks of its flags and train.py's (--dry-run, the runner's main in this process: files are not
@@ -72,6 +75,72 @@ def test_every_runner_command_of_the_readme_and_docs_is_accepted_as_printed(caps
         assert code == 0, (path, shlex.join(argv), capsys.readouterr().err[-1500:])
 
 
+# The datasets and workspaces a documented command makes (make demo, the quick start, prepare_imagenet.sh's default
+# and the runner's): any other path a command reads must be a placeholder such as <path> or an UPPER-CASE word.
+DOCUMENTED_DATA = ('data/demo/rec', 'data/photos', '/data/imagenet/train-val-recordio-passthrough')
+PATH_FLAGS = ('--data-root', '--workspace', '--load', '--teacher', '--data-pred', '-o', '--output', '--triton')
+
+
+def placeholder(word):
+    return '<' in word or bool(re.fullmatch(r'[A-Z][A-Z_]*', word))
+
+
+def training_settings(argv, multi_node):
+    """(the workspace, the run settings) of a training command of the docs, resolved as its train.py would
+    (resume.run_settings, the settings a workspace's run must keep), or None for another mode."""
+    import train
+    from rn50.checkpoints import resume
+    from rn50.config import resolve
+    runner = runner_module()
+    args, forwarded = runner.parse_args(argv[1:])
+    gpus = 8 if multi_node else 0
+    command = runner.train_command(args, forwarded, gpus, bool(gpus), [])
+    targs, origin = train.parse_flags(command[2:])
+    if targs.mode not in ('train', 'train_val'):
+        return None
+    targs = resolve.for_run(targs, origin, on_gpu=bool(gpus))[0]
+    return os.path.normpath(targs.workspace), resume.run_settings(targs)
+
+
+@pytest.mark.unit
+def test_the_documented_commands_do_not_collide_when_run_in_the_order_printed(monkeypatch):
+    """Each document's commands, run in the order printed: no two training commands share a workspace (the
+    default ./ counts: the second would be refused as another run's, or continue it), no two commands write one
+    output file, and every dataset a command reads is one a documented command makes, or a marked placeholder
+    (<...>, or an UPPER-CASE word). The docs' accumulation example, two commands in ./, could not run as printed."""
+    problems = []
+    for path in DOCS:
+        runs, outputs = {}, {}
+        for block in code_blocks('bash', path):
+            for argv in commands(block):
+                where = f'{os.path.relpath(path, ROOT)}: {shlex.join(argv)}'
+                if argv[0] == 'srun':
+                    argv = argv[argv.index('./runner'):]
+                if argv[0] not in ('./runner', 'python') or any(placeholder(word) for word in argv):
+                    continue
+                values = {flag: argv[i + 1] for i, flag in enumerate(argv[:-1]) if flag in PATH_FLAGS}
+                if values.get('--data-root', DOCUMENTED_DATA[0]) not in DOCUMENTED_DATA:
+                    problems.append(f'{where}: a dataset no documented command makes (or mark it: <...>)')
+                output = values.get('-o') or values.get('--output')
+                if output and output in outputs:
+                    problems.append(f'{where}: writes {output}, as {outputs[output]} does')
+                outputs.setdefault(output, where)
+                if argv[0] != './runner' or '--dry-run' in argv:
+                    continue
+                report_gpus(monkeypatch, 8)
+                found = training_settings(argv, any(word in argv for word in ('-H', '--hostfile', '--launcher')))
+                if found is None:
+                    continue
+                workspace, settings = found
+                earlier = runs.setdefault(workspace, (where, settings, argv))
+                if settings != earlier[1]:
+                    problems.append(f'{where}: refused in {workspace}, which {earlier[0]} trains')
+                elif argv != earlier[2]:
+                    problems.append(f'{where}: would continue the run of {earlier[0]} in {workspace}')
+    assert not problems, '\n'.join(problems)
+
+
+@pytest.mark.unit
 def test_the_readme_is_short_and_indexes_every_document():
     """README.md is at most README_LIMIT bytes (fifteen minutes' reading), and its Documents section links every
     file of docs/."""
@@ -88,6 +157,7 @@ def test_the_readme_is_short_and_indexes_every_document():
     assert not missing, f"README.md's Documents section does not link {missing}"
 
 
+@pytest.mark.unit
 def test_every_link_leads_somewhere():
     """Relative links name existing files, and #anchors existing headings (in the README and docs/)."""
     for path in DOCS:
@@ -105,6 +175,7 @@ def test_every_link_leads_somewhere():
                 assert fragment in headings, f'{path}: link to {target}: no such heading'
 
 
+@pytest.mark.integration
 def test_the_quick_start_takes_a_folder_of_images_to_a_model_predictions_and_onnx(digits, tmp_path):
     """The quick start's four commands, run as printed in a folder that has photos/<class>/<image> (the demo's
     training digits; the programs named by their path in the repository), with a smaller network and image
@@ -158,3 +229,26 @@ def test_the_quick_start_takes_a_folder_of_images_to_a_model_predictions_and_onn
             assert abs(probabilities[entry['class']] - entry['probability']) < SNIPPET_TOLERANCE, (entry, probabilities)
         if top[0]['probability'] - top[1]['probability'] > 2 * SNIPPET_TOLERANCE:
             assert name == top[0]['name'], (name, prediction)
+
+
+@pytest.mark.unit
+def test_what_the_documented_commands_write_in_the_repository_is_ignored_by_git():
+    """A run in the default workspace ./ and the benchmark's report write into the checkout: git ignores all of it
+    (report_val.json and report.json.points/ used to show as untracked files)."""
+    written = ['log.log', 'dllogger_log.log', 'report.json', 'report_val.json', 'report_export.json',
+               'report.json.points/1x8/output.log', 'report.json.throughput.png', 'model_best.params',
+               'model_last.state', 'export/model.onnx', 'tensorboard/events', 'mlperf.log',
+               'benchmark_report_tf32.json', 'benchmark_report_tf32.json.points/1x512/dllogger.log',
+               'inferbenchmark_report_fp32.json.scaling.png', 'runs/demo/log.log', 'data/demo/rec/val.rec']
+    result = subprocess.run(['git', 'check-ignore', '--no-index', *written], cwd=ROOT, capture_output=True, text=True)
+    assert sorted(result.stdout.split()) == sorted(written), set(written) - set(result.stdout.split())
+
+
+@pytest.mark.unit
+def test_the_help_groups_the_docs_name_are_train_py_s():
+    """docs/training.md named groups that --help calls otherwise, and left out MLPerf's."""
+    import train
+    titles = [group.title for group in train.build_parser()._action_groups[2:]]   # after positional, options
+    with open(os.path.join(DOCS_FOLDER, 'training.md'), encoding='utf-8') as f:
+        named = re.search(r'all the others, in groups \(([^)]*)\)', f.read().replace('\n', ' ')).group(1)
+    assert named.split(', ') == titles

@@ -213,7 +213,7 @@ def test_rsb_a3_scales_its_learning_rate_by_the_square_root_of_the_batch_as_timm
     assert 'runner: --recipe' not in runner_lr(monkeypatch, capsys, ['-n', '1', '-b', '32'])[1]
 
 
-def test_train_py_logs_the_rule_a_recipes_learning_rate_took(digits, tmp_path):
+def test_train_py_logs_the_rule_a_recipes_learning_rate_took(digits, tmp_path, caplog):
     """train.py resolving --lr from the recipe says so in its log (reading one validation batch is enough, in
     this process)."""
     result = train_main(*digits_flags(digits, 32), '--recipe', 'rsb-a3', '--test-io', '--test-io-mode', 'val',
@@ -223,3 +223,14 @@ def test_train_py_logs_the_rule_a_recipes_learning_rate_took(digits, tmp_path):
     log = (tmp_path / 'log.log').read_text()
     assert ('Recipe rsb-a3 scales its learning rate (0.008 at 2048 images) by the square root of the batch ratio '
             "(timm's rule for LAMB): 0.001 at 32 images a step; --lr 0.001\n") in log
+    # through the runner, which passes --lr (its scaling of -l): the recipe's rate, not "given"; and one given
+    import train
+    from rn50.config import resolve
+    for lr, said in (('0.001', '; --lr 0.001'), ('0.002', "; --lr 0.002 (given: not the recipe's)")):
+        args, origin = resolve.from_command(train.build_parser(), ['--recipe', 'rsb-a3', '--batch-size', '32',
+                                                                   '--lr', lr, '--data-backend', 'synthetic'])
+        caplog.clear()
+        with caplog.at_level('INFO', logger='rn50.config.resolve'):
+            resolve.log_derived(args, origin)
+        assert [r.getMessage() for r in caplog.records if 'scales its learning rate' in r.getMessage()][0] \
+            .endswith(said)

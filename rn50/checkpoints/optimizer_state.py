@@ -8,7 +8,6 @@ check after each epoch that they still hold one model.
     optimizer_state.check_replicas(net, trainer, world, epoch)   # fit.train, after each epoch (a collective)
 """
 import contextlib
-import hashlib
 import io
 import logging
 import os

@@ -24,6 +24,7 @@ interpolation (the trained run's in val, pred and export; else the backend's).
 import argparse
 import dataclasses
 import logging
+import math
 import sys
 
 from rn50.config import recipes, trained_settings
@@ -150,9 +151,12 @@ def log_derived(args, origin):
         if args.mode in ('train', 'train_val') and recipes.size_words(args, origin.from_recipe):
             log.info('%s', recipes.size_words(args, origin.from_recipe))   # val, pred, export: the run's sizes
         recipe, batch = recipes.RECIPES[args.recipe], args.batch_size * args.grad_accum_steps
+        derived = recipes.learning_rate(args.recipe, batch)
+        # The runner always passes --lr, its own scaling of -l: "given" only where it is not the recipe's rate.
+        given = 'lr' in origin.given and not math.isclose(args.lr, derived, rel_tol=1e-9)
         log.info('Recipe %s scales its learning rate (%g at %d images) %s: %.6g at %d images a step; --lr %.6g%s',
                  args.recipe, recipe['lr'], recipe['lr_batch'], schedule.scaling_words(recipe['lr_scaling']),
-                 recipes.learning_rate(args.recipe, batch), batch, args.lr, ' (given)' if 'lr' in origin.given else '')
+                 derived, batch, args.lr, ' (given: not the recipe\'s)' if given else '')
     if args.mode in ('train', 'train_val') and args.data_val_resize != 256 and \
             'data_val_resize' not in origin.given | set(origin.from_recipe):
         log.info('--data-val-resize %d: the test size at the original recipe\'s 256/224 (not given)',

@@ -271,3 +271,13 @@ def record_iter_part(total, rank, num_workers):
     shorter."""
     step = -(-total // num_workers)
     return range(min(total, rank * step), min(total, (rank + 1) * step))
+
+
+def drop_page_cache(path):
+    """Evict the file at `path` from the page cache (posix_fadvise DONTNEED; pages a process maps stay): its next
+    reads are cold, as on storage read for the first time (the loader benchmarks' measure of the reader)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)

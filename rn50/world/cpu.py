@@ -182,6 +182,7 @@ def bfloat16_speed_warning(flags, environ=os.environ, inference=False):
         why = 'this CPU has neither AMX nor avx512_bf16, so oneDNN emulates bfloat16'
     if inference:
         return f'--amp: {why}; emulated bfloat16 inference is slower than float32: leave out --amp for speed'
-    return (f'--amp: {why}; without AMX bfloat16 training can be slower than float32 (0.8x measured on an AVX-512 '
-            'bfloat16 Xeon; 1.5-1.7x faster on an AMD EPYC Zen 4, ResNet-50 at 224): compare with '
-            'scripts/benchmark_training.py --amp')
+    return (f'--amp: {why}; without AMX bfloat16 training depends on the image size: ResNet-50 at 224 trained '
+            '1.5-1.7x faster than float32 on an AMD EPYC Zen 4 (0.8x on an AVX-512 bfloat16 Xeon), but at 32x32 (the '
+            'demo) 0.72x on a Zen 5 (111 against 154 images/s): compare with scripts/benchmark_training.py --amp '
+            '--image-size S')
