@@ -305,7 +305,8 @@ def test_a_state_that_does_not_record_a_setting_resumes_and_one_that_does_is_che
             '--lars-eps 0.0, --eval-period 1, --eval-offset 0, --mixup-mode elem, --auto-augment-fill 0') in caplog.text
     recorded = resume.run_settings(args)
     for flag, value in (('lars_eta', 0.002), ('lr_poly_power', 1.0), ('eval_period', 4), ('mixup_mode', 'batch'),
-                        ('warmup_prefix', 0), ('ra_prob', 0.5), ('auto_augment_fill', '1.0,2.0,3.0')):
+                        ('warmup_prefix', 0), ('ra_prob', 0.5), ('auto_augment_fill', '1.0,2.0,3.0'),
+                        ('batchnorm_eps', 0.001), ('batchnorm_mom', 0.99), ('num_groups', 16)):
         changed = resolved(['--lr-schedule', 'poly', '--optimizer', 'lars', f'--{flag.replace("_", "-")}', str(value)])
         with pytest.raises(RecipeError, match=f'--{flag.replace("_", "-")} .* in the saved run, '):
             resume.check_same_run(resume.Start.of(changed), {'settings': recorded}, 'new.state')

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 import models
 from conftest import ROOT, digits_flags, exported, randomise_batchnorm, resolved, train_main
 from rn50.checkpoints import weight_files, weights
-from rn50.data import validation_resize
+from rn50.data import contract, validation_resize
 from rn50.nets import catalogue
 from test_readme import code_blocks
 
@@ -59,9 +59,9 @@ def checkpoint_in_gpu_layout(path):
 
 def digit_images(digits, count=8):
     """Real images as the exported network takes them: validation digits, preprocessed for a 32x32 network."""
-    args = resolved(digits_flags(digits) + ['--data-backend', 'mxnet'])
+    images = contract.Images.of(resolved(digits_flags(digits) + ['--data-backend', 'mxnet']))
     files = sorted((digits / 'images' / 'val').rglob('*.jpg'))[::45][:count]
-    return mx.nd.concat(*[validation_resize.load_image(str(f), args) for f in files], dim=0).asnumpy()
+    return mx.nd.concat(*[validation_resize.load_image(str(f), images) for f in files], dim=0).asnumpy()
 
 
 def export_of(source, workspace, *flags):

@@ -48,6 +48,33 @@ def test_val_pred_and_export_take_the_trained_size(trained, digits, tmp_path):
     assert dims[1:] == [3, 24, 24]
 
 
+def recorded_settings(state, **settings):
+    """Rewrite the settings `state` (a .state file) records, its checksum made anew: a run trained so."""
+    import mxnet as mx
+    from rn50.checkpoints import checkpoint
+    arrays = mx.nd.load(str(state))
+    meta = json.loads(arrays.pop('meta').asnumpy().tobytes().decode())
+    meta['settings'].update(settings)
+    arrays['meta'] = checkpoint.bytes_array(json.dumps(meta).encode())
+    arrays['checksum'] = checkpoint.bytes_array(checkpoint.checksum(arrays).encode())
+    mx.nd.save(str(state), arrays)
+
+
+def test_val_takes_the_run_s_batchnorm_epsilon_and_groups(trained):
+    """A run trained with --batchnorm-eps 0.001 is validated, asked and exported with it (the default 1e-5 would
+    normalise every layer otherwise, silently: it was not recorded); --num-groups likewise (a ResNeXt's); a
+    command that gives another epsilon is refused."""
+    from conftest import resolved
+    from rn50.errors import RecipeError
+    workspace, data = trained
+    recorded_settings(workspace / 'model_last.state', batchnorm_eps=0.001, num_groups=16)
+    command = [str(flag) for flag in (*TINY, *data, '--mode', 'val', '--workspace', workspace)]
+    args = resolved(command)
+    assert (args.batchnorm_eps, args.num_groups, args.num_layers) == (0.001, 16, 10)
+    with pytest.raises(RecipeError, match=r'--batchnorm-eps 1e-05 \(trained with 0.001\)'):
+        resolved(command + ['--batchnorm-eps', '1e-5'])
+
+
 def test_a_contradicting_flag_is_one_error(trained):
     workspace, data = trained
     result = train_main(*TINY, *data, '--mode', 'val', '--workspace', workspace, '--image-shape', '3,64,64')

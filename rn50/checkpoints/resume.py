@@ -147,7 +147,8 @@ RUN_SETTINGS = ('data_train', 'num_classes', 'arch', 'num_layers', 'image_shape'
                 'eval_period', 'eval_offset', 'drop_path', 'bce_loss', 'bce_target_thresh', 'auto_augment',
                 'ra_magnitude', 'ra_num_ops', 'random_erase', 'random_erase_mode', 'aug_repeats', 'progressive_size',
                 'progressive_epochs', 'progressive_step', 'mixup_mode', 'warmup_prefix', 'ra_magnitude_scale',
-                'ra_magnitude_std', 'ra_prob', 'ra_ops', 'auto_augment_fill')
+                'ra_magnitude_std', 'ra_prob', 'ra_ops', 'auto_augment_fill', 'batchnorm_eps', 'batchnorm_mom',
+                'num_groups')
 
 
 # The backends whose validation resize has each interpolation (rn50/data/validation_resize.py)

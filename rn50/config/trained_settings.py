@@ -1,9 +1,9 @@
 """What --mode val, pred and export take from the run that trained their weights (resume.inference_weights
-chooses those): its network (--arch, --num-layers), image size, test image size (--val-image-shape, which the
-command may change to test at another resolution, the resize following it), validation resize and class count,
-so that a ResNet-18 trained at 128x128 is validated, asked and exported as one, at 128x128, and one trained at
-176 and tested at 224 at 224; asked to test at 64, that one resizes to 66 (the run's 232 at 224, same ratio)
-unless told another.
+chooses those): its network (--arch, --num-layers, --num-groups, --batchnorm-eps), image size, test image size
+(--val-image-shape, which the command may change to test at another resolution, the resize following it),
+validation resize and class count, so that a ResNet-18 trained at 128x128 is validated, asked and exported as
+one, at 128x128, and one trained at 176 and tested at 224 at 224; asked to test at 64, that one resizes to 66
+(the run's 232 at 224, same ratio) unless told another.
 
     values, source = trained_settings.inherited(args, given, num_classes_source)   # resolve.for_run applies them
 
@@ -66,7 +66,8 @@ def another_test_size(args, settings, given):
 
 def inherited(args, given, num_classes_source):
     """({flag destination: value} to take from the weights' run, where the class count now comes from): its
-    --arch, --num-layers, --image-shape (height and width), --val-image-shape, --data-val-resize, class count and
+    --arch, --num-layers, --num-groups, --batchnorm-eps (the network's own: another epsilon would normalise
+    every layer otherwise), --image-shape (height and width), --val-image-shape, --data-val-resize, class count and
     validation interpolation (`val_interpolation`: DALI and pred follow it, --data-backend mxnet cannot
     antialias; a 'linear' run validates with mxnet unless told another backend) where the command (`given`:
     the destinations it names) does not give them; RecipeError where it gives other values (but for
@@ -102,7 +103,7 @@ def inherited(args, given, num_classes_source):
     resize = another_test_size(args, settings, given)
     if resize is not None and resize != args.data_val_resize:
         values['data_val_resize'] = resize
-    for name in ('arch', 'num_layers', 'data_val_resize'):
+    for name in ('arch', 'num_layers', 'num_groups', 'batchnorm_eps', 'data_val_resize'):
         saved, flag = settings.get(name), '--' + name.replace('_', '-')
         if saved is None or getattr(args, name) == saved or (name == 'data_val_resize' and resize is not None):
             continue
