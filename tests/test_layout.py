@@ -7,6 +7,7 @@ import re
 import warnings
 
 from conftest import ROOT
+from test_dependencies import imports
 
 ENTRY_POINTS = {'train', 'fit', 'data', 'dali', 'models', 'benchmark', 'runner'}
 PACKAGE = 'rn50'
@@ -100,15 +101,7 @@ def folder_graph(graph=None):
 
 def third_party_imports(path):
     """The top-level names of every module `path` imports anywhere (mxnet, numpy, rn50, os, ...)."""
-    with open(path) as f:
-        tree = ast.parse(f.read(), path)
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split('.')[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split('.')[0])
-    return names
+    return {module.split('.')[0] for module in imports(path)}
 
 
 def package_folders():
