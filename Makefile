@@ -4,8 +4,9 @@
 # and one is for the edit loop:
 #   make test-fast  set up, run the unit tier alone (in process, seconds a test; the tiers are in pytest.ini)
 # `make setup` alone creates .venv with requirements.txt, requirements-dev.txt and Horovod (built from source
-# with MXNet and Gloo support when missing); `make test` also makes .venv-consumers, the PyTorch packages that
-# check export's torchvision weights (requirements-consumers.txt: 2 GB of wheels, 1-2 minutes). Pick another
+# with MXNet and Gloo support when missing); `make test` also makes .venv-consumers (`make consumers` alone), the
+# PyTorch packages that check export's torchvision weights and that the benchmarks' PyTorch peer runs with
+# (requirements-consumers.txt: 2 GB of wheels, 1-2 minutes). Pick another
 # MXNet wheel with e.g.
 #   make setup MXNET=mxnet-cu112==1.9.1
 # (a CUDA build of MXNet; Horovod then also needs HOROVOD_GPU_OPERATIONS=NCCL in the environment).
@@ -18,12 +19,15 @@ CONSUMERS := .venv-consumers
 DEMO_DATA := data/demo
 DEMO_RUN := runs/demo
 
-.PHONY: setup test test-fast demo clean
+.PHONY: setup consumers test test-fast demo clean
 
 setup: $(VENV)/.requirements $(VENV)/.horovod
 
 # torchvision and timm, the consumers of export's torchvision weights, for the tests, in an environment of their
-# own (requirements-consumers.txt says why, why --no-deps, and which of their declared dependencies are needed).
+# own (requirements-consumers.txt says why, why --no-deps, and which of their declared dependencies are needed);
+# the benchmarks' PyTorch peer (scripts/pytorch_peer.py) runs there too.
+consumers: $(CONSUMERS)/.installed
+
 $(CONSUMERS)/.installed: requirements-consumers.txt
 	test -x $(CONSUMERS)/bin/python || $(PYTHON) -m venv $(CONSUMERS)
 	$(CONSUMERS)/bin/python -m pip install --quiet --disable-pip-version-check --no-warn-conflicts --no-deps \

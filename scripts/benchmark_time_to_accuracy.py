@@ -10,8 +10,7 @@ timestamps of its DLLogger epoch records (written once the epoch's validation an
 the lines its peer prints. Reports, per run, the wall seconds to reach the target top-1 (--target; default: the
 lower of the two final top-1s, an accuracy both reach), the final top-1 and the whole run's seconds, and the best
 of --rounds of each. The demo's dataset is made first if missing (as demo.sh makes it). PyTorch runs with the
-first of the project's environments that has it (.venv with requirements-bench.txt, or .venv-consumers, which
-`make test` makes).
+project's environment that has it, .venv-consumers (`make consumers`; `make test` makes it).
 """
 import argparse
 import json

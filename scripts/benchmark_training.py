@@ -11,8 +11,8 @@ Both train ResNet-50 v1.5 (float32, or AMP with --amp) on synthetic data on this
 `train.py --data-backend synthetic --mode train --label-smoothing 0 --benchmark-iters N` (its epoch
 `train.ips`, warm-up iterations left out), the bare loop as forward, backward and SGD step with one host
 sync per iteration, timed after the same warm-up. The two alternate for --rounds rounds and the best of each
-counts (a shared 2-core machine varies by about 10% from one minute to the next). With the optional
-benchmark extras installed (`pip install -r requirements-bench.txt`), PyTorch's torchvision ResNet-50 takes
+counts (a shared 2-core machine varies by about 10% from one minute to the next). With
+PyTorch in .venv-consumers (`make consumers`; `make test` makes it too), PyTorch's torchvision ResNet-50 takes
 its turn too (scripts/pytorch_peer.py: channels_last, bfloat16 autocast with --amp, the same math), in a
 process of its own. Prints each one's images/s, the ratios (the recipe is held to >= 0.97 of the bare loop,
 and to PyTorch's speed), every round, and the peak resident memory of the recipe and the bare loop. --pieces instead measures
@@ -22,7 +22,6 @@ none of the engine variables the runner gives GPU runs (ENGINE_VARIABLES), each 
 turns, the best of --rounds each: which ones a CPU run should get (the runner sets only those).
 """
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -37,6 +36,7 @@ import mxnet as mx  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 
 import models  # noqa: E402
+from rn50.launch import interpreter  # noqa: E402
 from rn50.reports import logs  # noqa: E402
 from rn50.world import cpu  # noqa: E402
 
@@ -158,7 +158,7 @@ def main():
     if args.environment:
         environment(args)
         return
-    with_pytorch = all(importlib.util.find_spec(name) for name in ('torch', 'torchvision'))
+    with_pytorch = interpreter.can_import('torch')   # pytorch_peer.py finds .venv-consumers by itself
     rounds = {'recipe': [], 'bare': []}
     peak_mb = {}
     pytorch_version = None
@@ -181,7 +181,7 @@ def main():
         results.update(pytorch_ips=best['pytorch'], torch=pytorch_version,
                        ratio_to_pytorch=round(best['recipe'] / best['pytorch'], 3))
     else:
-        results['pytorch'] = 'not installed (pip install -r requirements-bench.txt)'
+        results['pytorch'] = 'not installed (make consumers)'
     results.update(rounds=rounds, peak_memory_mb={name: round(mb) for name, mb in peak_mb.items()})
     print(json.dumps(results))
 

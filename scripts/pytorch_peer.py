@@ -20,8 +20,8 @@ and weight decay 1/32768 on the weights only (the reference's --norm-weight-deca
 the demo's schedule per iteration (0.032 at batch 32, 2 epochs of linear warm-up from 0, then a cosine to 0) for
 --epochs. Prints one JSON line per epoch: its end's time.time(), the validation top-1 and the training images/s.
 
-It runs with the first of the project's environments that has PyTorch (.venv with the benchmark extras, or
-.venv-consumers, which `make test` makes): in a process of its own, so that PyTorch's OpenMP threads never
+It runs with the project's environment that has PyTorch, .venv-consumers (`make consumers`; `make test` makes
+it): in a process of its own, so that PyTorch's OpenMP threads never
 share a process with MXNet's.
 """
 import argparse

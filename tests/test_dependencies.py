@@ -2,8 +2,9 @@
 (requirements.txt and the Makefile's own installs) and NVIDIA's container (its base image's MXNet, numpy, DALI
 and Horovod, plus the Dockerfile's requirements-container*.txt). The tests' own imports come from
 requirements-dev.txt and requirements-consumers.txt (the PyTorch packages that load export's torchvision weights, in
-an environment of their own: tests/torch_consumers.py);
-the peers the benchmark scripts measure, and nothing else, from the optional requirements-bench.txt. Imports are read with `ast`, inside functions too; an import name is mapped to its
+an environment of their own: tests/torch_consumers.py); the peers the benchmark scripts measure, and nothing else,
+from the optional requirements-bench.txt (OpenVINO, in .venv) and requirements-consumers.txt (PyTorch, whose
+peer runs in .venv-consumers). Imports are read with `ast`, inside functions too; an import name is mapped to its
 distribution through the installed packages' metadata (plus KNOWN for names not installed here)."""
 import ast
 import functools
@@ -26,7 +27,8 @@ BASE_IMAGE_MODULES = ('mxnet', 'numpy', 'nvidia.dali', 'horovod', 'google.protob
 # `make setup` last; OpenCV is what MXNet's im2rec.py imports).
 KNOWN = {'cv2': 'opencv-python-headless', 'horovod': 'horovod', 'openvino': 'openvino', 'torch': 'torch',
          'torchvision': 'torchvision', 'tensorrt': 'tensorrt', 'timm': 'timm'}
-# The scripts that may import the optional benchmark extras (requirements-bench.txt), the peers they measure.
+# The scripts that may import the peers they measure: OpenVINO (requirements-bench.txt, in .venv) and PyTorch
+# (requirements-consumers.txt: pytorch_peer.py runs in .venv-consumers).
 BENCHMARK_SCRIPTS = {'scripts/benchmark_inference.py', 'scripts/benchmark_training.py', 'scripts/pytorch_peer.py'}
 # What only a GPU node's check imports, from that node's own software (NVIDIA's containers, `pip install tensorrt`);
 # the check reports SKIP without it: module -> the scripts that may import it.
@@ -113,8 +115,8 @@ def makefile_installs():
 
 def missing(modules, provided, base_modules=()):
     """{module: files} of `modules` whose distribution is not in `provided` and that no base module covers; the
-    benchmark scripts' may come from requirements-bench.txt."""
-    extras = requirement_names('requirements-bench.txt')
+    benchmark scripts' may come from the peers' files."""
+    extras = peer_names()
     gaps = {}
     for module, files in modules.items():
         if any(module == base or module.startswith(base + '.') for base in base_modules):
@@ -128,10 +130,20 @@ def missing(modules, provided, base_modules=()):
     return gaps
 
 
-def test_only_the_benchmark_scripts_import_the_benchmark_extras():
-    extras = requirement_names('requirements-bench.txt')
+def peer_names():
+    """The distributions of the peers the benchmark scripts measure: OpenVINO and PyTorch (not timm, which only
+    the tests' consumers use)."""
+    return requirement_names('requirements-bench.txt') | {'torch', 'torchvision'} & \
+        requirement_names('requirements-consumers.txt')
+
+
+def test_only_the_benchmark_scripts_import_the_benchmark_peers():
+    """OpenVINO and PyTorch come from the peers' files and only the benchmark scripts import them; PyTorch is
+    never installed into .venv (requirements-bench.txt): the suite's processes that imported Horovod crashed at
+    PyTorch's import."""
+    assert not {'torch', 'torchvision'} & requirement_names('requirements-bench.txt')
     importers = {module: files for module, files in third_party(runtime_files()).items()
-                 if distributions(module) & extras}
+                 if distributions(module) & peer_names()}
     assert set(importers) == {'openvino', 'torch', 'torchvision'}
     assert all(files <= BENCHMARK_SCRIPTS for files in importers.values())
 

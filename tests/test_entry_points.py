@@ -49,3 +49,14 @@ def test_without_any_environment_it_says_how_to_set_up(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 1 and 'Traceback' not in result.stderr
     assert result.stderr.startswith('error: ') and 'make setup' in result.stderr
+
+
+def test_the_benchmarks_find_pytorch_where_its_peer_runs():
+    """benchmark_training.py measures PyTorch's peer when interpreter.can_import('torch'): PyTorch lives in
+    .venv-consumers (make test makes it), never in .venv, and scripts/pytorch_peer.py runs itself there (it used
+    to ask .venv alone, and say 'not installed')."""
+    import importlib.util
+    from rn50.launch import interpreter
+    assert importlib.util.find_spec('torch') is None
+    assert interpreter.other_environment('torch') == os.path.join(ROOT, '.venv-consumers')
+    assert interpreter.can_import('torch') and interpreter.other_environment('mxnet') is None
