@@ -346,24 +346,13 @@ TIERS = ('multiworker', 'integration', 'unit')     # pytest.ini says what each m
 # Fixtures that train once for the whole run (built_once; run, continued and one_epoch are test_preprocessing's,
 # test_short_runs' and test_train's): under pytest-xdist the tests of each run on one worker, the one that trains it.
 SHARED_BUILDS = ('trained_digits', 'trained_apart', 'run', 'continued', 'one_epoch')
-# A file its owners are rewriting now, whose tests get their tier here, test by test (a new test in it still needs
-# one): the marks move into the file once it settles.
-TIERS_GIVEN_HERE = {
-    'test_layout.py': dict.fromkeys([
-        'test_the_root_holds_the_entry_points_and_the_package_the_rest', 'test_no_import_cycle',
-        'test_cycle_finder_finds_a_cycle', 'test_the_package_never_imports_the_root',
-        'test_the_layout_test_sees_imports_both_ways', 'test_imports_run_one_way', 'test_folders_import_one_way',
-        'test_the_modules_below_the_folders_import_none', 'test_the_flag_types_are_at_the_bottom_and_load_no_mxnet',
-        'test_the_folder_graph_finds_folders_that_import_each_other',
-        'test_every_folder_says_what_it_holds', 'test_the_design_document_lists_the_folders_there_are',
-        'test_modules_stay_readable'], 'unit'),
-}
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_make_collect_report(collector):
-    """A test file with a test of no tier, or of several, fails to collect (an error naming the tests, whatever -m
-    selects, with pytest-xdist too)."""
+    """A test file with a test of no tier, or of several, or a unit test that reads a shared training run (the
+    unit tier trains nothing beyond a few steps), fails to collect: an error naming the tests, whatever -m
+    selects, with pytest-xdist too."""
     report = yield
     if not report.passed:
         return report
@@ -371,16 +360,16 @@ def pytest_make_collect_report(collector):
     for item in report.result:
         if not isinstance(item, pytest.Item):
             continue
-        tier = TIERS_GIVEN_HERE.get(item.path.name, {}).get(getattr(item, 'originalname', item.name))
-        if tier:
-            item.add_marker(tier)
         tiers = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
+        trained = sorted(set(SHARED_BUILDS) & set(getattr(item, 'fixturenames', ())))
         if len(tiers) != 1:
-            wrong.append(f'{item.nodeid} ({", ".join(tiers) or "none"})')
+            wrong.append(f'{item.nodeid}: {", ".join(tiers) or "no tier"}')
+        elif tiers == ['unit'] and trained:
+            wrong.append(f'{item.nodeid}: unit, but reads {", ".join(trained)} (a training run): integration')
     if wrong:
         report.outcome, report.result = 'failed', []
         report.longrepr = ('every test needs exactly one tier marker, unit, integration or multiworker (see '
-                           'pytest.ini); these have none or several:\n  ' + '\n  '.join(wrong))
+                           'pytest.ini), and a unit test trains nothing; these do not:\n  ' + '\n  '.join(wrong))
     return report
 
 

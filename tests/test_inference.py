@@ -246,13 +246,17 @@ def test_inference_flags_are_checked(digits, tmp_path):
 
 
 @pytest.mark.unit
-def test_int8_on_a_gpu_node_runs_on_its_cpu(monkeypatch, digits, trained_digits, tmp_path):
+def test_int8_on_a_gpu_node_runs_on_its_cpu(monkeypatch, digits, tmp_path):
     """--quantize int8 on a GPU node said "leave out --gpus", which the runner always added, and which on a GPU
     machine means every GPU anyway. Now INT8 is this node's CPU: the runner plans a CPU run (float32, no --gpus)
-    and says so, the worker resolves the CPU's defaults and takes the CPU, and only an explicit --gpus is refused."""
+    and says so, the worker resolves the CPU's defaults and takes the CPU, and only an explicit --gpus is refused.
+    The weights are a GPU run's, untrained: nothing here validates (the plan is a dry run, the refusal first)."""
     from conftest import report_gpus, runner_main
     report_gpus(monkeypatch, 8)
-    common = ['--workspace', trained_digits, '--data-root', digits / 'rec', '--mode', 'val', '--quantize', 'int8']
+    workspace = tmp_path / 'w'
+    workspace.mkdir()
+    gpu_checkpoint(workspace / 'model_best.params')
+    common = ['--workspace', workspace, '--data-root', digits / 'rec', '--mode', 'val', '--quantize', 'int8']
     plan = runner_main(*common, '--dry-run')
     assert plan.returncode == 0, plan.stderr
     line = plan.stdout.strip().splitlines()[-1]
@@ -260,13 +264,13 @@ def test_int8_on_a_gpu_node_runs_on_its_cpu(monkeypatch, digits, trained_digits,
     assert 'runner: --quantize int8 runs on the CPU of the node' in plan.stderr
     from rn50.config import resolve
     args = resolve.for_run(*train.parse_flags(['--data-train', str(digits / 'rec' / 'train.rec'), '--mode', 'val',
-                                               '--quantize', 'int8', '--workspace', str(trained_digits)]),
+                                               '--quantize', 'int8', '--workspace', str(workspace)]),
                            on_gpu=True)[0]
     assert args.dtype == 'float32'   # the CPU's default, not a GPU node's float16
     devices = workers.resolve_devices(workers.Communicator(), workers.DeviceRequest.of(args))
     assert devices.kind == 'cpu' and devices.contexts == (mx.cpu(),)
     refused = train_main('--data-train', digits / 'rec' / 'train.rec', '--mode', 'val', '--quantize', 'int8',
-                         '--gpus', '0', '--workspace', copy_workspace(trained_digits, tmp_path / 'w'))
+                         '--gpus', '0', '--workspace', workspace)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
         'error: --quantize int8 uses oneDNN\'s INT8 kernels, which run on the CPU: leave out --gpus (a GPU node runs '
         'it on its CPU)')

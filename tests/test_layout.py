@@ -6,8 +6,12 @@ import os
 import re
 import warnings
 
+import pytest
+
 from conftest import ROOT
 from test_dependencies import imports
+
+pytestmark = pytest.mark.unit
 
 ENTRY_POINTS = {'train', 'fit', 'data', 'dali', 'models', 'benchmark', 'runner'}
 PACKAGE = 'rn50'

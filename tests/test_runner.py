@@ -289,7 +289,7 @@ def test_a_login_node_plans_for_the_nodes_and_says_what_it_takes_on_trust(monkey
     assert code == 2 and err.startswith('error: --auto-augment needs DALI 1.24') and '1.18.0' in err
 
 
-@pytest.mark.unit
+@pytest.mark.integration   # reads the trained run's state (trained_digits trains it: 40 s the unit tier spares)
 def test_val_and_pred_of_the_float16_network_take_the_4_channel_input_at_the_runs_size(monkeypatch, capsys, digits,
                                                                                         trained_digits, tmp_path):
     """The original's runner gave val and pred the 4-channel input of float16 training; this one gave it to
