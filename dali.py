@@ -22,7 +22,7 @@ decoded (decoders.image_slice); then resize to the image shape, mirror, normalis
 layout/dtype/4th-channel padding in one crop_mirror_normalize.
 Validation (validation_input; pred's too, PredictionImages, and the model.dali of export --triton,
 serialize_preprocessing): decode, shorter side to --data-val-resize with
-ImageRecordIter's geometry and the run's interpolation (validation_resize.val_interpolation), center crop. dali-gpu decodes
+ImageRecordIter's geometry and the run's interpolation (contract.interpolation), center crop. dali-gpu decodes
 with nvJPEG ("mixed"),
 one pipeline per device of --gpus (each decodes its slice of the worker's batch, which stays on that device:
 a batch of several devices is a list of slices); dali-cpu runs a CPU-only pipeline (device_id=None) and

@@ -439,7 +439,7 @@ def target_summary(history, target):
 
 
 def note_inherited_epochs(history):
-    """At the end of a run continued from another workspace's state (fit.resume marks the epochs it inherited
+    """At the end of a run continued from another workspace's state (Saver.resume marks the epochs it inherited
     `inherited_from`): a log line that its summary (fit.training_summary) is of this workspace's epochs."""
     inherited = [m for m in history if 'inherited_from' in m]
     if inherited:

@@ -139,7 +139,7 @@ def start_fingerprint(state):
 
 
 # What changes a run's result, recorded in its state: a resume must have the same (the global batch and the
-# worker count may change, as fit.resume says; --wd and --mom too, the flags win). The learning rate is compared
+# worker count may change, as Saver.resume says; --wd and --mom too, the flags win). The learning rate is compared
 # only at the same global batch, since the runner scales it with the batch.
 RUN_SETTINGS = ('data_train', 'num_classes', 'arch', 'num_layers', 'image_shape', 'num_epochs', 'lr_schedule',
                 'lr_steps', 'lr_factor', 'warmup_epochs', 'optimizer', 'dtype', 'amp', 'label_smoothing', 'mixup',

@@ -33,10 +33,8 @@ def has_module(environment, module):
 
 
 def other_environment(module):
-    """The path of the first of the project's environments for `module` (ENVIRONMENTS) whose Python imports it,
-    when this interpreter cannot; None when this one can, or when none of them has it."""
-    if importlib.util.find_spec(module) is not None:
-        return None
+    """The path of the first of the project's environments for `module` (ENVIRONMENTS), other than this
+    interpreter's, that has it; None when none has."""
     for name in ENVIRONMENTS[module]:
         environment = os.path.join(ROOT, name)
         # sys.prefix, not the executable: a venv's python is a link to the very interpreter that lacks the module.
@@ -53,6 +51,8 @@ def can_import(module):
 
 
 def use_project_python(module='mxnet'):
+    """Nothing where `module` imports here; else this command again under the project's environment that has
+    it (other_environment), or one `error:` line saying how to make one (the module docstring)."""
     if importlib.util.find_spec(module) is not None:
         return
     environment = other_environment(module)
