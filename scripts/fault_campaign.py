@@ -56,8 +56,8 @@ bootstrap.start()   # .venv in a fresh shell: before psutil and the recipe's pac
 
 import psutil  # noqa: E402
 
-from fault_inputs import bad_input_campaign  # noqa: E402
-from fault_soak import soak_campaign  # noqa: E402
+from fault_inputs import bad_input_campaign, bad_input_commands  # noqa: E402
+from fault_soak import soak_campaign, soak_commands  # noqa: E402
 from fault_tools import (EPOCHS, PY, ROOT,  # noqa: E402
                           epoch_metrics, file_size_limit, launch, link_copy, one_error,
                          run, runner_argv, sha256, snapshot, state_note, temporaries, unchanged)
@@ -90,13 +90,12 @@ class Campaign:
                 os.remove(os.path.join(runs, old))
         return os.path.join(runs, name)
 
-    def digits(self):
-        """The demo dataset as RecordIO (cached)."""
+    def digits(self, make=True):
+        """The demo dataset's RecordIO folder (made once; `make` False: its name only)."""
         root = os.path.join(self.workdir, 'digits')
-        if not os.path.exists(os.path.join(root, 'rec', 'val.idx')):
-            run([PY, 'scripts/make_demo_dataset.py', os.path.join(root, 'images')])
-            run([PY, 'scripts/prepare_dataset.py', os.path.join(root, 'images'), os.path.join(root, 'rec'),
-                 '--names', os.path.join(root, 'images', 'names.txt'), '--workers', '2'])
+        if make and not os.path.exists(os.path.join(root, 'rec', 'val.idx')):
+            for argv in digits_commands(root):
+                run(argv)
         return os.path.join(root, 'rec')
 
     def baseline(self, workers):
@@ -113,6 +112,14 @@ class Campaign:
             with open(marker, 'w') as f:
                 f.write(key)
         return ws
+
+
+def digits_commands(root):
+    """The demo dataset's images in `root`/images, then their RecordIO files in `root`/rec."""
+    images = os.path.join(root, 'images')
+    return [[PY, 'scripts/make_demo_dataset.py', images],
+            [PY, 'scripts/prepare_dataset.py', images, os.path.join(root, 'rec'), '--names',
+             os.path.join(images, 'names.txt'), '--workers', '2']]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -344,11 +351,16 @@ def damaged_state(camp):
                  f'{text}; {"names" if names_prev else "does NOT name"} model_prev.state; {changes or "unchanged"}',
                  ok and names_prev and not changes, time.time() - start)
         start = time.time()
-        code, out, err = run(runner_argv(ws, 1, '--load', os.path.join(ws, 'model_prev.state')))
+        code, out, err = run(from_previous_state(ws))
         final = epoch_metrics(ws)
         camp.row(f'{name}: --load model_prev.state', 'exit 0, all epochs equal the uninterrupted run',
                  f'exit {code}, {len(final)} epochs {"equal" if final == whole else "DIFFERENT"}',
                  code == 0 and final == whole, time.time() - start)
+
+
+def from_previous_state(ws):
+    """The damaged-state rows' second run: the training finished from `ws`'s model_prev.state."""
+    return runner_argv(ws, 1, '--load', os.path.join(ws, 'model_prev.state'))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -442,7 +454,23 @@ def summary(rows):
     return '\n'.join(lines)
 
 
-def main(argv=None):
+def command_lines(workdir, soak_epochs):
+    """(row class or name, argv, about) of every command line the campaign's rows run (--quick runs some of these
+    rows), built as the rows build them, without running any or making a dataset: `about` is None where the
+    script must accept the command line, else the piece of the one error line a bad-input row must give if its
+    case is refused while parsing. tests/test_faults.py checks them with each script's parser."""
+    camp = Campaign(workdir, quick=False, only=None)
+    ws = os.path.join(camp.workdir, 'runs', 'ws')
+    accepted = [('digits', argv) for argv in digits_commands(os.path.join(camp.workdir, 'digits'))]
+    accepted += [(f'the {workers}-worker training run', runner_argv(ws, workers)) for workers in (1, 2)]
+    accepted += [('damaged-state', from_previous_state(ws))]
+    accepted += [(f'write-failure/{name}', argv) for name, argv, *_ in write_failure_cases(camp)]
+    accepted += soak_commands(camp, soak_epochs)
+    return [(name, argv, None) for name, argv in accepted] + bad_input_commands(camp)
+
+
+def parse_args(argv=None):
+    """The campaign's options, --starts and --soak-epochs given their defaults (which follow --quick)."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--workdir', default='/tmp/fault_campaign', help='datasets, baselines and runs (cached)')
     parser.add_argument('--quick', action='store_true', help='a subset of every class of fault')
@@ -454,16 +482,22 @@ def main(argv=None):
                         help='soak class: epochs per backend and of the training run (default 20, 4 with --quick)')
     parser.add_argument('--inspect', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.starts = args.starts if args.starts is not None else 3 if args.quick else 10
+    args.soak_epochs = args.soak_epochs or (4 if args.quick else 20)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.inspect:
         inspect(args.inspect)
         return 0
-    camp = Campaign(args.workdir, args.quick, args.only, args.starts if args.starts is not None else
-                    3 if args.quick else 10)
+    camp = Campaign(args.workdir, args.quick, args.only, args.starts)
     start = time.time()
     camp.digits()
     for step, *more in ((kill_chain, 1), (kill_chain, 2), (signal_chain, 1), (signal_chain, 2), (worker_lost,),
                         (repeated_starts,), (damaged_state,), (write_failures,), (bad_input_campaign,),
-                        (soak_campaign, args.soak_epochs or (4 if args.quick else 20))):
+                        (soak_campaign, args.soak_epochs)):
         try:
             step(camp, *more)
         except Exception as e:     # a failure of the campaign itself is a BAD row, and the others still run

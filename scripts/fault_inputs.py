@@ -57,12 +57,11 @@ def make_bad_files(folder, rec, trained):
 
 
 
-def bad_inputs(camp):
-    """(name, kind, extra flags, about): kind 'train' runs train.py in a copy of a finished run's workspace,
-    'train-new' in a new one, 'runner1'/'runner2' the runner with 1/2 workers in a copy; `about`, a piece of the
-    one error line the case must give (an error about something else does not count)."""
-    rec = camp.digits()
-    bad = make_bad_files(os.path.join(camp.workdir, 'bad'), rec, camp.baseline(1))
+def bad_inputs(rec, bad):
+    """(name, kind, extra flags, about) with the digits' RecordIO folder `rec` and make_bad_files' folder `bad`:
+    kind 'train' runs train.py in a copy of a finished run's workspace, 'train-new' in a new one,
+    'runner1'/'runner2' the runner with 1/2 workers in a copy; `about`, a piece of the one error line the case
+    must give (an error about something else does not count)."""
     r, b = (lambda name: os.path.join(rec, name)), (lambda name: os.path.join(bad, name))
 
     def data(train_rec=r('train.rec'), train_idx=r('train.idx'), backend='mxnet', val=True):
@@ -146,16 +145,38 @@ def bad_input_template(camp):
     return template
 
 
+def bad_input_argv(ws, kind, extra):
+    """The command line of a case of `kind` in workspace `ws` (train.py's are run forked, without their first
+    two items)."""
+    return train_argv(ws, *extra) if kind.startswith('train') else runner_argv(ws, int(kind[-1]), *extra)
+
+
+def bad_folders(camp, make=True):
+    """(the digits' RecordIO folder, make_bad_files' folder) of the cases, made first unless `make` is False."""
+    rec = camp.digits(make)
+    bad = os.path.join(camp.workdir, 'bad')
+    return rec, make_bad_files(bad, rec, camp.baseline(1)) if make else bad
+
+
+def bad_input_commands(camp):
+    """(row name, argv, about) of every bad-input row, built as the rows build them, without running or making
+    anything (tests/test_faults.py parses them)."""
+    ws = os.path.join(camp.workdir, 'runs', 'bad00')
+    return [(f'bad-input/{name}', bad_input_argv(ws, kind, extra), about)
+            for name, kind, extra, about in bad_inputs(*bad_folders(camp, make=False))]
+
+
 def bad_input_row(camp, template, number, name, kind, extra, about):
     start = time.time()
     ws = os.path.join(camp.workdir, 'runs', f'bad{number:02d}')
     if kind != 'train-new':
         link_copy(template, ws)
     before = snapshot(ws)
+    argv = [str(a) for a in bad_input_argv(ws, kind, extra)]
     if kind.startswith('train'):
-        code, out, err = run_forked([str(a) for a in train_argv(ws, *extra)[2:]])
+        code, out, err = run_forked(argv[2:])
     else:
-        code, out, err = run(runner_argv(ws, int(kind[-1]), *extra), timeout=300)
+        code, out, err = run(argv, timeout=300)
     ok, text = one_error(code, out, err, about)
     changes = unchanged(before, ws)
     shutil.rmtree(ws, ignore_errors=True)
@@ -163,7 +184,7 @@ def bad_input_row(camp, template, number, name, kind, extra, about):
 
 
 def bad_input_campaign(camp):
-    cases = [c for c in bad_inputs(camp) if camp.selected(f'bad-input/{c[0]}')]
+    cases = [c for c in bad_inputs(*bad_folders(camp)) if camp.selected(f'bad-input/{c[0]}')]
     if camp.quick:
         cases = cases[::6]
     template = bad_input_template(camp)

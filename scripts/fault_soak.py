@@ -13,6 +13,7 @@ of 2 workers in one process read in turn, every 4th epoch abandoned midway as a 
 stop does. Each runs with TMPDIR set to a folder of its own, which must hold
 no file after any epoch and nothing at all once the loaders are gone.
 """
+import argparse
 import gc
 import io
 import json
@@ -32,10 +33,11 @@ RECORDS, SIDE, BATCH, WORKERS = 20000, 8, 128, 2     # 64 per worker: chunks of 
 TRAINING_EXAMPLES, TRAINING_BATCH = 512, 64
 
 
-def soak_dataset(folder):
-    """The issue's dataset (made once): RECORDS JPEGs of SIDExSIDE random pixels, label i % 10."""
+def soak_dataset(folder, make=True):
+    """The issue's dataset (made once; `make` False: its files' names only): RECORDS JPEGs of SIDExSIDE random
+    pixels, label i % 10."""
     rec, idx = os.path.join(folder, 'soak.rec'), os.path.join(folder, 'soak.idx')
-    if os.path.exists(idx):
+    if os.path.exists(idx) or not make:
         return rec, idx
     import mxnet as mx
     import numpy as np
@@ -99,6 +101,29 @@ def read_epoch(loaders, epoch, abandon):
     return read
 
 
+def read_argv(backend, rec, idx, epochs):
+    """This file as a program: `epochs` epochs of REC/IDX through `backend`'s loaders."""
+    return [PY, os.path.abspath(__file__), backend, rec, idx, str(epochs)]
+
+
+def training_argv(rec, ws, epochs):
+    """The training soak's train.py run: the digits of RecordIO folder `rec` at 8x8, `epochs` short epochs."""
+    return [PY, os.path.join(ROOT, 'train.py'), '--data-backend', 'mxnet', '--data-train',
+            os.path.join(rec, 'train.rec'), '--data-train-idx', os.path.join(rec, 'train.idx'), '--data-val',
+            os.path.join(rec, 'val.rec'), '--data-val-idx', os.path.join(rec, 'val.idx'), '--num-classes', '10',
+            '--image-shape', '3,8,8', '--data-val-resize', '8', '--num-layers', '18', '--batch-size',
+            str(TRAINING_BATCH),
+            '--num-examples', str(TRAINING_EXAMPLES), '--num-epochs', str(epochs), '--warmup-epochs', '1',
+            '--lr', '0.1', '--seed', '3', '--data-mxnet-threads', '2', '--workspace', ws]
+
+
+def signal_argv(ws):
+    """The signal soak's run: `./runner -n 2`, ResNet-18 on synthetic data, one epoch."""
+    return [PY, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '16', '-e', '1', '--data-backend', 'synthetic',
+            '--num-layers', '18', '--image-shape', '3,32,32', '--num-classes', '10', '--num-examples', '4096',
+            '--disp-batches', '1', '--seed', '1', '--workspace', ws]
+
+
 def read_soak(camp, backend, rec, idx, epochs):
     name = f'soak/{backend}: {epochs} epochs of {WORKERS} loaders'
     if not camp.selected(name):
@@ -107,8 +132,7 @@ def read_soak(camp, backend, rec, idx, epochs):
     tmp = os.path.join(camp.workdir, 'soak-tmp', backend)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    code, out, err = run([PY, os.path.abspath(__file__), backend, rec, idx, epochs],
-                         env=dict(ENV, TMPDIR=tmp), timeout=None)
+    code, out, err = run(read_argv(backend, rec, idx, epochs), env=dict(ENV, TMPDIR=tmp), timeout=None)
     lines = [line for line in out.splitlines() if line.startswith('{')]
     if code != 0 or not lines:
         camp.row(name, 'every epoch read; no file left', f'exit {code}: {err.strip()[-200:]}', False,
@@ -133,14 +157,7 @@ def training_soak(camp, epochs):
     ws, tmp = camp.fresh('soak-training'), os.path.join(camp.workdir, 'soak-tmp', 'training')
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    argv = [PY, os.path.join(ROOT, 'train.py'), '--data-backend', 'mxnet', '--data-train',
-            os.path.join(rec, 'train.rec'), '--data-train-idx', os.path.join(rec, 'train.idx'), '--data-val',
-            os.path.join(rec, 'val.rec'), '--data-val-idx', os.path.join(rec, 'val.idx'), '--num-classes', '10',
-            '--image-shape', '3,8,8', '--data-val-resize', '8', '--num-layers', '18', '--batch-size',
-            str(TRAINING_BATCH),
-            '--num-examples', str(TRAINING_EXAMPLES), '--num-epochs', str(epochs), '--warmup-epochs', '1',
-            '--lr', '0.1', '--seed', '3', '--data-mxnet-threads', '2', '--workspace', ws]
-    code, out, err = run(argv, env=dict(ENV, TMPDIR=tmp), timeout=None)
+    code, out, err = run(training_argv(rec, ws, epochs), env=dict(ENV, TMPDIR=tmp), timeout=None)
     from rn50.reports import logs
     records = [r for r in logs.read_dllogger(os.path.join(ws, 'dllogger_log.log'))
                if isinstance(r['step'], list) and len(r['step']) == 1] if os.path.exists(ws) else []
@@ -164,11 +181,8 @@ def signal_soak(camp, tries):
     start, failures = time.time(), []
     for attempt in range(tries):
         ws = camp.fresh(f'soak-signal-{attempt}')
-        process = subprocess.Popen(
-            [PY, os.path.join(ROOT, 'runner'), '-n', '2', '-b', '16', '-e', '1', '--data-backend', 'synthetic',
-             '--num-layers', '18', '--image-shape', '3,32,32', '--num-classes', '10', '--num-examples', '4096',
-             '--disp-batches', '1', '--seed', '1', '--workspace', ws],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, start_new_session=True)
+        process = subprocess.Popen(signal_argv(ws), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env=ENV, start_new_session=True)
         lines, due = [], None
         for line in process.stdout:
             lines.append(line)
@@ -181,6 +195,16 @@ def signal_soak(camp, tries):
             failures.append(f'run {attempt}: exit {code}, {lines[-1].strip()[-150:] if lines else "no output"}')
     camp.row(name, 'every run exits 0 with the state written', f'{tries - len(failures)} of {tries} did'
              + (f'; first failure: {failures[0]}' if failures else ''), not failures, time.time() - start)
+
+
+def soak_commands(camp, epochs):
+    """(row class, argv) of every command line the soak rows run with `epochs`, built as they build them, without
+    running or making anything (tests/test_faults.py parses them)."""
+    rec, idx = soak_dataset(os.path.join(camp.workdir, 'soak-data'), make=False)
+    runs = os.path.join(camp.workdir, 'runs')
+    return [(f'soak/{backend}', read_argv(backend, rec, idx, epochs)) for backend in BACKENDS] + \
+        [('soak/training', training_argv(camp.digits(make=False), os.path.join(runs, 'soak-training'), epochs)),
+         ('soak/signal', signal_argv(os.path.join(runs, 'soak-signal-0')))]
 
 
 def soak_campaign(camp, epochs):
@@ -196,13 +220,16 @@ def soak_campaign(camp, epochs):
     signal_soak(camp, epochs)
 
 
-if __name__ == '__main__':
-    import argparse
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='The soak\'s reading of one training backend (fault_campaign.py '
                                      'runs it): EPOCHS epochs of REC/IDX through BACKEND\'s loaders')
-    parser.add_argument('backend', choices=['dali-cpu', 'mxnet'])
+    parser.add_argument('backend', choices=BACKENDS)
     parser.add_argument('rec')
     parser.add_argument('idx')
     parser.add_argument('epochs', type=int)
-    options = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+if __name__ == '__main__':
+    options = parse_args()
     read_epochs(options.backend, options.rec, options.idx, options.epochs)
