@@ -305,16 +305,23 @@ class PredictionImages:
         (after which the pipeline, which a failure leaves unusable, is built again for the next file)."""
         try:
             with open(path, 'rb') as f:
-                encoded = np.frombuffer(f.read(), dtype=np.uint8)
+                encoded = f.read()
+        except OSError as e:
+            raise RecipeError(f'cannot read image {path}: {e.strerror or e}') from e
+        return self.prepare(encoded, path)
+
+    def prepare(self, encoded, name):
+        """load's preprocessing of an encoded image (`encoded`: its bytes; `name`: what an error calls it)."""
+        try:
             self.pipe = self.pipe or self.build()
-            self.pipe.feed_input('encoded', [encoded])
+            self.pipe.feed_input('encoded', [np.frombuffer(encoded, dtype=np.uint8)])
             (images,) = self.pipe.run()
-        except (OSError, RuntimeError) as e:
+        except RuntimeError as e:
             self.pipe = None
             reason = [line.strip() for line in str(e).splitlines() if line.strip() and not line.startswith(
                 ('[frame', 'Stacktrace', 'Critical error in pipeline', 'Current pipeline object'))]
             reason = re.sub(r'\[/[^]]*\] ?', '', ' '.join(reason[:2]))[:300] or type(e).__name__
-            raise RecipeError(f'cannot read image {path}: {reason}') from e
+            raise RecipeError(f'cannot read image {name}: {reason}') from e
         return mx.nd.array(np.asarray(images.as_tensor()), dtype=self.spec.dtype)
 
 
@@ -523,13 +530,14 @@ class DaliLoader:
         self.running = True
         dtype = self.images.dtype
         for index in range(start, self.num_batches):
-            parts, labels = [], []
+            parts, labels, positions = [], [], []
             for feed, pipe, context in zip(self.feeds, self.pipes, self.contexts):
                 try:
                     (images,) = pipe.run()
                 except RuntimeError as e:
                     raise RecipeError(pipeline_failure(self.records, feed, e, epoch, index)) from e
-                part_labels, pad, _ = feed.in_flight.popleft()
+                part_labels, pad, part_positions = feed.in_flight.popleft()
+                positions.append(part_positions)
                 images = images.as_tensor()
                 array = mx.nd.empty(images.shape(), ctx=context, dtype=dtype)
                 copy_output(images, array, self.on_gpu)
@@ -539,4 +547,4 @@ class DaliLoader:
             # the first device).
             if len(parts) == 1:
                 parts, labels = parts[0], labels[0]
-            yield mx.io.DataBatch(data=[parts], label=[labels], pad=pad)
+            yield mx.io.DataBatch(data=[parts], label=[labels], pad=pad, index=np.concatenate(positions))

@@ -356,7 +356,8 @@ class RecordLoader:
                                   f'[0, {classes}): check --num-classes')
             if index >= start:
                 images, labels = on_devices(batch.data[0], batch.label[0], self.images, self.contexts)
-                yield mx.io.DataBatch(data=[images], label=[labels], pad=batch.pad)
+                positions = np.minimum(first + index * self.batch_size + np.arange(self.batch_size), self.part.stop - 1)
+                yield mx.io.DataBatch(data=[images], label=[labels], pad=batch.pad, index=positions)
 
 
 def measure_loader(args, loader, world, dllogger):

@@ -31,7 +31,7 @@ from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
 from rn50.checkpoints.saver import Policy, Saver
 from rn50 import flags
-from rn50.data.contract import batches
+from rn50.data.contract import batches, device_slices
 from rn50.errors import RecipeError
 from rn50.inference import inference
 from rn50.optim import factory
@@ -40,6 +40,7 @@ from rn50.optim import schedule
 from rn50.reports import logs
 from rn50.reports import mlperf_log
 from rn50.reports import tensorboard_log
+from rn50.review import examples
 from rn50.training import distill
 from rn50.training import losses
 from rn50.training import ema
@@ -148,10 +149,11 @@ class LookAhead:
             self.upcoming, self.fetched = next(self.source, None), True
 
 
-def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, rates, last_state):
+def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, rates, last_state, show_first=None):
     """Run the iterations of one epoch from `start_batch` at the learning rates of `rates` (a
     schedule.Schedule); returns (next batch index, durations, stopped). `last_state`: the run's last state, which
-    the error of a non-finite loss names.
+    the error of a non-finite loss names. `show_first(images, labels)` (the review's TrainingBatchPicture, or None)
+    is shown the first batch, as the loader gives it.
 
     On a GPU the host reads the loss of the previous iteration while the current one runs: that one-step lag
     keeps the device busy (no per-iteration sync) yet catches a NaN within an iteration. On the CPU the host's
@@ -168,6 +170,8 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, ra
     ahead = LookAhead(batches(loader, epoch, start_batch, iterations - start_batch))
     lag = step.world.devices.kind == 'gpu'
     for iteration, batch in enumerate(ahead, start_batch):
+        if show_first is not None and iteration == start_batch:
+            show_first(device_slices(batch.data[0], step.contexts)[0], device_slices(batch.label[0], step.contexts)[0])
         lr = rates(epoch + step.accumulation.group_start(iteration) / iterations)
         loss = step.run(batch, epoch, iteration, lr, before_sync=ahead.fetch_next)
         if previous is not None:
@@ -261,6 +265,9 @@ def train(args, net, world, seed, loaders, dataset, build_network, dllogger, sto
     dllogger = tensorboard_log.teed(events, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
     clock = WallClock(meta, world.start_time)
     rates, validation = schedule.Schedule.of(args), inference.Validation.of(args)
+    show_first = examples.TrainingBatchPicture(workspace.training_batch, dataset.images,
+                                               inference.class_names_of(args),
+                                               args.data_backend) if world.rank == 0 else None
     with checkpoint.BackgroundWriter() as writer:   # the files of an epoch are written while the next one trains
         for epoch in range(meta['epoch'], last_epoch):
             start_batch = meta['iteration'] if epoch == meta['epoch'] else 0
@@ -270,7 +277,8 @@ def train(args, net, world, seed, loaders, dataset, build_network, dllogger, sto
                      ' (training at %dx%d)' % dataset.preset.training_shape(epoch)[1:])
             mlperf.epoch_start(epoch)
             next_batch, durations, stopped = train_epoch(args, step, train_loader, epoch, start_batch, meta,
-                                                         dllogger, stop, rates, workspace.last_state)
+                                                         dllogger, stop, rates, workspace.last_state, show_first)
+            show_first = None
             trained = time.time()
             writer.wait()   # the files of the epoch before, written meanwhile (an error of theirs stops the run)
             check_parameters(net, world, epoch, next_batch, workspace.last_state)

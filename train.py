@@ -14,7 +14,7 @@ or directly, with global values:
     python train.py --data-backend synthetic --test-io     # the data loader alone, images/s
 
 `python train.py --help` lists every flag, grouped as Run, Model, Training, Data, DALI data backend, MXNet data
-backend, Augmentation, Inference, MLPerf. Only this module knows every other one: rn50/config/resolve.py (the flags,
+backend, Augmentation, Inference, Review, MLPerf. Only this module knows every other one: rn50/config/resolve.py (the flags,
 resolved once), rn50/world/workers.py (who runs where, on which devices, with which seed), models.py (the
 network), data.py / dali.py / rn50/data/synthetic.py (the loaders), fit.py (training), rn50/inference/
 (validation, prediction, INT8, export), rn50/checkpoints/ and rn50/reports/ (files). The library under rn50/
@@ -50,7 +50,7 @@ import fit  # noqa: E402
 import models  # noqa: E402
 from rn50 import files  # noqa: E402
 from rn50.checkpoints.workspace import Workspace  # noqa: E402
-from rn50.checkpoints import resume  # noqa: E402
+from rn50.checkpoints import resume, weight_files  # noqa: E402
 from rn50 import flags  # noqa: E402
 from rn50.config import resolve, run_flags  # noqa: E402
 from rn50.data import augment, contract, synthetic  # noqa: E402
@@ -58,6 +58,7 @@ from rn50.errors import RecipeError  # noqa: E402
 from rn50.inference import export, inference  # noqa: E402
 from rn50.launch.stop import StopRequest  # noqa: E402
 from rn50.reports import logs, mlperf_log, tensorboard_log  # noqa: E402
+from rn50.review import compose, outcomes, page  # noqa: E402
 from rn50.world import memory, workers  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ def build_parser():
     data.add_data_aug_args(parser)
     augment.add_args(parser)
     inference.add_inference_args(parser)
+    compose.add_args(parser)
     mlperf_log.add_args(parser)
     return parser
 
@@ -122,7 +124,7 @@ def check_inference_flags(args):
     """RecipeError for inference flags that cannot work with the mode, and for a class-name file pred cannot
     use. INT8 runs on the CPU, a GPU node's too (rn50/config/resolve.py). The runner checks them too."""
     if args.mode == 'pred' and not args.test_io:
-        inference.class_names(args.num_classes, args.classes, (args.data_train, args.data_val))
+        inference.class_names_of(args)
     if args.triton and args.mode != 'export':
         raise RecipeError(f'--triton writes a model repository in --mode export, not --mode {args.mode}')
     if args.quantize is None:
@@ -162,9 +164,12 @@ def run_mode(args, net, world, seed, dllogger, stop, workspace, dataset):
         inference.predict(net, world, inference.Prediction.of(args), validation, dataset.images, workspace,
                           dali.PredictionImages)
         return
+    reviewed = reviewing(args)
     if args.mode == 'val':
-        summary, history = inference.evaluate(net, world, seed, dataset, loaders, dllogger, validation,
-                                              args.num_epochs)
+        summary, history, table = inference.evaluate(net, world, seed, dataset, loaders, dllogger, validation,
+                                                     args.num_epochs, outcomes.OutcomeTable if reviewed else None)
+        review = review_run(args, world, dataset, workspace, table, resume.find_weights(workspace, args.load)) \
+            if reviewed else None
     else:
         teacher_network = functools.partial(models.build, args, world.devices.kind)   # for a --teacher
         meta = fit.train(args, net, world, seed, loaders, dataset, teacher_network, dllogger, stop, workspace)
@@ -172,12 +177,86 @@ def run_mode(args, net, world, seed, dllogger, stop, workspace, dataset):
         summary = fit.training_summary(history, args.target_accuracy)
         # the MLPerf result log's status and time to train
         summary.update(mlperf_log.summary(mlperf_log.log_path(args.mlperf_log, workspace)))
+        review = None
+        if reviewed and not stop.requested:
+            table = best_outcomes(net, world, seed, dataset, loaders, validation, workspace) \
+                if args.mode == 'train_val' else None
+            reviewed_best = table is not None
+            review = review_run(args, world, dataset, workspace, table,
+                                workspace.best_params if reviewed_best else workspace.last_state,
+                                summary.get('val.accuracy.epoch') if reviewed_best else None, history)
     logs.write_report(workspace.report(args.mode), vars(args), world, history, summary,
-                      duration=duration if args.mode in ('train', 'train_val') else None, seed=seed)
+                      duration=duration if args.mode in ('train', 'train_val') else None, seed=seed, review=review)
     mx.nd.waitall()
     dllogger.log((), summary)
     log.info('Done in %.1f s; peak memory %.0f MB. Outputs in %s', time.time() - world.start_time,
              logs.peak_memory_mb(), os.path.abspath(args.workspace))
+
+
+def reviewing(args):
+    """Whether the run ends with a review of what the model learned (report.html, report_val.html; rn50/review/):
+    every run of real data but a measurement (--benchmark-iters, --no-metrics, --test-io), unless --no-review."""
+    return args.mode in ('train', 'train_val', 'val') and args.data_backend != 'synthetic' and \
+        not (args.benchmark_iters or args.no_metrics or args.test_io or args.no_review)
+
+
+def best_outcomes(net, world, seed, dataset, loaders, validation, workspace):
+    """The outcomes of the weights a training run keeps as its best (model_best.params, loaded into `net`, the run
+    being over) over the whole validation set, gathered from every worker; None when there are none."""
+    if not os.path.exists(workspace.best_params):
+        log.info('No %s: the review shows the curves alone', workspace.best_params)
+        return None
+    weight_files.load_weights(net, workspace.best_params, dataset.images.mean, dataset.images.std)
+    _, val_loader = loaders(dataset, world.rank, world.size, train=False, val=True, contexts=world.devices.contexts,
+                            seed=seed)
+    table = outcomes.OutcomeTable(val_loader.num_examples)
+    inference.validate(validation, net, val_loader, world, f' of {os.path.basename(workspace.best_params)}', table)
+    return table.gathered(world.comm)
+
+
+def review_run(args, world, dataset, workspace, table, weights, epoch=None, history=()):
+    """Rank 0 writes the run's page (Workspace.review_page) of what its model learned: the review of `table` (the
+    gathered outcomes of `weights`, trained to `epoch`; None: no validation), the curves of `history` and the
+    DLLogger file, the first training batch; returns the review for report.json (None without a table). A review
+    that fails is a warning: the run's results stand without it."""
+    if world.rank != 0:
+        return None
+    try:
+        return write_review(args, dataset, workspace, table, weights, epoch, history)
+    except Exception as e:  # whatever breaks the review (a file, a library), the run's own results are written
+        log.debug('review', exc_info=True)
+        log.warning('No review of this run (%s: %s); its results are in %s', type(e).__name__,
+                    str(e).splitlines()[0][:300] if str(e) else '', workspace.report(args.mode))
+        return None
+
+
+def write_review(args, dataset, workspace, table, weights, epoch, history):
+    """review_run's work, on rank 0."""
+    names = inference.class_names_of(args)
+    review, images = None, {}
+    if table is not None:
+        reader = inference.image_reader(dataset.images, dali.PredictionImages)
+        review, images = compose.validation_review(compose.Subject.of(args, names), table, reader.prepare)
+        review.update(weights=weights, epoch=epoch)
+    if args.mode in ('train', 'train_val'):
+        images['curves'] = compose.training_curves(os.path.join(args.logdir or args.workspace, args.dllogger_log),
+                                                   history)
+        if os.path.exists(workspace.training_batch):
+            with open(workspace.training_batch, 'rb') as f:
+                images['training_batch'] = f.read()
+    facts = [('workspace', os.path.abspath(args.workspace)), ('mode', args.mode),
+             ('network', f'{args.arch} {args.num_layers}, {args.num_classes} classes'),
+             ('weights', f'{weights}' + (f' (epoch {epoch})' if epoch is not None else ''))]
+    if review:
+        facts += [('validation', f'{review["images"]} images: top-1 {100 * review["top1"]:.2f}%, top-5 '
+                                 f'{100 * review["top5"]:.2f}%, loss {review["loss"]:.4f}')]
+    path = workspace.review_page(args.mode)
+    page.write_page(path, page.Page(f'ResNet review: {os.path.basename(os.path.abspath(args.workspace))}',
+                                    tuple(facts), review, images, vars(args), logs.library_versions(),
+                                    logs.hardware()))
+    log.info('What the model learned (per class, confusion, worst images, calibration%s): %s',
+             ', curves' if 'curves' in images else '', path)
+    return review
 
 
 def run(args, origin):

@@ -28,7 +28,9 @@ fi
 
 echo
 echo "Demo finished. Outputs in $RUN:"
-echo "  report.json            per-epoch metrics, configuration, versions, hardware"
+echo "  report.html            what the model learned: curves, per class, confusion, worst images, the"
+echo "                         first training batch, calibration (open it in a browser)"
+echo "  report.json            per-epoch metrics, the review's figures, configuration, versions, hardware"
 echo "  dllogger_log.log       DLLogger JSON lines;  log.log  the human-readable log"
 echo "  model_best.params      best weights;  model_last.state  full state for resuming"
 echo "Classify an image (the run's size and classes come from its state and classes.json):"

@@ -8,6 +8,8 @@ of every file the recipe writes there and the operations on them. One object, bu
     workspace.int8_prefix                                 # <prefix>_int8-symbol.json, -0000.params, .json
     workspace.export_folder                               # export/ (--mode export's files)
     workspace.report(args.mode)                           # report.json, or report_<mode>.json
+    workspace.review_page(args.mode)                      # report.html, or report_<mode>.html
+    workspace.training_batch                              # train_batch.jpg
     workspace.place(args.log)                             # an output path a flag gives: absolute, or in here
     workspace.prune_epoch_params(args.keep_checkpoints)   # after each new <prefix>_NNNN.params
     workspace.clean()                                     # what a run killed during a write left
@@ -19,7 +21,8 @@ The files (their formats: checkpoint.py), all written atomically (files.atomic_p
 * `<prefix>_best.params` (the best validated weights), `<prefix>_NNNN.params` (--save-frequency; --keep-checkpoints
   N keeps the newest N), `<prefix>_ema_best.params` (--model-ema: the weight average on its own best top-1).
 * `<prefix>_int8-*` (--quantize int8: the calibrated model, cached), `export/` (--mode export).
-* `report.json` (training's) and `report_<mode>.json` (the other modes'), and the outputs named by flags
+* `report.json` (training's) and `report_<mode>.json` (the other modes'), `report.html` and `report_val.html` (the
+  review's page, rn50/review/), `train_batch.jpg` (the first training batch), and the outputs named by flags
   relative to the workspace (--log, --tensorboard, --mlperf-log).
 """
 import dataclasses
@@ -80,6 +83,15 @@ class Workspace:
         validation or an export in a training workspace never replaces the training report."""
         return self.place('report.json' if mode in TRAINING_MODES else f'report_{mode}.json')
 
+    def review_page(self, mode):
+        """report.html, the training run's review (rn50/review/), or report_<mode>.html (--mode val's)."""
+        return self.place('report.html' if mode in TRAINING_MODES else f'report_{mode}.html')
+
+    @property
+    def training_batch(self):
+        """train_batch.jpg: the first training batch of the run after augmentation, drawn once."""
+        return self.place('train_batch.jpg')
+
     def prune_epoch_params(self, keep):
         """--keep-checkpoints N: delete all but the newest N `<prefix>_NNNN.params` of the folder (by epoch
         number; 0 keeps all). Called after a new one is written (atomically), so a crash at any moment leaves
@@ -94,6 +106,6 @@ class Workspace:
 
     def clean(self):
         """Remove the half-written temporaries of a run killed during a write (its outputs only)."""
-        removed = files.remove_stale_temporaries(self.place('.'), (f'{self.prefix}_', 'report.json'))
+        removed = files.remove_stale_temporaries(self.place('.'), (f'{self.prefix}_', 'report', 'train_batch.jpg'))
         if removed:
             log.info('Removed %d temporary files left by an interrupted write: %s', len(removed), ', '.join(removed))

@@ -27,7 +27,9 @@ Semantics shared by every backend:
   plus filler (records from the start of the order, counted in `pad`) to give every worker the same number
   of full batches.
 * Validation: shorter side resized to --data-val-resize, center crop, file order, each record seen once
-  over all workers, the last batch padded and its pad reported.
+  over all workers, the last batch padded and its pad reported. A validation batch of the real backends also
+  carries `index`, the position of each of its images in the .idx (the review gathers every image's outcome
+  by it, rn50/review/outcomes.py).
 * Determinism and seeking: the batches of (seed, epoch, rank, workers) are fixed, records and augmentation,
   and `epoch(e, k)` starts at batch k without reading or decoding batches 0..k-1 (DALI draws its
   augmentation per batch; the native loader feeds ImageRecordIter chunks of CHUNK_IMAGES images, so it

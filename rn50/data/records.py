@@ -110,6 +110,18 @@ class RecordFile:
                               f'{labels[bad[0]]:g}, outside [0, {self.num_classes}): check --num-classes')
         return payloads, labels
 
+    def record_ids(self, indices):
+        """The ids the records `indices` carry in their headers: the .lst index of the file each was made from, as
+        im2rec.py and prepare_dataset.py write them (the .lst beside the .rec names the file)."""
+        ids = []
+        for index in indices:
+            head = self._bytes(32, int(self.offsets[index]))
+            magic, _, _, _, record_id, _ = struct.unpack_from('<IIIfQQ', head) if len(head) == 32 else (0,) * 6
+            if magic != RECORD_MAGIC:
+                self._not_a_record(index)
+            ids.append(int(record_id))
+        return ids
+
     def _read_parts(self, index, offset):
         """(stored bytes, joined payload) of a record written in parts (upper 3 bits of the length: 1 first,
         2 middle, 3 last); the parts are joined with the magic word that split them."""

@@ -33,7 +33,7 @@ from rn50.checkpoints import resume
 from rn50 import flags
 from rn50.data import classes
 from rn50.data.contract import batches, device_slices, whole
-from rn50.data.validation_resize import describe_val_resize, load_image
+from rn50.data.validation_resize import OpenCVImages, describe_val_resize
 from rn50.errors import RecipeError, mxnet_message
 from rn50.reports import logs
 from rn50.world import memory
@@ -54,7 +54,7 @@ def add_inference_args(parser):
     group.add_argument('--topk', type=flags.integer(minimum=1), default=5,
                        help='pred mode: how many classes to print')
     group.add_argument('--classes', default=None,
-                       help='pred mode: a file naming the --num-classes classes in label order: '
+                       help='pred mode and the review: a file naming the --num-classes classes in label order: '
                             'prepare_dataset.py\'s classes.json, {"classes": [...]} or a JSON list of names, '
                             '"folder<TAB>name" lines (prepare_dataset.py --names; sorted folder order), or one '
                             'name per line (default: the classes.json beside --data-train/--data-val, else '
@@ -185,11 +185,12 @@ def fused_float32(net, devices, images, dtype='float32', amp=False):
 # Validation (every epoch of train_val, and --mode val)
 
 
-def validate(validation, net, loader, world, passes_label=''):
+def validate(validation, net, loader, world, passes_label='', outcomes=None):
     """One pass over the validation data as `validation` (a Validation) says: top-1, top-5 and loss summed over
     all workers, each image counted once (padding removed); per-batch latencies in seconds. The next batch is
     fetched (read, decoded, copied) and queued before the outputs of the current one are waited for, so that
-    loading overlaps the network's compute; val.ips counts real images only."""
+    loading overlaps the network's compute; val.ips counts real images only. `outcomes` (a review's
+    OutcomeTable, or None) gets each real image's outcome by its record position (the batch's `index`)."""
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
     totals = np.zeros(4)  # correct top-1, correct top-5, loss sum, images
     timed = []            # (seconds, real images) per batch, from one batch's finish to the next
@@ -198,13 +199,13 @@ def validate(validation, net, loader, world, passes_label=''):
     for batch in batches(loader, 0, 0, validation.iterations or loader.num_batches):
         queued = queue_batch(validation, net, batch, world.devices.contexts)
         if pending is not None:
-            totals += finish_batch(validation, pending, loss_fn)
+            totals += finish_batch(validation, pending, loss_fn, outcomes)
             now = time.time()
             timed.append((now - tick, pending[2]))
             tick = now
         pending = queued
     if pending is not None:
-        totals += finish_batch(validation, pending, loss_fn)
+        totals += finish_batch(validation, pending, loss_fn, outcomes)
         timed.append((time.time() - tick, pending[2]))
     whole = (time.time() - begin, sum(images for _, images in timed))
     totals = world.comm.allreduce_sum(totals)
@@ -229,10 +230,11 @@ def validate(validation, net, loader, world, passes_label=''):
 
 
 def queue_batch(validation, net, batch, contexts):
-    """(outputs, labels, real images) of `batch` over `contexts`, the network's work queued on MXNet's engine, not
-    waited for."""
+    """(outputs, labels, real images, record positions) of `batch` over `contexts`, the network's work queued on
+    MXNet's engine, not waited for."""
     images, labels = device_slices(batch.data[0], contexts), device_slices(batch.label[0], contexts)
-    return [logits(validation, net, x) for x in images], labels, sum(x.shape[0] for x in images) - batch.pad
+    return [logits(validation, net, x) for x in images], labels, sum(x.shape[0] for x in images) - batch.pad, \
+        batch.index
 
 
 def logits(validation, net, images):
@@ -244,13 +246,26 @@ def logits(validation, net, images):
     return (net(images).astype('float32') + net(mirrored).astype('float32')) / 2
 
 
-def finish_batch(validation, queued, loss_fn):
-    """[top-1 correct, top-5 correct, loss sum, count] of a queued batch, once its outputs are computed."""
-    outputs, labels, valid = queued
+def finish_batch(validation, queued, loss_fn, outcomes=None):
+    """[top-1 correct, top-5 correct, loss sum, count] of a queued batch, once its outputs are computed; each real
+    image's outcome added to `outcomes` (when given)."""
+    outputs, labels, valid, positions = queued
+    if outcomes is not None:
+        record_outcomes(outcomes, outputs, labels, valid, positions)
     if validation.metrics:
         return batch_metrics(outputs, labels, valid, loss_fn)
     outputs[-1].wait_to_read()
     return np.array([0.0, 0.0, 0.0, valid])
+
+
+def record_outcomes(outcomes, outputs, labels, valid, positions):
+    """Add the first `valid` images of a split batch (their record `positions`) to `outcomes`: their labels and
+    log-probabilities."""
+    if positions is None:
+        raise RecipeError('this data backend does not say which record each validation image is: no review')
+    log_probabilities = np.concatenate([mx.nd.log_softmax(o.astype('float32'), axis=1).asnumpy() for o in outputs])
+    truth = np.concatenate([label.asnumpy() for label in labels])
+    outcomes.add(np.asarray(positions)[:valid], truth[:valid], log_probabilities[:valid])
 
 
 def batch_metrics(outputs, labels, valid, loss_fn):
@@ -277,11 +292,12 @@ def latency_percentiles(durations):
     return {f'val.latency_{p}': float(np.percentile(durations, p)) for p in (50, 90, 95, 99, 100)}
 
 
-def evaluate(net, world, seed, dataset, loaders, dllogger, validation, passes=1):
+def evaluate(net, world, seed, dataset, loaders, dllogger, validation, passes=1, outcomes=None):
     """--mode val: `passes` passes (--num-epochs, default 1) of `net`, ready from inference_network, over the
     validation data of `dataset` (a contract.Dataset, its loader from `loaders`, the composer's factory), as
-    `validation` (a Validation) says: (summary, per pass). `seed`: the run's (synthetic data draws its images from
-    it)."""
+    `validation` (a Validation) says: (summary, per pass, outcomes of the last pass or None). `seed`: the run's
+    (synthetic data draws its images from it). `outcomes(num_images)` (the review's OutcomeTable, or None) makes
+    the table the last pass fills, gathered from every worker."""
     _, val_loader = loaders(dataset, world.rank, world.size, train=False, val=True, contexts=world.devices.contexts,
                             seed=seed)
     if val_loader is None:
@@ -298,8 +314,10 @@ def evaluate(net, world, seed, dataset, loaders, dllogger, validation, passes=1)
                                 contexts=world.devices.contexts, seed=seed)
     memory.check_batch_against_data(val_loader, world)
     all_durations, history = [], []
+    table = None if outcomes is None else outcomes(val_loader.num_examples)
     for epoch in range(passes):
-        metrics, durations = validate(validation, net, val_loader, world, f' pass {epoch}')
+        metrics, durations = validate(validation, net, val_loader, world, f' pass {epoch}',
+                                      table if epoch == passes - 1 else None)
         metrics.update(latency_percentiles(durations))
         dllogger.log((epoch,), metrics)
         all_durations += durations
@@ -309,7 +327,7 @@ def evaluate(net, world, seed, dataset, loaders, dllogger, validation, passes=1)
         if key in summary:
             summary[key] = max(m[key] for m in history)
     summary.update(latency_percentiles(all_durations))
-    return summary, history
+    return summary, history, None if table is None else table.gathered(world.comm)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -348,6 +366,11 @@ def class_names(num_classes, classes_file=None, data_files=()):
     return [f'class {i}' for i in range(num_classes)]
 
 
+def class_names_of(args):
+    """class_names of the resolved flags: --num-classes names from --classes, else the data's classes.json, ..."""
+    return class_names(args.num_classes, args.classes, (args.data_train, args.data_val))
+
+
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     """--mode pred's values (`of`): the image or folder to classify (`inputs`, --data-pred), how many classes to
@@ -367,23 +390,30 @@ class Prediction:
                    data_files=(args.data_train, args.data_val), load=args.load)
 
 
+def image_reader(images, dali_images):
+    """The run's validation preprocessing for single images (`images`: its contract.Images), as pred and the review's
+    worst images use it: load(path) and prepare(encoded bytes, name), each a normalised batch of 1 on the host.
+    DALI's validation graph for a run that validates with DALI (`dali_images(images)`: dali.py's PredictionImages,
+    given by the composer), else ImageRecordIter's (OpenCV)."""
+    return dali_images(images) if images.val_interpolation == 'linear-antialias' else OpenCVImages(images)
+
+
 def predict(net, world, prediction, validation, images, workspace, dali_images):
     """--mode pred (`prediction`, a Prediction): the top classes of each image, with probabilities, printed and
     optionally saved as JSON. An unreadable image is reported and the others are still classified. `net` comes
     from inference_network (trained weights, INT8 if asked), and computes as `validation` says (its --tta).
-    Images are preprocessed as the run validates (`images`, the run's contract.Images: its val_interpolation):
-    by DALI's validation graph (`dali_images(images)`: dali.py's PredictionImages, given by the composer), or as
-    ImageRecordIter (load_image). `workspace`: the run's Workspace, whose weights the JSON file names."""
+    Images are preprocessed as the run validates (image_reader: `images` is the run's contract.Images, `dali_images`
+    dali.py's PredictionImages, given by the composer). `workspace`: the run's Workspace, whose weights the JSON file names."""
     names = class_names(validation.num_classes, prediction.classes, prediction.data_files)
     results = []
     inputs = prediction_inputs(prediction.inputs)
     # The run's validation preprocessing: DALI's graph for a run that validates with DALI, else ImageRecordIter's
-    reader = dali_images(images) if images.val_interpolation == 'linear-antialias' else None
-    log.info('Prediction with %s: %s', 'DALI (on the CPU)' if reader else 'OpenCV', describe_val_resize(images))
+    reader = image_reader(images, dali_images)
+    log.info('Prediction with %s: %s', 'DALI (on the CPU)' if images.val_interpolation == 'linear-antialias' else
+             'OpenCV', describe_val_resize(images))
     for path in inputs:
         try:
-            image = (reader.load(path) if reader else load_image(path, images)).as_in_context(
-                world.devices.contexts[0])
+            image = reader.load(path).as_in_context(world.devices.contexts[0])
         except RecipeError as e:
             if len(inputs) > 1:   # one image alone: the error line at the end says it
                 log.error('%s', e)

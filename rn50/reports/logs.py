@@ -261,11 +261,12 @@ def peak_memory_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def write_report(path, config, world, history, summary=None, duration=None, seed=None):
+def write_report(path, config, world, history, summary=None, duration=None, seed=None, review=None):
     """The mode's report, `path` (Workspace.report: report.json, or report_<mode>.json), written by rank 0 only:
     the resolved configuration (`config`: {flag destination: value}, the resolved flags' vars), the run's seed
     (given or drawn), the world's workers and devices, AMP's dtype, versions, hardware, per-epoch metrics, the
-    summary and the duration so far (`duration`: training's, over all its resumes; else this process's)."""
+    summary, the duration so far (`duration`: training's, over all its resumes; else this process's) and the
+    `review` of what the model learned (rn50/review/; docs/runs.md lists its keys)."""
     if world.rank != 0:
         return
     report = {'model': config['arch'], 'mode': config['mode'], 'workers': world.size, 'seed': seed,
@@ -276,6 +277,8 @@ def write_report(path, config, world, history, summary=None, duration=None, seed
               'peak_memory_mb': peak_memory_mb()}
     if summary is not None:
         report['summary'] = summary
+    if review is not None:
+        report['review'] = review
     files.write_json(path, report)
 
 
