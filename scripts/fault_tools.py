@@ -92,7 +92,7 @@ def epoch_metrics(ws):
     path = os.path.join(ws, 'dllogger_log.log')
     if not os.path.exists(path):
         return []
-    return [logs.without_timings(r['data']) | {'epoch': r['step'][0]}
+    return [dict(logs.without_timings(r['data']), epoch=r['step'][0])    # not `|`: Python 3.8 (the container's)
             for r in logs.read_dllogger(path) if isinstance(r['step'], list) and len(r['step']) == 1]
 
 

@@ -1,11 +1,15 @@
-"""NVIDIA's container as the Dockerfile builds it, without Docker: every file it runs is Python 3.8, the image's
-protobuf cannot fail the install, and no build step loads MXNet without the CUDA driver's stand-in
-(scripts/container_setup.py), checked on a twin where importing MXNet needs libcuda.so.1 as NVIDIA's does."""
+"""NVIDIA's container as the Dockerfile builds it, without Docker: every file it runs is Python 3.8 (read by vermin,
+and imported by a real Python 3.8 where the machine has one), the image's protobuf cannot fail the install, and
+no build step loads MXNet without the CUDA driver's stand-in (scripts/container_setup.py), checked on a twin
+where importing MXNet needs libcuda.so.1 as NVIDIA's does."""
 import ast
+import glob
 import importlib.metadata
+import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -35,6 +39,44 @@ def test_every_file_the_container_runs_is_python_3_8():
     vermin = os.path.join(os.path.dirname(sys.executable), 'vermin')
     result = subprocess.run([vermin, '--no-tips', '--violations', '-t=3.8-', *files], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def container_python():
+    """A Python 3.8, the 22.xx containers' (pyenv's 3.8.x, else python3.8 on PATH); None where there is none."""
+    pyenv = os.environ.get('PYENV_ROOT') or os.path.expanduser('~/.pyenv')
+    for python in sorted(glob.glob(os.path.join(pyenv, 'versions', '3.8.*', 'bin', 'python3.8'))) + \
+            [shutil.which('python3.8')]:
+        if python and subprocess.run([python, '-c', 'import sys; assert sys.version_info[:2] == (3, 8)'],
+                                     capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+CONTAINER_PYTHON = container_python()
+
+
+@pytest.mark.skipif(CONTAINER_PYTHON is None or sys.version_info < (3, 10),
+                    reason='needs a Python 3.8 (pyenv install 3.8.18) and the suite on 3.10+ (its standard '
+                           'library\'s names)')
+@pytest.mark.unit
+def test_the_recipe_imports_and_the_campaign_runs_its_merge_under_python_3_8(tmp_path):
+    """Issue 57 item 1: vermin reads constructs, not types: fault_tools.epoch_metrics merged dicts with `|`
+    (Python 3.9), a TypeError in the container that vermin passed. A real Python 3.8, without the recipe's
+    packages (tests/container_python.py), imports every module of scripts/ and rn50/ that needs none at import,
+    and runs epoch_metrics on a DLLogger file."""
+    (tmp_path / 'stdlib.json').write_text(json.dumps(sorted(sys.stdlib_module_names)))
+    records = [{'type': 'LOG', 'step': [0, 3], 'data': {'train.loss': 2.5}},
+               {'type': 'LOG', 'step': [0], 'data': {'train.loss': 2.0, 'train.ips': 90.5}}]
+    (tmp_path / 'dllogger_log.log').write_text(''.join(f'DLLL {json.dumps(r)}\n' for r in records))
+    result = subprocess.run([CONTAINER_PYTHON, '-I', '-S', os.path.join(ROOT, 'tests', 'container_python.py'),
+                             str(tmp_path / 'stdlib.json'), str(tmp_path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert not found['failed'], '\n'.join(found['failed'].values())
+    assert {'bootstrap', 'container_setup', 'rn50.errors', 'rn50.flags', 'rn50.config.recipes',
+            'rn50.launch.interpreter'} <= set(found['imported']), found
+    assert found['epoch_metrics'] == [{'train.loss': 2.0, 'epoch': 0}]
 
 
 @pytest.mark.unit
