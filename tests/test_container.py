@@ -7,6 +7,7 @@ import glob
 import importlib.metadata
 import json
 import os
+import posixpath
 import re
 import shlex
 import shutil
@@ -77,6 +78,89 @@ def test_the_recipe_imports_and_the_campaign_runs_its_merge_under_python_3_8(tmp
     assert {'bootstrap', 'container_setup', 'rn50.errors', 'rn50.flags', 'rn50.config.recipes',
             'rn50.launch.interpreter'} <= set(found['imported']), found
     assert found['epoch_metrics'] == [{'train.loss': 2.0, 'epoch': 0}]
+
+
+def docker_regex(pattern):
+    """A .dockerignore pattern (cleaned) as Docker's regular expression (moby/patternmatcher): `*` and `?` within
+    one name, `**/` any number of folders (none too), a final `**` anything; no character classes or escapes,
+    which this repository's patterns do not use."""
+    assert not set('[\\') & set(pattern), f'{pattern}: character classes and escapes are not implemented here'
+    regex, i = '', 0
+    while i < len(pattern):
+        if pattern.startswith('**/', i):
+            regex, i = regex + '(.*/)?', i + 3
+        elif pattern.startswith('**', i):
+            regex, i = regex + '.*', i + 2
+        else:
+            regex, i = regex + {'*': '[^/]*', '?': '[^/]'}.get(pattern[i], re.escape(pattern[i])), i + 1
+    return re.compile(f'^{regex}$')
+
+
+def dockerignore_rules(text):
+    """(regular expression, excludes) of each pattern of a .dockerignore, in order, as Docker reads them: blank
+    lines and `#` comments skipped, `!` an exception, the path cleaned and taken from the context's root."""
+    rules = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith('#'):
+            continue
+        exception = line.startswith('!')
+        pattern = posixpath.normpath(line[1:].strip() if exception else line)
+        rules.append((docker_regex(pattern[1:] if len(pattern) > 1 and pattern.startswith('/') else pattern),
+                      not exception))
+    return rules
+
+
+def docker_context(folder):
+    """The files of `folder` that `docker build folder` sends, as '/'-separated relative paths: a file is left out
+    when the last pattern that matches it or one of its folders is not an exception."""
+    with open(os.path.join(folder, '.dockerignore')) as f:
+        rules = dockerignore_rules(f.read())
+
+    def sent(path):
+        parts, decision = path.split('/'), True
+        for regex, excludes in rules:
+            if any(regex.match('/'.join(parts[:n])) for n in range(1, len(parts) + 1)):
+                decision = not excludes
+        return decision
+    paths = [os.path.relpath(os.path.join(top, name), folder).replace(os.sep, '/')
+             for top, _, names in os.walk(folder) for name in names]
+    return {path for path in paths if sent(path)}
+
+
+def gitignored_examples():
+    """A path of each kind .gitignore lists (a `*` taken as `x`; a folder with a file in it; a pattern without a
+    '/' but a final one, which matches at any depth, also down in rn50/)."""
+    with open(os.path.join(ROOT, '.gitignore')) as f:
+        patterns = [line.strip() for line in f if line.strip() and not line.startswith('#')]
+    examples = []
+    for pattern in patterns:
+        name = pattern.strip('/').replace('*', 'x') + ('/x' if pattern.endswith('/') else '')
+        examples += [name] + ([] if '/' in pattern.rstrip('/') else [f'rn50/nets/{name}'])
+    return examples
+
+
+@pytest.mark.unit
+def test_the_build_context_holds_the_recipe_and_no_environment_dataset_or_run(tmp_path):
+    """Issue 57 item 2: `COPY . .` bakes the build context into the image, and .dockerignore left .venv-consumers
+    (about 2 GB after make test) in it. On a tree of the recipe's files with every environment, dataset, run,
+    export and report .gitignore lists, and another environment: none of those is sent, every file of the
+    recipe (the entry points, rn50/, scripts/, the requirements) and of the Dockerfile's COPY lines is."""
+    tracked = subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    unwanted = gitignored_examples() + ['.venv-3.8/bin/python', '.venv-consumers/lib/torch/x.so',
+                                        'data/imagenet/train.rec', 'runs/demo/model_last.state', '.git/HEAD']
+    for path in tracked + unwanted:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).touch()
+    shutil.copyfile(os.path.join(ROOT, '.dockerignore'), tmp_path / '.dockerignore')
+    context = docker_context(tmp_path)
+    assert not [path for path in unwanted if path in context], sorted(context - set(tracked))
+    with open(os.path.join(ROOT, 'Dockerfile')) as f:
+        copied = [source for line in f if line.startswith('COPY ') for source in line.split()[1:-1] if source != '.']
+    recipe = [path for path in tracked if '/' not in path and (path.endswith('.py') or path == 'runner') or
+              path.startswith(('rn50/', 'scripts/', 'requirements'))]
+    assert {'train.py', 'runner', 'rn50/errors.py', 'scripts/container_setup.py', 'requirements.txt'} <= set(recipe)
+    assert not [path for path in recipe + copied if path not in context]
 
 
 @pytest.mark.unit
