@@ -13,7 +13,9 @@ and the training loader's speed alone on the node's storage with the page cache 
 
 `device_line` names each GPU's compute capability against the ones this MXNet was built for: the PyPI wheel
 mxnet-cu112 1.9.1 has kernels for 5.0 to 8.6, so an H100 (9.0) runs it through the driver's compilation of its
-PTX (a slower first start, kernels not tuned for it).
+PTX (a slower first start, kernels not tuned for it). nvidia-smi tells the capability from driver R510; on older
+drivers (the 22.xx containers run on R470 through CUDA's compatibility package) the CUDA driver API does, so the
+GPU's model, and with it the ratio to the published figure, is never lost to the driver's age.
 """
 import os
 import re
@@ -39,9 +41,13 @@ TWIN = ['--num-layers', '10', '--image-shape', '3,32,32', '--num-classes', '10',
 # The GPUs
 
 
+# cuDeviceGetAttribute's attributes (cuda.h): the major and minor numbers of the compute capability
+CAPABILITY_MAJOR, CAPABILITY_MINOR = 75, 76
+
+
 def gpu_facts(nvidia_smi_output):
     """[(name, compute capability, memory in MiB)] of `nvidia-smi --query-gpu=name,compute_cap,memory.total
-    --format=csv,noheader,nounits`."""
+    --format=csv,noheader,nounits` (with pci.bus_id for compute_cap: the bus id in its place)."""
     facts = []
     for line in nvidia_smi_output.strip().splitlines():
         parts = [part.strip() for part in line.split(',')]
@@ -61,10 +67,12 @@ def built_capabilities(cuobjdump_elf, cuobjdump_ptx):
 
 
 def capability_words(capability, kernels, ptx):
-    """How a GPU of `capability` runs this MXNet (built_capabilities' lists)."""
+    """How a GPU of `capability` ('?': not known) runs this MXNet (built_capabilities' lists)."""
     if not kernels:
         return 'this MXNet\'s kernels could not be listed (cuobjdump not found)'
     built = f'this MXNet has kernels for {", ".join(kernels)}'
+    if capability == '?':
+        return f'{built}: whether this GPU is among them is not known'
     if capability in kernels:
         return f'{built}: native'
     if ptx and float(capability) >= float(ptx[-1]):
@@ -73,11 +81,46 @@ def capability_words(capability, kernels, ptx):
     return f'{built}: none for this GPU'
 
 
+def cuda_driver():
+    """The CUDA driver API (libcuda.so.1, which every driver version has), or None without it."""
+    import ctypes
+    try:
+        return ctypes.CDLL('libcuda.so.1')
+    except OSError:
+        return None
+
+
+def driver_capability(bus_id):
+    """The compute capability ('7.0') of the GPU at PCI address `bus_id` (nvidia-smi's pci.bus_id) from the CUDA
+    driver API, or '?' where it cannot tell."""
+    import ctypes
+    cuda = cuda_driver()
+    device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if cuda is None or cuda.cuInit(0) or cuda.cuDeviceGetByPCIBusId(ctypes.byref(device), bus_id.encode()) or \
+            cuda.cuDeviceGetAttribute(ctypes.byref(major), CAPABILITY_MAJOR, device) or \
+            cuda.cuDeviceGetAttribute(ctypes.byref(minor), CAPABILITY_MINOR, device):
+        return '?'
+    return f'{major.value}.{minor.value}'
+
+
+def query_gpus():
+    """(gpu_facts of every GPU, '') or ([], nvidia-smi's error). nvidia-smi has the compute_cap field from driver
+    R510; an older driver refuses it (`Field "compute_cap" is not a valid field to query.`), and the capability
+    comes from the CUDA driver API instead (driver_capability)."""
+    status, smi = run(['nvidia-smi', '--query-gpu=name,compute_cap,memory.total', '--format=csv,noheader,nounits'])
+    if status == 0:
+        return gpu_facts(smi), ''
+    status, smi = run(['nvidia-smi', '--query-gpu=name,pci.bus_id,memory.total', '--format=csv,noheader,nounits'])
+    if status:
+        return [], last_error(smi)
+    return [(name, driver_capability(bus_id), memory) for name, bus_id, memory in gpu_facts(smi)], ''
+
+
 def device_line():
     """One line per GPU: its name, memory and compute capability against this MXNet's build."""
-    status, smi = run(['nvidia-smi', '--query-gpu=name,compute_cap,memory.total', '--format=csv,noheader,nounits'])
-    if status:
-        return f'GPUs: nvidia-smi failed ({last_error(smi)})'
+    facts, error = query_gpus()
+    if error:
+        return f'GPUs: nvidia-smi failed ({error})'
     import mxnet as mx
     library = mx.libinfo.find_lib_path()[0]
     listings = []
@@ -87,7 +130,7 @@ def device_line():
     kernels, ptx = built_capabilities(*listings)
     return '\n'.join(f'GPU {i}: {name}, {memory} MiB, compute capability {capability}; '
                      f'{capability_words(capability, kernels, ptx)}'
-                     for i, (name, capability, memory) in enumerate(gpu_facts(smi)))
+                     for i, (name, capability, memory) in enumerate(facts))
 
 
 def gpu_key(name, memory):
@@ -166,8 +209,7 @@ def read_summary(workspace):
 
 def gpu_model():
     """(name, memory in MiB) of GPU 0, or ('', 0)."""
-    status, smi = run(['nvidia-smi', '--query-gpu=name,compute_cap,memory.total', '--format=csv,noheader,nounits'])
-    facts = gpu_facts(smi) if status == 0 else []
+    facts = query_gpus()[0]
     return (facts[0][0], facts[0][2]) if facts else ('', 0)
 
 

@@ -91,6 +91,54 @@ def test_each_gpu_is_named_with_its_capability_against_the_kernels_of_this_mxnet
     assert 'could not be listed' in default.capability_words('9.0', [], [])
 
 
+class FakeCudaDriver:
+    """The CUDA driver API's calls gpu_check_default makes, for GPUs {PCI bus id: (major, minor)}; each returns
+    0 on success, as CUDA's do, and 101 (CUDA_ERROR_INVALID_DEVICE) for a bus id it does not know."""
+
+    def __init__(self, capabilities):
+        self.capabilities, self.bus_ids = capabilities, list(capabilities)
+
+    def cuInit(self, flags):
+        return 0
+
+    def cuDeviceGetByPCIBusId(self, device, bus_id):
+        if bus_id.decode() not in self.bus_ids:
+            return 101
+        device._obj.value = self.bus_ids.index(bus_id.decode())
+        return 0
+
+    def cuDeviceGetAttribute(self, value, attribute, device):
+        major, minor = self.capabilities[self.bus_ids[device.value]]
+        value._obj.value = {75: major, 76: minor}[attribute]
+        return 0
+
+
+@pytest.mark.unit
+def test_a_driver_without_nvidia_smis_compute_cap_loses_neither_the_gpu_model_nor_its_capability(tmp_path,
+                                                                                                monkeypatch):
+    """Issue 57 item 6: nvidia-smi's compute_cap field came with driver R510; the 22.xx containers run on R470,
+    whose nvidia-smi refuses the whole query, and gpu_check lost the GPU's model (so the ratio to the original's
+    figure) with it. The capability then comes from the CUDA driver API, each GPU found by its PCI bus id (here a
+    stand-in for libcuda.so.1 that knows the first GPU only)."""
+    sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+    import gpu_check_default as default
+    smi = tmp_path / 'nvidia-smi'
+    smi.write_text('#!/bin/sh\ncase "$*" in *compute_cap*) echo \'Field "compute_cap" is not a valid field to query.\''
+                   '; exit 2;; esac\necho "Tesla V100-SXM2-16GB, 00000000:3B:00.0, 16160"\n'
+                   'echo "Tesla V100-SXM2-16GB, 00000000:5E:00.0, 16160"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv('PATH', f'{tmp_path}{os.pathsep}{os.environ["PATH"]}')
+    monkeypatch.setattr(default, 'cuda_driver', lambda: FakeCudaDriver({'00000000:3B:00.0': (7, 0)}))
+    assert default.gpu_model() == ('Tesla V100-SXM2-16GB', 16160)
+    assert default.gpu_key(*default.gpu_model()) == 'V100 16GB'
+    assert default.query_gpus() == ([('Tesla V100-SXM2-16GB', '7.0', 16160), ('Tesla V100-SXM2-16GB', '?', 16160)], '')
+    monkeypatch.setattr(default.shutil, 'which', lambda name: None)     # cuobjdump: where CUDA's tools are not
+    lines = default.device_line().splitlines()
+    assert lines[0].startswith('GPU 0: Tesla V100-SXM2-16GB, 16160 MiB, compute capability 7.0; ') and \
+        lines[1].startswith('GPU 1: Tesla V100-SXM2-16GB, 16160 MiB, compute capability ?; '), lines
+    assert default.capability_words('?', ['7.0'], ['7.0']).endswith('whether this GPU is among them is not known')
+
+
 @pytest.mark.unit
 def test_the_default_check_compares_with_the_originals_figure_at_its_batch_only():
     sys.path.insert(0, os.path.join(ROOT, 'scripts'))
