@@ -2,7 +2,7 @@
 # with NCCL, and CUDA; its DALI is replaced by the one the recipe is tested with (requirements-container.txt).
 # Build and run:
 #   docker build . -t nvidia_rn50_mx [--build-arg FROM_IMAGE_NAME=nvcr.io/nvidia/mxnet:<tag>]
-#   nvidia-docker run --rm -it --ipc=host -v <dataset>:/data/imagenet/train-val-recordio-passthrough nvidia_rn50_mx
+#   docker run --gpus all --rm -it --ipc=host -v <dataset>:/data/imagenet/train-val-recordio-passthrough nvidia_rn50_mx
 ARG FROM_IMAGE_NAME=nvcr.io/nvidia/mxnet:22.10-py3
 FROM ${FROM_IMAGE_NAME}
 
