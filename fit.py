@@ -31,6 +31,7 @@ from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
 from rn50.checkpoints.saver import Policy, Saver
 from rn50 import flags
+from rn50.data import classes
 from rn50.data.contract import batches, device_slices
 from rn50.errors import RecipeError
 from rn50.inference import inference
@@ -226,6 +227,9 @@ def train(args, net, world, seed, loaders, dataset, build_network, dllogger, sto
     (rn50.launch.stop's StopRequest) says when a signal asked the run to stop. `workspace`: the run's Workspace,
     its checkpoints written by a Saver. The library gets the flags as records, made here once."""
     check_training_flags(args)
+    names = inference.class_names_of(args)   # kept in the workspace for val, pred, export and the review
+    classes.keep_with_run(workspace.classes, names, args.classes or classes.dataset_file(args.data_train,
+                                                                                          args.data_val) or 'this run')
     saver = Saver(workspace, world, Policy.of(args))
     state = saver.start(net)
     seed = resumed_seed(state, seed)   # the run's from here on (report.json and its states record it)
@@ -265,8 +269,7 @@ def train(args, net, world, seed, loaders, dataset, build_network, dllogger, sto
     dllogger = tensorboard_log.teed(events, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
     clock = WallClock(meta, world.start_time)
     rates, validation = schedule.Schedule.of(args), inference.Validation.of(args)
-    show_first = examples.TrainingBatchPicture(workspace.training_batch, dataset.images,
-                                               inference.class_names_of(args),
+    show_first = examples.TrainingBatchPicture(workspace.training_batch, dataset.images, names,
                                                args.data_backend) if world.rank == 0 else None
     with checkpoint.BackgroundWriter() as writer:   # the files of an epoch are written while the next one trains
         for epoch in range(meta['epoch'], last_epoch):

@@ -270,7 +270,7 @@ def run(args, origin):
     workspace = Workspace.of(args)    # the run's folder and files, made once
     resume.check_weights_source(args.mode, args.workspace, args.load, args.finetune, args.teacher,
                                 speed_only=args.mode == 'val' and args.no_metrics)
-    files.check_workspace(args.workspace)
+    files.check_workspace(args.workspace, resolve.workspace_flag(args, origin))
     if args.logdir:
         files.check_workspace(args.logdir, '--logdir')
     logs.setup_logging(workspace.place(args.log), comm.rank)

@@ -18,8 +18,10 @@ stays. A damaged last state is an error naming the previous one; resuming from t
 one aside (set_aside_if_damaged).
 """
 import dataclasses
+import json
 import logging
 import os
+import re
 
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import weight_files
@@ -43,7 +45,8 @@ def find_weights(workspace, load=None):
 
 def inference_weights(workspace, load=None):
     """find_weights for val, pred, INT8 and export, logged with why that file (a workspace without a best
-    checkpoint falls back on its last state, which the user should know)."""
+    checkpoint falls back on its last state, which the user should know) and what it is (describe_weights: a
+    warning for weights from the middle of an epoch)."""
     path = find_weights(workspace, load)
     best = workspace.best_params
     if load:
@@ -53,8 +56,81 @@ def inference_weights(workspace, load=None):
     else:
         why = (f'the workspace\'s last state: there is no {os.path.basename(best)} (no validation '
                'ran, or none beat the best of the run this one continued)')
-    log.info('Weights: %s (%s)', path, why)
+    trained = describe_weights(path)
+    log.info('Weights: %s (%s): %s', path, why, trained.words)
+    if not trained.finished:
+        log.warning('These weights are not a finished epoch: the run stopped %d iterations into epoch %d (%s): a model '
+                    'in the middle of its training, not the one the run will give', trained.iteration, trained.epoch,
+                    f'{trained.epoch} of {trained.epochs} epochs done' if trained.epochs else
+                    f'{trained.epoch} epochs done')
     return path
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedWeights:
+    """What a weights file is (describe_weights): `kind` ('state': a run's last state; 'best': the best validated
+    weights; 'epoch': <prefix>_NNNN.params; 'weights': any other file), the `epoch`s done (a state's epoch
+    counter; the epochs a .params file was saved after), the `iteration` it reached in the next (0: a finished
+    epoch), the `epochs` of its schedule, and the top-1 `accuracy` it was validated at (best)."""
+    path: str
+    kind: str = 'weights'
+    epoch: int = None
+    iteration: int = 0
+    epochs: int = None
+    accuracy: float = None
+
+    @property
+    def finished(self):
+        return self.iteration == 0
+
+    @property
+    def words(self):
+        schedule = f' of {self.epochs}' if self.epochs else ''
+        if self.kind == 'state':
+            return f'a training state, {self.epoch}{schedule} epochs done' + (
+                f' and {self.iteration} iterations into epoch {self.epoch} (counted from 0, as the log does)'
+                if self.iteration else '')
+        if self.kind == 'best':
+            return 'the best validated weights' + (f', after {self.epoch}{schedule} epochs (top-1 {self.accuracy:.4f})'
+                                                   if self.epoch is not None else '')
+        if self.kind == 'epoch':
+            return f'the weights after {self.epoch}{schedule} epochs'
+        return 'weights of another origin (no record of their training)'
+
+    def record(self):
+        """For report_export.json and pred's JSON: the file, what it is, and whether it is a finished epoch."""
+        return dict(dataclasses.asdict(self), finished=self.finished, words=self.words)
+
+
+def describe_weights(path):
+    """The TrainedWeights of `path`: a .state's own epoch and iteration (read from it); a best .params file's epoch
+    and top-1 from the report.json beside it; a <prefix>_NNNN.params file's epoch from its name; the run's epochs
+    from that report. Anything unreadable leaves the value unknown."""
+    folder, name = os.path.split(os.path.abspath(path))
+    report = {}
+    try:
+        with open(os.path.join(folder, 'report.json')) as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        pass
+    epochs = (report.get('config') or {}).get('num_epochs')
+    if name.endswith('.state'):
+        try:
+            meta = checkpoint.read_state(path).meta
+        except RecipeError:
+            return TrainedWeights(path, 'state', epochs=epochs)
+        return TrainedWeights(path, 'state', meta.get('epoch'), meta.get('iteration') or 0,
+                              (meta.get('settings') or {}).get('num_epochs') or epochs)
+    numbered = re.fullmatch(r'.+_([0-9]{4,})\.params', name)
+    if name.endswith('_best.params'):
+        validated = [e for e in report.get('epochs') or [] if e.get('val.accuracy') is not None
+                     and 'inherited_from' not in e]
+        best = max(validated, key=lambda e: e['val.accuracy'], default=None)
+        return TrainedWeights(path, 'best', None if best is None else best['epoch'] + 1, 0, epochs,
+                              None if best is None else best['val.accuracy'])
+    if numbered:
+        return TrainedWeights(path, 'epoch', int(numbered.group(1)) + 1, 0, epochs)   # NNNN counts from 0
+    return TrainedWeights(path)
 
 
 def set_aside_if_damaged(path):

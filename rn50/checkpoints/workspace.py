@@ -10,6 +10,7 @@ of every file the recipe writes there and the operations on them. One object, bu
     workspace.report(args.mode)                           # report.json, or report_<mode>.json
     workspace.review_page(args.mode)                      # report.html, or report_<mode>.html
     workspace.training_batch                              # train_batch.jpg
+    workspace.classes                                     # classes.json, the class names of its model
     workspace.place(args.log)                             # an output path a flag gives: absolute, or in here
     workspace.prune_epoch_params(args.keep_checkpoints)   # after each new <prefix>_NNNN.params
     workspace.clean()                                     # what a run killed during a write left
@@ -22,7 +23,8 @@ The files (their formats: checkpoint.py), all written atomically (files.atomic_p
   N keeps the newest N), `<prefix>_ema_best.params` (--model-ema: the weight average on its own best top-1).
 * `<prefix>_int8-*` (--quantize int8: the calibrated model, cached), `export/` (--mode export).
 * `report.json` (training's) and `report_<mode>.json` (the other modes'), `report.html` and `report_val.html` (the
-  review's page, rn50/review/), `train_batch.jpg` (the first training batch), and the outputs named by flags
+  review's page, rn50/review/), `train_batch.jpg` (the first training batch), `classes.json` (the class names of
+  the model: val, pred, export and the review read them beside the weights), and the outputs named by flags
   relative to the workspace (--log, --tensorboard, --mlperf-log).
 """
 import dataclasses
@@ -88,6 +90,11 @@ class Workspace:
         return self.place('report.html' if mode in TRAINING_MODES else f'report_{mode}.html')
 
     @property
+    def classes(self):
+        """classes.json: the class names of the run's model, kept with it (data/classes.py keep_with_run)."""
+        return self.place('classes.json')
+
+    @property
     def training_batch(self):
         """train_batch.jpg: the first training batch of the run after augmentation, drawn once."""
         return self.place('train_batch.jpg')
@@ -106,6 +113,7 @@ class Workspace:
 
     def clean(self):
         """Remove the half-written temporaries of a run killed during a write (its outputs only)."""
-        removed = files.remove_stale_temporaries(self.place('.'), (f'{self.prefix}_', 'report', 'train_batch.jpg'))
+        removed = files.remove_stale_temporaries(self.place('.'), (f'{self.prefix}_', 'report', 'train_batch.jpg',
+                                                                   'classes.json'))
         if removed:
             log.info('Removed %d temporary files left by an interrupted write: %s', len(removed), ', '.join(removed))

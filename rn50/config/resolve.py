@@ -6,7 +6,8 @@
 What the command line alone settles (from_command, so that the runner and the benchmarks see what train.py
 will run): the class count (--num-classes, else the dataset's classes.json, else 1000), --recipe's values (a
 flag given wins), the test size and resize of a recipe shrunk by --image-shape, --data-val-resize's default
-(the test size x 256/224), and a recipe's learning rate for the global batch.
+(the test size x 256/224), a recipe's learning rate for the global batch, and the folder of val, pred and export
+of --load's weights without --workspace (the weights' own, never the current folder).
 
 What the run settles (for_run): what --mode val, pred and export take from the run that trained the weights
 (rn50/config/trained_settings.py), the defaults that depend on the machine (--data-backend dali-gpu and --dtype
@@ -25,6 +26,7 @@ import argparse
 import dataclasses
 import logging
 import math
+import os
 import sys
 
 from rn50.config import recipes, trained_settings
@@ -80,7 +82,22 @@ def from_command(parser, argv=None):
     if args.recipe and 'lr' not in given:   # the recipe's rate for this global batch
         args.lr = recipes.learning_rate(args.recipe, args.batch_size * args.grad_accum_steps)
     args.val_interpolation = None    # the backend's, or (for_run) the trained run's
+    if beside_the_weights(args, given):
+        args.workspace = os.path.dirname(os.path.abspath(args.load))
     return args, Origin(given, tuple(from_recipe), num_classes_source)
+
+
+def beside_the_weights(args, given):
+    """Whether val, pred and export of --load's weights work in the weights' folder (their logs and reports, and
+    the class names kept there): --workspace not given. The current folder is never written unasked."""
+    return args.mode in trained_settings.INFERENCE_MODES and bool(args.load) and 'workspace' not in given
+
+
+def workspace_flag(args, origin):
+    """What names the run's folder, for its errors: --workspace, or --load's folder."""
+    return "--load's folder (give --workspace for another)" if beside_the_weights(args, origin.given) else \
+        '--workspace'
+
 
 
 def for_run(args, origin, on_gpu):
@@ -161,6 +178,8 @@ def log_derived(args, origin):
             'data_val_resize' not in origin.given | set(origin.from_recipe):
         log.info('--data-val-resize %d: the test size at the original recipe\'s 256/224 (not given)',
                  args.data_val_resize)
+    if beside_the_weights(args, origin.given):
+        log.info('Logs and reports in %s, the folder of --load\'s weights (--workspace for another)', args.workspace)
     if origin.num_classes_source not in ('--num-classes', 'the default'):
         log.info('%d classes, as %s lists them (--num-classes not given)', args.num_classes,
                  origin.num_classes_source)

@@ -24,6 +24,7 @@ import json
 import os
 import re
 
+from rn50 import files
 from rn50.errors import RecipeError
 
 # ImageNet's 1000 class names ("n01440764 tench, Tinca tinca" lines), for a 1000-class run without --classes
@@ -127,3 +128,25 @@ def text_names(text, where):
             raise RecipeError(f'{where}: folder {folder!r} is listed twice')
         names[folder] = name.strip() or folder
     return [names[folder] for folder in sorted(names)]
+
+
+def keep_with_run(path, names, source):
+    """The class `names` a training run keeps in its workspace (`path`: its classes.json, prepare_dataset.py's
+    format), so that val, pred, export and the review name the classes of its weights without the data: written
+    when the workspace has none; a run that continues the workspace must name the same classes (RecipeError naming
+    the first difference and `source`, where this run's names come from). Safe on every worker at once: the file
+    is written atomically, and compared by each."""
+    if not os.path.exists(path):
+        files.write_json(path, {'classes': [{'index': i, 'name': name} for i, name in enumerate(names)]})
+        return
+    kept = read_names(path, None, flag='the workspace\'s')
+    if kept == list(names):
+        return
+    if len(kept) != len(names):
+        difference = f'it names {len(kept)} classes, {source} {len(names)}'
+    else:
+        index = next(i for i, (a, b) in enumerate(zip(kept, names)) if a != b)
+        difference = f'class {index} is {kept[index]!r} there, {names[index]!r} in {source}'
+    raise RecipeError(f'the workspace\'s {path} names other classes than this run ({difference}): a run keeps the '
+                      'classes it started with. Give the same names (--classes, or the dataset\'s classes.json), or '
+                      'a new --workspace')

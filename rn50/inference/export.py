@@ -14,6 +14,7 @@ onnxruntime is installed and --data-val is given, export checks that onnxruntime
 validation images and logs the largest difference.
 """
 import dataclasses
+import json
 import logging
 import os
 
@@ -26,7 +27,7 @@ from rn50.checkpoints import resume
 from rn50.data.contract import whole
 from rn50.errors import RecipeError, mxnet_message
 from rn50.inference import torchvision_weights, triton
-from rn50.inference.inference import class_names, input_shape
+from rn50.inference.inference import class_names_of, input_shape
 from rn50.nets import catalogue
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,8 @@ class Export:
     """--mode export's values (`of`): the files' `prefix` (--model-prefix), the network (`arch`, `num_layers`,
     `num_groups`, `num_classes`, batchnorm's `eps` and `momentum`, for torchvision's twin), Triton's repository
     folder (`triton`) and its largest batch (`batch_size`), INT8 (`int8`: refused), the weights (`load`; else the
-    workspace's), the class names (`classes`, else a classes.json beside `data_files`) and whether onnxruntime
-    is checked on validation images (`check`: there are some)."""
+    workspace's), the class `names` (inference.class_names_of: a class-name file naming another number of classes
+    is an error there) and whether onnxruntime is checked on validation images (`check`: there are some)."""
     prefix: str = 'model'
     arch: str = 'resnetv15'
     num_layers: int = 50
@@ -50,8 +51,7 @@ class Export:
     batch_size: int = 192
     int8: bool = False
     load: str = None
-    classes: str = None
-    data_files: tuple = ()
+    names: tuple = ()
     check: bool = False
 
     @classmethod
@@ -59,8 +59,7 @@ class Export:
         return cls(prefix=args.model_prefix, arch=args.arch, num_layers=args.num_layers, num_groups=args.num_groups,
                    num_classes=args.num_classes, eps=args.batchnorm_eps, momentum=args.batchnorm_mom,
                    triton=args.triton, batch_size=args.batch_size, int8=bool(args.quantize), load=args.load,
-                   classes=args.classes, data_files=(args.data_train, args.data_val),
-                   check=bool(args.data_val or args.data_backend == 'synthetic'))
+                   names=tuple(class_names_of(args)), check=bool(args.data_val or args.data_backend == 'synthetic'))
 
 
 def export(settings, world, workspace, dataset, loaders, build_network, serialize_preprocessing):
@@ -73,8 +72,7 @@ def export(settings, world, workspace, dataset, loaders, build_network, serializ
     if settings.int8:
         raise RecipeError('--mode export writes the float32 network (ONNX has no MXNet INT8 operators); the INT8 '
                           f'model is saved by --mode val --quantize int8 as {settings.prefix}_int8-symbol.json')
-    # a class-name file that names another number of classes is an error
-    names = class_names(settings.num_classes, settings.classes, settings.data_files)
+    names = settings.names
     if settings.triton:
         triton.check_folder(settings.triton)
     source = resume.inference_weights(workspace, settings.load)
@@ -83,6 +81,11 @@ def export(settings, world, workspace, dataset, loaders, build_network, serializ
     weight_files.load_weights(net, source, images.mean, images.std)
     if world.rank != 0:
         return {}
+    # Everything that can fail for want of a file is read before anything is written: the check's images.
+    check_images = validation_images(dataset, loaders) if settings.check else None
+    if check_images is None:
+        log.info('No validation data: the ONNX model is checked by onnx.checker alone (give --data-root, or '
+                 '--data-val, to compare onnxruntime with MXNet on validation images)')
     folder = workspace.export_folder
     os.makedirs(folder, exist_ok=True)
     prefix = os.path.join(folder, settings.prefix)
@@ -93,6 +96,7 @@ def export(settings, world, workspace, dataset, loaders, build_network, serializ
     if twin:
         files['.torchvision.safetensors'] = prefix + '.torchvision.safetensors'
     expects = preprocessing(images)
+    replaced = replaced_export(files['.preprocessing.json'], expects)
     try:
         net(mx.nd.zeros((1,) + shape))            # the hybridized graph exists after one call
         net.export(partial, 0)
@@ -115,16 +119,51 @@ def export(settings, world, workspace, dataset, loaders, build_network, serializ
                 os.remove(partial + suffix)
     log.info('Exported %s to %s', source, ', '.join(files.values()))
     log.info('The exported model expects: %s (%s)', '; '.join(expects['steps']), files['.preprocessing.json'])
+    tensorrt = trtexec_command(files['.onnx'], shape, settings.batch_size)
+    log.info('A TensorRT engine of it for batches up to %d (on a GPU node, TensorRT\'s trtexec): %s',
+             settings.batch_size, tensorrt)
     outputs = {'symbol': files['-symbol.json'], 'params': files['-0000.params'], 'onnx': files['.onnx'],
-               'weights': source, 'preprocessing_file': files['.preprocessing.json'], 'preprocessing': expects,
+               'weights': source, 'trained': resume.describe_weights(source).record(),
+               'preprocessing_file': files['.preprocessing.json'], 'preprocessing': expects,
                'torchvision': pytorch_summary(settings, twin, files.get('.torchvision.safetensors')),
-               'triton': os.path.abspath(settings.triton) if settings.triton else None}
+               'triton': os.path.abspath(settings.triton) if settings.triton else None, 'tensorrt': tensorrt,
+               'replaced': replaced}
     if settings.triton:
         log.info('Triton model repository: %s (model %r: encoded images in, probabilities out)', settings.triton,
                  settings.prefix)
-    if settings.check:
-        outputs['onnxruntime_max_difference'] = check_onnx(net, files['.onnx'], dataset, loaders)
+    if check_images is not None:
+        outputs['onnxruntime_max_difference'] = check_onnx(net, files['.onnx'], check_images)
     return outputs
+
+
+def replaced_export(preprocessing_file, expects):
+    """What an earlier export in the same folder was made for when it differs from this one (`expects`: this
+    one's preprocessing): its size and resize, said in a warning, since its files are about to be replaced
+    (export again with another --workspace to keep both). None for a first export or the same model's."""
+    try:
+        with open(preprocessing_file) as f:
+            earlier = json.load(f)
+    except (OSError, ValueError):
+        return None
+    keys = ('size', 'resize_shorter', 'interpolation', 'layout')
+    if all(earlier.get(key) == expects[key] for key in keys):
+        return None
+    before = {key: earlier.get(key) for key in keys}
+    log.warning('Replacing the export in %s made for %s (resize %s, %s) by this one for %s (resize %d, %s): export '
+                'with another --workspace to keep both', os.path.dirname(preprocessing_file),
+                'x'.join(map(str, before['size'] or [])), before['resize_shorter'], before['interpolation'],
+                'x'.join(map(str, expects['size'])), expects['resize_shorter'], expects['interpolation'])
+    return before
+
+
+def trtexec_command(onnx_path, shape, max_batch):
+    """The trtexec command that builds a float16 TensorRT engine of the exported ONNX model for batches of 1 to
+    `max_batch` (--batch-size, the Triton repository's max_batch_size) of its input `shape` (one image, in the
+    input layout), the engine beside it (model.plan)."""
+    dims = 'x'.join(map(str, shape))
+    plan = os.path.splitext(onnx_path)[0] + '.plan'
+    return (f'trtexec --onnx={onnx_path} --saveEngine={plan} --fp16 --minShapes=data:1x{dims} '
+            f'--optShapes=data:{max_batch}x{dims} --maxShapes=data:{max_batch}x{dims}')
 
 
 def pytorch_summary(settings, twin, path):
@@ -206,19 +245,25 @@ def write_onnx(symbol_path, params_path, shape, onnx_path):
     onnx.save(model, onnx_path)
 
 
-def check_onnx(net, onnx_path, dataset, loaders):
-    """Largest |onnxruntime - MXNet| over the logits of one validation batch of `dataset` (read through `loaders`),
-    or None without onnxruntime."""
+def validation_images(dataset, loaders):
+    """One validation batch of `dataset` (read through `loaders`) as the portable network takes it, padding left
+    out: what check_onnx runs through both. RecipeError when the data cannot be read."""
+    _, loader = loaders(dataset, 0, 1, train=False, val=True)   # on the CPU, as the portable network
+    batch = next(iter(loader.epoch(0)))
+    images = whole(batch.data[0])
+    real = len(images) - batch.pad        # a small set's only batch is padded with repeated images
+    return portable_images(images, dataset.images)[:real]
+
+
+def check_onnx(net, onnx_path, images):
+    """Largest |onnxruntime - MXNet| over the logits of the validation `images` (validation_images), or None
+    without onnxruntime."""
     try:
         import onnxruntime
     except ImportError:
         log.info('onnxruntime is not installed: the ONNX model was checked by onnx.checker only')
         return None
-    _, loader = loaders(dataset, 0, 1, train=False, val=True)   # on the CPU, as the portable network
-    batch = next(iter(loader.epoch(0)))
-    images = whole(batch.data[0])
-    real = len(images) - batch.pad        # a small set's only batch is padded with repeated images
-    images = portable_images(images, dataset.images)[:real]
+    real = len(images)
     session = onnxruntime.InferenceSession(onnx_path, providers=['CPUExecutionProvider'])
     onnx_logits = session.run(None, {session.get_inputs()[0].name: images.asnumpy()})[0]
     difference = float(np.abs(onnx_logits - net(images).asnumpy()).max())

@@ -30,6 +30,7 @@ import numpy as np
 from rn50 import files
 from rn50.checkpoints import weight_files
 from rn50.checkpoints import resume
+from rn50.checkpoints.workspace import Workspace
 from rn50 import flags
 from rn50.data import classes
 from rn50.data.contract import batches, device_slices, whole
@@ -351,12 +352,15 @@ def prediction_inputs(path):
     return [path]
 
 
-def class_names(num_classes, classes_file=None, data_files=()):
-    """Names for the `num_classes` output classes: `classes_file` (--classes), else classes.json beside the
-    training or validation data (`data_files`), else the ImageNet names for a 1000-class model, else "class N"
-    (classes.py reads the files)."""
+def class_names(num_classes, classes_file=None, data_files=(), kept=None):
+    """Names for the `num_classes` output classes: `classes_file` (--classes), else `kept` (the classes.json a
+    training run keeps beside its weights, when it exists), else classes.json beside the training or validation
+    data (`data_files`), else the ImageNet names for a 1000-class model, else "class N" (classes.py reads the
+    files)."""
     if classes_file:
         return classes.read_names(classes_file, num_classes)
+    if kept and os.path.isfile(kept):
+        return classes.read_names(kept, num_classes, flag='the weights\' run\'s')
     path = classes.dataset_file(*data_files)
     if path:
         return classes.read_names(path, num_classes, flag='the dataset\'s')
@@ -367,27 +371,38 @@ def class_names(num_classes, classes_file=None, data_files=()):
 
 
 def class_names_of(args):
-    """class_names of the resolved flags: --num-classes names from --classes, else the data's classes.json, ..."""
-    return class_names(args.num_classes, args.classes, (args.data_train, args.data_val))
+    """class_names of the resolved flags: --num-classes names from --classes; in val, pred and export the
+    classes.json kept beside the weights (--load's, else the workspace's); else the data's classes.json, ..."""
+    return class_names(args.num_classes, args.classes, (args.data_train, args.data_val), kept_names(args))
+
+
+def kept_names(args):
+    """The classes.json beside the weights val, pred and export use (resume.find_weights), or None (training
+    modes, which keep their own: fit.py; no weights)."""
+    if args.mode not in ('val', 'pred', 'export'):
+        return None
+    try:
+        weights = resume.find_weights(Workspace.of(args), args.load)
+    except RecipeError:
+        return None
+    return os.path.join(os.path.dirname(os.path.abspath(weights)), 'classes.json')
 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     """--mode pred's values (`of`): the image or folder to classify (`inputs`, --data-pred), how many classes to
-    print (`topk`), the JSON file to write (`output`, --pred-output), the class names (`classes`, --classes; else
-    a classes.json beside `data_files`, the training and validation .rec) and the --load whose name the JSON
-    file records (`load`; else the workspace's weights)."""
+    print (`topk`), the JSON file to write (`output`, --pred-output), the class `names` (class_names_of) and the
+    --load whose name the JSON file records (`load`; else the workspace's weights)."""
     inputs: str
+    names: tuple
     topk: int = 5
     output: str = None
-    classes: str = None
-    data_files: tuple = ()
     load: str = None
 
     @classmethod
     def of(cls, args):
-        return cls(inputs=args.data_pred, topk=args.topk, output=args.pred_output, classes=args.classes,
-                   data_files=(args.data_train, args.data_val), load=args.load)
+        return cls(inputs=args.data_pred, names=tuple(class_names_of(args)), topk=args.topk, output=args.pred_output,
+                   load=args.load)
 
 
 def image_reader(images, dali_images):
@@ -404,7 +419,7 @@ def predict(net, world, prediction, validation, images, workspace, dali_images):
     from inference_network (trained weights, INT8 if asked), and computes as `validation` says (its --tta).
     Images are preprocessed as the run validates (image_reader: `images` is the run's contract.Images, `dali_images`
     dali.py's PredictionImages, given by the composer). `workspace`: the run's Workspace, whose weights the JSON file names."""
-    names = class_names(validation.num_classes, prediction.classes, prediction.data_files)
+    names = prediction.names
     results = []
     inputs = prediction_inputs(prediction.inputs)
     # The run's validation preprocessing: DALI's graph for a run that validates with DALI, else ImageRecordIter's
@@ -427,7 +442,8 @@ def predict(net, world, prediction, validation, images, workspace, dali_images):
         results.append({'image': path, 'top': [{'class': int(i), 'name': names[i],
                                                  'probability': float(probabilities[i])} for i in top]})
     if prediction.output:
-        files.write_json(prediction.output, {'checkpoint': resume.find_weights(workspace, prediction.load),
+        weights = resume.find_weights(workspace, prediction.load)
+        files.write_json(prediction.output, {'checkpoint': weights, 'trained': resume.describe_weights(weights).record(),
                                              'predictions': results})
     if all('error' in r for r in results):
         raise RecipeError(results[0]['error'] if len(results) == 1 else
