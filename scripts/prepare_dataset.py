@@ -3,6 +3,7 @@
 
     python scripts/prepare_dataset.py SRC OUT [--splits train,val] [--seed 100] [--workers N]
                                               [--quality 95] [--names NAMES.txt]
+                                              [--drop-duplicates] [--duplicate-distance 4]
     python scripts/prepare_dataset.py SRC OUT --val-fraction 0.2 [...]     # SRC/<class>/<image>, no split yet
     python scripts/prepare_dataset.py SRC OUT --splits train [...]         # SRC/<class>/<image>, all for training
 
@@ -24,6 +25,12 @@ lines (e.g. ImageNet's synset mapping); without it a class's name is its folder 
   the other splits must use the same folders. An empty class folder keeps its index and is reported.
 * Every file is decoded once (Pillow) before anything is written: unreadable and non-image files are
   reported (on stderr and in OUT/<split>_skipped.txt, with the reason) and never written.
+* Leakage: an image of a held-out split (val; every split after the first) that is a copy of a training image
+  (the first split's) inflates validation accuracy. Each is reported, naming both files, on stderr and in
+  OUT/duplicates.txt: identical bytes (SHA-256), or the same picture resized or re-encoded (64-bit perceptual
+  hashes, imagehash.phash, at most --duplicate-distance bits apart). Both hashes are computed where the file is
+  decoded anyway. --drop-duplicates leaves those copies out of the held-out split (the training copies stay).
+  Copies within one split are not leakage and are left alone.
 * JPEG bytes are stored unchanged (like im2rec.py --pass-through); other formats (PNG, BMP, GIF, ...) are
   re-encoded to JPEG at --quality.
 * Byte-compatible with MXNet's tools/im2rec.py (inside the mxnet wheel): the same .lst format (index, float
@@ -38,6 +45,7 @@ lines (e.g. ImageNet's synset mapping); without it a class's name is its folder 
 """
 import argparse
 import collections
+import hashlib
 import io
 import multiprocessing
 import os
@@ -48,7 +56,9 @@ import sys
 import bootstrap
 bootstrap.start()   # the repository importable, .venv: before any third-party import
 
+import imagehash  # noqa: E402
 import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
 import tqdm  # noqa: E402
 from PIL import Image  # noqa: E402
 
@@ -70,6 +80,13 @@ def parse_args(argv=None):
     parser.add_argument('--workers', type=int, default=os.cpu_count(), help='parallel processes')
     parser.add_argument('--quality', type=int, default=95, help='JPEG quality for re-encoded images')
     parser.add_argument('--names', help='text file of "folder<TAB>human-readable name" lines')
+    parser.add_argument('--drop-duplicates', action='store_true',
+                        help='leave out of val (every split after the first) the images that are copies of training '
+                             'images: identical bytes or the same picture (--duplicate-distance); they are reported '
+                             'either way, in OUT/duplicates.txt')
+    parser.add_argument('--duplicate-distance', type=flags.integer(minimum=0, maximum=MAX_DISTANCE), default=4,
+                        help='two pictures are the same when their 64-bit perceptual hashes differ in at most this '
+                             'many bits (a resized or re-encoded JPEG: 0 to 4); 0: identical hashes only')
     return parser.parse_args(argv)
 
 
@@ -88,14 +105,35 @@ def list_files(split_dir, classes):
     return items
 
 
+# A readable image as check_files finds it: its path (relative to its split's folder), label, whether it needs
+# re-encoding (not a JPEG), the SHA-256 of its file and its 64-bit perceptual hash (both for find_leakage).
+Checked = collections.namedtuple('Checked', 'path label reencode sha256 phash')
+
+
 def check_image(path):
-    """(None, needs re-encoding) if Pillow decodes the file fully, else (reason, None)."""
+    """(None, (needs re-encoding, SHA-256 of the file, 64-bit perceptual hash as an int)) if Pillow decodes the
+    file fully, else (reason, None). The hashes find copies across splits; they are computed here, from the bytes
+    read and the image decoded for the check, so that finding them costs no second pass over the dataset."""
     try:
-        with Image.open(path) as image:
+        with open(path, 'rb') as f:
+            data = f.read()
+        with Image.open(io.BytesIO(data)) as image:
             image.load()
-            return None, image.format != 'JPEG'
+            return None, (image.format != 'JPEG', hashlib.sha256(data).digest(), perceptual_hash(image))
     except Exception as e:  # Pillow raises many types for bad files; each is a reason to skip
         return f'{type(e).__name__}: {e}', None
+
+
+# The side of the grey square imagehash.phash takes its DCT of (hash_size 8 x highfreq_factor 4).
+PHASH_INPUT = 32
+
+
+def perceptual_hash(image):
+    """imagehash.phash of `image` (64 bits, as an int), its first step (grey, LANCZOS down to 32x32) done with
+    Pillow's reducing_gap=3 shortcut: 1.2 instead of 2.7 ms for a 500x375 photo, and resized or re-encoded copies
+    stay as close (docs/data.md#leakage)."""
+    small = image.convert('L').resize((PHASH_INPUT, PHASH_INPUT), Image.LANCZOS, reducing_gap=3.0)
+    return int(str(imagehash.phash(small)), 16)
 
 
 def image_bytes(job):
@@ -125,11 +163,11 @@ def progress(iterable, stage, total):
 
 
 def check_files(split_dir, items, pool):
-    """(readable items as (path, label, needs re-encoding), skipped items as (path, reason))."""
+    """(readable items as Checked, skipped items as (path, reason))."""
     checks = list(progress(pool.imap(check_image, [os.path.join(split_dir, p) for p, _ in items], chunksize=64),
                            'decoded', len(items)))
     skipped = [(path, reason) for (path, _), (reason, _) in zip(items, checks) if reason]
-    good = [(path, label, reencode) for (path, label), (reason, reencode) in zip(items, checks) if not reason]
+    good = [Checked(path, label, *found) for (path, label), (reason, found) in zip(items, checks) if not reason]
     return good, skipped
 
 
@@ -137,8 +175,8 @@ def held_out(good, fraction, seed):
     """The positions in `good` of the validation images: round(fraction x count) of each class (at least 1,
     and at least 1 left for training, when the class has 2 or more), drawn with `seed`."""
     by_class = {}
-    for position, (_, label, _) in enumerate(good):
-        by_class.setdefault(label, []).append(position)
+    for position, item in enumerate(good):
+        by_class.setdefault(item.label, []).append(position)
     draw = random.Random(seed)
     chosen = set()
     for label in sorted(by_class):
@@ -150,40 +188,183 @@ def held_out(good, fraction, seed):
 
 def convert_tree(args, splits, layout, pool):
     """Convert SRC/<split>/<class>/<image> for each split; with --val-fraction, SRC/<class>/<image> into a
-    drawn train and val split (`layout`: check_layout's). Returns nothing; prints what was written."""
+    drawn train and val split (`layout`: check_layout's). Every split is decoded and hashed first, then the
+    copies of training images in the other splits are reported (and left out with --drop-duplicates), then the
+    splits are written. Returns find_leakage's copies; prints what was written."""
     class_root, classes, val_fraction = layout
+    parts, skipped, roots = {}, {}, {}
     if val_fraction is None:
         for split in splits:
-            split_dir = os.path.join(args.src, split)
-            items = list_files(split_dir, classes)
+            roots[split] = os.path.join(args.src, split)
+            items = list_files(roots[split], classes)
             print(f'{split}: {len(items)} files in {len(classes)} classes', file=sys.stderr)
-            convert_split(args, split, split_dir, classes, *check_files(split_dir, items, pool), pool)
-        return
-    items = list_files(class_root, classes)
-    if val_fraction == 0:
-        print(f'{class_root}: {len(items)} files in {len(classes)} classes, all for training (no validation '
-              'split: train with --mode train)', file=sys.stderr)
-        stale = os.path.join(args.out, 'val.rec')
-        if os.path.exists(stale):
-            print(f'  warning: {stale} (and val.idx) is from an earlier conversion and stays: --mode train_val would '
-                  'validate on it; delete it if those images are now training images', file=sys.stderr)
+            parts[split], skipped[split] = check_files(roots[split], items, pool)
     else:
-        print(f'{class_root}: {len(items)} files in {len(classes)} classes, {val_fraction:g} of each class '
-              'held out for validation', file=sys.stderr)
-    good, skipped = check_files(class_root, items, pool)
-    val = held_out(good, val_fraction, args.seed) if val_fraction else set()
-    parts = {'train': [item for i, item in enumerate(good) if i not in val],
-             'val': [item for i, item in enumerate(good) if i in val]}
-    for split in ('train', 'val') if val_fraction else ('train',):
-        convert_split(args, split, class_root, classes, parts[split], skipped if split == 'train' else [],
-                      pool)
+        items = list_files(class_root, classes)
+        if val_fraction == 0:
+            print(f'{class_root}: {len(items)} files in {len(classes)} classes, all for training (no validation '
+                  'split: train with --mode train)', file=sys.stderr)
+            stale = os.path.join(args.out, 'val.rec')
+            if os.path.exists(stale):
+                print(f'  warning: {stale} (and val.idx) is from an earlier conversion and stays: --mode train_val '
+                      'would validate on it; delete it if those images are now training images', file=sys.stderr)
+        else:
+            print(f'{class_root}: {len(items)} files in {len(classes)} classes, {val_fraction:g} of each class '
+                  'held out for validation', file=sys.stderr)
+        good, skipped['train'] = check_files(class_root, items, pool)
+        val = held_out(good, val_fraction, args.seed) if val_fraction else set()
+        parts['train'] = [item for i, item in enumerate(good) if i not in val]
+        if val_fraction:
+            parts['val'], skipped['val'] = [item for i, item in enumerate(good) if i in val], []
+        roots = dict.fromkeys(parts, class_root)
+    copies = find_leakage(args, parts, roots)
+    for split, good in parts.items():
+        if args.drop_duplicates and copies.get(split):
+            good = [item for position, item in enumerate(good) if position not in copies[split]]
+        convert_split(args, split, roots[split], classes, good, skipped[split], pool)
+    return copies
+
+
+# ---- leakage: copies of training images in the other splits ----------------------------------------------------
+
+# --duplicate-distance's largest value. A distance d searches d + 1 bands of 64 / (d + 1) bits (find_copies): the
+# larger it is, the narrower the bands and the more training images share a band value (random hashes of ImageNet's
+# 1.28 M: 160 a value of a 13-bit band at 4, 10,000 of a 7-bit one at 8, crowded). Copies resized or re-encoded
+# are within 4 bits.
+MAX_DISTANCE = 8
+# A band value that more than this many training images share is not searched for near copies (find_copies): such
+# values are those of flat or nearly blank pictures, and searching them would compare every held-out image of that
+# kind with every training one (quadratic). Identical hashes are still found, whatever their count.
+CROWDED = 2000
+
+
+def hamming(a, b):
+    """The number of bits in which two uint64 arrays differ, element by element (numpy 1.23 has no bitwise_count:
+    the usual shift-and-add popcount, in place)."""
+    x = a ^ b
+    x -= (x >> np.uint64(1)) & np.uint64(0x5555555555555555)
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x += x >> np.uint64(4)
+    x &= np.uint64(0x0F0F0F0F0F0F0F0F)
+    x *= np.uint64(0x0101010101010101)
+    x >>= np.uint64(56)
+    return x.astype(np.uint8)
+
+
+def find_copies(queries, references, distance, crowded=CROWDED, chunk=1 << 22):
+    """The nearest reference of each query within `distance` bits (uint64 perceptual hashes): (query positions,
+    reference positions, distances), sorted by query, a tie going to the first reference; and the number of the
+    queries left unmatched that skipped a crowded band. Pigeonhole: two hashes at most `distance` bits apart agree
+    exactly on at least one of distance + 1 bands of the 64 bits, so a query is compared only with the references
+    that share one of its band values, found in the references sorted by that band (1.28 M references x 50 k queries
+    in seconds). A band value that more than `crowded` references share is not searched (flat pictures: linear
+    instead of quadratic); identical hashes are matched first, whatever their count, so a blank copy of a blank
+    picture is still found. At most `chunk` candidate pairs (plus one bucket) are in memory at a time."""
+    queries, references = np.asarray(queries, np.uint64), np.asarray(references, np.uint64)
+    order = np.argsort(references, kind='stable')
+    ranked = references[order]
+    at = np.searchsorted(ranked, queries)
+    same = np.flatnonzero(at < len(ranked))
+    same = same[ranked[at[same]] == queries[same]]
+    found = [(same, order[at[same]], np.zeros(len(same), np.uint8))]
+    skipped = np.zeros(len(queries), bool)
+    edges = [64 * band // (distance + 1) for band in range(distance + 2)]
+    for low, high in zip(edges, edges[1:]) if distance else ():
+        shift, mask = np.uint64(low), np.uint64((1 << (high - low)) - 1)
+        order = np.argsort((references >> shift) & mask, kind='stable')
+        ranked = references[order]
+        keys, wanted = (ranked >> shift) & mask, (queries >> shift) & mask
+        starts = np.searchsorted(keys, wanted, 'left')
+        counts = np.searchsorted(keys, wanted, 'right') - starts
+        skipped |= counts > crowded
+        counts[counts > crowded] = 0
+        before = np.cumsum(counts) - counts     # the candidate pairs of the queries before each
+        begin = 0
+        while begin < len(queries):
+            end = max(int(np.searchsorted(before, before[begin] + chunk, 'right')), begin + 1)
+            query = np.repeat(np.arange(begin, end), counts[begin:end])
+            at = starts[query] + np.arange(len(query)) - np.repeat(before[begin:end] - before[begin], counts[begin:end])
+            distances = hamming(queries[query], ranked[at])
+            near = distances <= distance
+            found.append((query[near], order[at[near]], distances[near]))
+            begin = end
+    query, reference, distances = (np.concatenate(column) for column in zip(*found))
+    best = np.lexsort((reference, distances, query))
+    query, reference, distances = query[best], reference[best], distances[best]
+    first = np.r_[True, query[1:] != query[:-1]] if len(query) else np.zeros(0, bool)
+    skipped[query] = False
+    return query[first], reference[first], distances[first], int(skipped.sum())
+
+
+def match_split(held, training, distance):
+    """The copies of `training` items (Checked) among the `held` ones: {held position: (training position,
+    perceptual-hash distance, or None for identical bytes)}, one training file for each, the first with identical
+    bytes, else the nearest picture; and the count of find_copies' crowded queries."""
+    by_digest = {}
+    for position, item in enumerate(held):
+        by_digest.setdefault(item.sha256, []).append(position)
+    copies = {}
+    for reference, item in enumerate(training):
+        for position in by_digest.pop(item.sha256, ()):
+            copies[position] = (reference, None)
+    rest = [position for position in range(len(held)) if position not in copies]
+    query, reference, distances, crowded = find_copies(
+        np.fromiter((held[position].phash for position in rest), np.uint64, len(rest)),
+        np.fromiter((item.phash for item in training), np.uint64, len(training)), distance)
+    for q, r, d in zip(query.tolist(), reference.tolist(), distances.tolist()):
+        copies[rest[q]] = (r, d)
+    return dict(sorted(copies.items())), crowded
+
+
+def find_leakage(args, parts, roots, shown=5):
+    """Report the images of each held-out split (every split after the first: val) that are copies of a training
+    image (the first split's), naming both files (relative to SRC): a line per split with the count and the first
+    `shown` pairs on stderr, the whole list in OUT/duplicates.txt (kind, distance, the held-out file, the training
+    file; a header alone when there are none). Returns {held-out split: positions of its copies}, what
+    --drop-duplicates leaves out. With one split there is nothing to compare and no file."""
+    train, *others = parts
+    if not others:
+        return {}
+    copies, rows = {}, []
+    for split in others:
+        found, crowded = match_split(parts[split], parts[train], args.duplicate_distance)
+        copies[split] = set(found)
+        near = sum(distance is not None for _, distance in found.values())
+        if not found:
+            print(f'leakage: none of the {len(parts[split])} {split} images is a copy of a {train} image (identical '
+                  f'bytes, or perceptual hashes at most {args.duplicate_distance} bits apart)', file=sys.stderr)
+        else:
+            print(f'leakage: {len(found)} of the {len(parts[split])} {split} images are copies of {train} images '
+                  f'({len(found) - near} identical bytes, {near} the same picture), all in '
+                  f'{os.path.join(args.out, "duplicates.txt")}:', file=sys.stderr)
+        for count, (position, (reference, distance)) in enumerate(found.items()):
+            names = [os.path.relpath(os.path.join(roots[part], item.path), args.src)
+                     for part, item in ((split, parts[split][position]), (train, parts[train][reference]))]
+            kind = 'identical bytes' if distance is None else 'same picture'
+            rows.append(f'{kind}\t{distance or 0}\t{names[0]}\t{names[1]}\n')
+            if count < shown:
+                what = kind if distance is None else f'{kind}, hash distance {distance}'
+                print(f'  {names[0]} <-> {names[1]}: {what}', file=sys.stderr)
+        if len(found) > shown:
+            print(f'  ... and {len(found) - shown} more', file=sys.stderr)
+        if crowded:
+            print(f'  note: {crowded} {split} images share a perceptual-hash band with more than {CROWDED} {train} '
+                  'images (flat or nearly blank pictures): that band was searched for identical hashes only',
+                  file=sys.stderr)
+    with files.atomic_path(os.path.join(args.out, 'duplicates.txt')) as tmp, open(tmp, 'w') as f:
+        f.write(f'kind\tdistance\t{" or ".join(others)} file\t{train} file\n')
+        f.writelines(rows)
+    if rows and args.drop_duplicates:
+        print(f'--drop-duplicates: those copies are left out of {", ".join(others)}; the {train} files stay',
+              file=sys.stderr)
+    return copies
 
 
 def convert_split(args, split, split_dir, classes, good, skipped, pool):
     """Write OUT/<split>.{lst,rec,idx} of the readable `good` items and OUT/<split>_skipped.txt."""
     report_problems(args, split, classes, skipped, good)
     # Number in listing order, then shuffle: the order im2rec.py produces.
-    numbered = [(index, path, label, reencode) for index, (path, label, reencode) in enumerate(good)]
+    numbered = [(index, item.path, item.label, item.reencode) for index, item in enumerate(good)]
     random.seed(args.seed)
     random.shuffle(numbered)
     write_split(args, split, split_dir, numbered, pool)
@@ -195,7 +376,7 @@ def report_problems(args, split, classes, skipped, good):
         for path, reason in skipped:
             f.write(f'{path}\t{reason}\n')
             print(f'  skipped {path}: {reason}', file=sys.stderr)
-    present = {label for _, label, _ in good}
+    present = {item.label for item in good}
     for label, name in enumerate(classes):
         if label not in present:
             print(f'  warning: class {name} (label {label}) of {split} has no readable image', file=sys.stderr)
@@ -295,11 +476,16 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     names = read_names(args.names) if args.names else {}
     with multiprocessing.Pool(max(1, args.workers)) as pool:
-        convert_tree(args, splits, layout, pool)
+        copies = convert_tree(args, splits, layout, pool)
     files.write_json(os.path.join(args.out, 'classes.json'),
                     {'classes': [{'index': i, 'folder': c, 'name': names.get(c, c)}
                                  for i, c in enumerate(layout.classes)]})
     print(f'Dataset written to {args.out}', file=sys.stderr)
+    leaked = {split: len(found) for split, found in copies.items() if found}
+    if leaked and not args.drop_duplicates:
+        print(f'hint: {" and ".join(f"{count} {split}" for split, count in leaked.items())} images are copies of '
+              f'training images ({os.path.join(args.out, "duplicates.txt")}), which inflates validation accuracy: '
+              'rerun with --drop-duplicates to leave them out (the training copies stay)', file=sys.stderr)
     return 0
 
 

@@ -176,12 +176,12 @@ def test_every_import_maps_to_a_distribution():
 def test_the_checker_finds_what_the_old_dockerfile_missed():
     """The Dockerfile's install before the pins (`pip install Pillow scikit-learn matplotlib psutil onnx
     onnxruntime`) lacked tqdm (logs.py, so every start) and safetensors (--load *.safetensors), and lacks what the
-    recipe imported since: tensorboardX (--tensorboard), mlperf_logging (the MLPerf result log) and tritonclient
-    (--triton)."""
+    recipe imported since: tensorboardX (--tensorboard), mlperf_logging (the MLPerf result log), tritonclient
+    (--triton) and imagehash (prepare_dataset.py's leakage check)."""
     old = {normalise(name) for name in 'Pillow scikit-learn matplotlib psutil onnx onnxruntime'.split()}
     gaps = missing(third_party(runtime_files()), old, BASE_IMAGE_MODULES)
     assert {module.split('.')[0] for module in gaps} == {'tqdm', 'safetensors', 'tensorboardX', 'mlperf_logging',
-                                                         'tritonclient'}
+                                                         'tritonclient', 'imagehash'}
     assert gaps['mlperf_logging.mllog'] == ['rn50/reports/mlperf_log.py']
     assert 'rn50/reports/logs.py' in gaps['tqdm'] and 'rn50/checkpoints/weight_files.py' in gaps['safetensors.numpy']
 

@@ -1,15 +1,20 @@
-"""scripts/prepare_dataset.py and scripts/make_demo_dataset.py on real images."""
+"""scripts/prepare_dataset.py and scripts/make_demo_dataset.py on real images; the matching of its leakage check
+at scale, in process."""
 import json
 import os
+import shutil
+import sys
+import time
 
 import mxnet as mx
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageDraw
 
-from conftest import run_script
+from conftest import ROOT, run_script
 
-pytestmark = pytest.mark.integration
+# A tier per test: the tests run the scripts as programs (integration), except the leakage matching's scale test,
+# in process (unit).
 
 IM2REC = os.path.join(os.path.dirname(mx.__file__), 'tools', 'im2rec.py')
 
@@ -46,6 +51,7 @@ def tree(tmp_path):
     return src
 
 
+@pytest.mark.integration
 def test_labels_bytes_report_and_classes(tree, tmp_path):
     out = tmp_path / 'out'
     result = run_script('scripts/prepare_dataset.py', tree, out, '--workers', '2')
@@ -69,8 +75,11 @@ def test_labels_bytes_report_and_classes(tree, tmp_path):
     classes = json.loads((out / 'classes.json').read_text())['classes']
     assert [(c['index'], c['folder']) for c in classes] == [(0, 'cat'), (1, 'dog'), (2, 'empty')]
     assert len(read_records(out, 'val')) == 4
+    assert 'leakage: none of the 4 val images is a copy of a train image' in result.stderr
+    assert (out / 'duplicates.txt').read_text() == 'kind\tdistance\tval file\ttrain file\n'
 
 
+@pytest.mark.integration
 def test_names_file_and_seeded_order(tree, tmp_path):
     names = tmp_path / 'names.txt'
     names.write_text('cat\tdomestic cat\ndog\tdog, domestic dog\n')
@@ -83,11 +92,13 @@ def test_names_file_and_seeded_order(tree, tmp_path):
     assert [c['name'] for c in classes] == ['domestic cat', 'dog, domestic dog', 'empty']
 
 
+@pytest.mark.integration
 def test_missing_split_is_a_clear_error(tmp_path):
     result = run_script('scripts/prepare_dataset.py', tmp_path / 'nowhere', tmp_path / 'out', check=False)
     assert result.returncode == 2 and 'is not a folder' in result.stderr
 
 
+@pytest.mark.integration
 def test_a_folder_without_a_split_is_split_per_class(tree, tmp_path):
     """--val-fraction: SRC/<class>/<image> (here tree/train) becomes a train and a val split, a fraction of each
     class held out, every readable image in exactly one of them, the same draw for the same seed."""
@@ -107,6 +118,7 @@ def test_a_folder_without_a_split_is_split_per_class(tree, tmp_path):
     assert refused.returncode == 2 and 'add --val-fraction 0.2' in refused.stderr
 
 
+@pytest.mark.integration
 def test_byte_compatible_with_im2rec_both_ways(tmp_path):
     src = tmp_path / 'src'
     for c in range(3):
@@ -128,6 +140,7 @@ def test_byte_compatible_with_im2rec_both_ways(tmp_path):
         assert sorted(labels.tolist()) == sorted([0.0] * 7 + [1.0] * 7 + [2.0] * 7)
 
 
+@pytest.mark.integration
 def test_dali_reads_the_records(tree, tmp_path):
     from nvidia.dali import Pipeline, fn
     out = tmp_path / 'out'
@@ -141,6 +154,7 @@ def test_dali_reads_the_records(tree, tmp_path):
     assert len(images) == 13 and sorted(np.asarray(labels.as_tensor()).ravel().tolist()) == [0.0] * 6 + [1.0] * 7
 
 
+@pytest.mark.integration
 def test_demo_dataset(tmp_path):
     run_script('scripts/make_demo_dataset.py', tmp_path / 'a', '--size', '24')
     run_script('scripts/make_demo_dataset.py', tmp_path / 'b', '--size', '24')
@@ -159,6 +173,7 @@ def test_demo_dataset(tmp_path):
     assert (tmp_path / 'a' / 'names.txt').read_text().splitlines()[3] == 'digit_3\tthree'
 
 
+@pytest.mark.integration
 def test_a_lone_train_folder_is_split_by_its_class_folders(tree, tmp_path):
     """photos/train/<class>/ without val/: --val-fraction splits train/'s classes (it used to make one class
     named `train` that scored 100%); without it, one error line says what to run."""
@@ -176,6 +191,7 @@ def test_a_lone_train_folder_is_split_by_its_class_folders(tree, tmp_path):
     assert not (tmp_path / 'other').exists()
 
 
+@pytest.mark.integration
 def test_one_class_is_refused_when_preparing_and_training(tmp_path, capsys):
     import train
     src = tmp_path / 'src'
@@ -190,3 +206,130 @@ def test_one_class_is_refused_when_preparing_and_training(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train.parse_flags(['--data-train', str(data / 'train.rec')])
     assert 'names 1 class: nothing can be learned from one class' in capsys.readouterr().err
+
+
+def picture(seed, size=(64, 48)):
+    """A picture with structure, unlike noise: a two-colour gradient at an angle, an ellipse and a rectangle, all
+    drawn from `seed` (distinct seeds: perceptual hashes 14 or more bits apart)."""
+    rng = np.random.default_rng(seed)
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width] / max(size)
+    angle = rng.uniform(0, 2 * np.pi)
+    ramp = np.cos(angle) * x + np.sin(angle) * y
+    ramp = ((ramp - ramp.min()) / np.ptp(ramp))[..., None]
+    colour = rng.integers(0, 256, 3)
+    image = Image.fromarray((ramp * colour + (1 - ramp) * (255 - colour)).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for shape in (draw.ellipse, draw.rectangle):
+        left, top = rng.integers(0, width * 2 // 3), rng.integers(0, height * 2 // 3)
+        shape([left, top, left + rng.integers(width // 6, width // 3), top + rng.integers(height // 6, height // 3)],
+              fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
+    return image
+
+
+def save_picture(path, seed):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    picture(seed).save(path, format='JPEG', quality=90)
+
+
+def lst_paths(out, split):
+    return [line.split('\t')[2] for line in (out / f'{split}.lst').read_text().splitlines()]
+
+
+def duplicate_rows(out):
+    header, *rows = (out / 'duplicates.txt').read_text().splitlines()
+    assert header == 'kind\tdistance\tval file\ttrain file'
+    return [tuple(row.split('\t')) for row in rows]
+
+
+@pytest.mark.integration
+def test_copies_of_training_images_in_val_are_named_and_dropped(tmp_path):
+    """Leakage: of 8 distinct val pictures and 2 copies of train pictures (one byte for byte, one resized to 96x72
+    and re-encoded at JPEG quality 70), exactly the copies are reported, with both files, on stderr and in
+    duplicates.txt; --drop-duplicates leaves them out of val.{lst,rec} and the train originals stay."""
+    src = tmp_path / 'src'
+    for split, count, first in (('train', 4, 0), ('val', 2, 100)):
+        for c, name in enumerate('abc'):
+            for i in range(count):
+                save_picture(str(src / split / name / f'{i}.jpg'), seed=first + 10 * c + i)
+    shutil.copy(src / 'train' / 'a' / '1.jpg', src / 'val' / 'a' / 'copy.jpg')
+    with Image.open(src / 'train' / 'b' / '2.jpg') as image:
+        image.resize((96, 72)).save(src / 'val' / 'c' / 'resized.jpg', format='JPEG', quality=70)
+    out = tmp_path / 'out'
+    result = run_script('scripts/prepare_dataset.py', src, out, '--workers', '2')
+    assert 'leakage: 2 of the 8 val images are copies of train images (1 identical bytes, 1 the same picture)' \
+        in result.stderr
+    assert '  val/a/copy.jpg <-> train/a/1.jpg: identical bytes\n' in result.stderr
+    assert '  val/c/resized.jpg <-> train/b/2.jpg: same picture, hash distance ' in result.stderr
+    assert result.stderr.splitlines()[-1].startswith('hint: 2 val images are copies of training images (')
+    assert result.stderr.endswith('rerun with --drop-duplicates to leave them out (the training copies stay)\n')
+    rows = duplicate_rows(out)
+    assert sorted(row[0::2] for row in rows) == [('identical bytes', 'val/a/copy.jpg'),
+                                                 ('same picture', 'val/c/resized.jpg')]
+    assert dict((row[2], row[3]) for row in rows) == {'val/a/copy.jpg': 'train/a/1.jpg',
+                                                      'val/c/resized.jpg': 'train/b/2.jpg'}
+    assert [int(row[1]) <= 4 for row in rows] == [True, True]
+    assert len(lst_paths(out, 'val')) == 8
+
+    dropped = tmp_path / 'dropped'
+    result = run_script('scripts/prepare_dataset.py', src, dropped, '--workers', '2', '--drop-duplicates')
+    assert '--drop-duplicates: those copies are left out of val; the train files stay' in result.stderr
+    assert 'hint:' not in result.stderr
+    assert sorted(lst_paths(dropped, 'val')) == sorted(set(lst_paths(out, 'val')) - {'a/copy.jpg', 'c/resized.jpg'})
+    assert len(read_records(dropped, 'val')) == 6
+    assert {'a/1.jpg', 'b/2.jpg'} <= set(lst_paths(dropped, 'train')) and len(read_records(dropped, 'train')) == 12
+    assert duplicate_rows(dropped) == rows
+
+
+@pytest.mark.integration
+def test_a_picture_in_two_class_folders_is_found_across_the_drawn_split(tmp_path):
+    """--val-fraction: the same file in two class folders of SRC, drawn into val once and into train once, is
+    named with both paths (relative to SRC)."""
+    for c, name in enumerate('ab'):
+        save_picture(str(tmp_path / 'src' / name / 'own.jpg'), seed=c)
+    save_picture(str(tmp_path / 'src' / 'a' / 'twice.jpg'), seed=7)
+    shutil.copy(tmp_path / 'src' / 'a' / 'twice.jpg', tmp_path / 'src' / 'b' / 'twice.jpg')
+    out = tmp_path / 'out'
+    result = run_script('scripts/prepare_dataset.py', tmp_path / 'src', out, '--val-fraction', '0.5',
+                        '--workers', '1')
+    val, train = lst_paths(out, 'val'), lst_paths(out, 'train')
+    copies = [path for path in val if path.endswith('twice.jpg')]
+    assert len(copies) == 1 and len(val) == 2, val   # the default seed's draw: one copy in each split
+    original = next(path for path in train if path.endswith('twice.jpg'))
+    assert f'  {copies[0]} <-> {original}: identical bytes' in result.stderr
+    assert duplicate_rows(out) == [('identical bytes', '0', copies[0], original)]
+
+
+@pytest.mark.unit
+def test_matching_finds_exactly_the_planted_copies_among_200k_hashes():
+    """find_copies at scale: 200,000 random 64-bit training hashes and 5,000 held-out ones with copies planted
+    at 0 to 4 bits (found), one at 5 bits (not found); 3,000 blank pictures (hash 0) crowd every band of 0: a
+    blank held-out picture is found all the same (identical hashes), one bit from blank is reported as crowded.
+    Well under a second here; comparing every pair (10^9) would take minutes."""
+    sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+    try:
+        import prepare_dataset
+    finally:
+        sys.path.remove(os.path.join(ROOT, 'scripts'))
+    rng = np.random.default_rng(55)
+    references = rng.integers(0, 2**64, 200_000, dtype=np.uint64)
+    references[rng.choice(len(references), 3000, replace=False)] = 0
+    # Random held-out hashes with no nibble 0: none shares a band (7 bits or more) with the blank hash.
+    nibbles = rng.integers(1, 16, (5000, 16), dtype=np.uint64)
+    queries = (nibbles << np.arange(0, 64, 4, dtype=np.uint64)).sum(axis=1, dtype=np.uint64)
+    planted = {}
+    for query, bits in zip(rng.choice(np.arange(2, len(queries)), 7, replace=False), (0, 1, 2, 3, 4, 4, 5)):
+        reference = int(rng.integers(len(references)))
+        while references[reference] == 0:
+            reference = int(rng.integers(len(references)))
+        flips = sum(1 << int(bit) for bit in rng.choice(64, bits, replace=False))
+        queries[query] = int(references[reference]) ^ flips
+        if bits <= 4:
+            planted[int(query)] = (reference, bits)
+    queries[:2] = 0, 1 << 63
+    planted[0] = (int(np.flatnonzero(references == 0)[0]), 0)
+    started = time.time()
+    query, reference, distances, crowded = prepare_dataset.find_copies(queries, references, 4)
+    assert time.time() - started < 5
+    assert dict(zip(query.tolist(), zip(reference.tolist(), distances.tolist()))) == planted
+    assert crowded == 1
