@@ -58,7 +58,7 @@ from rn50.errors import RecipeError  # noqa: E402
 from rn50.inference import export, inference  # noqa: E402
 from rn50.launch.stop import StopRequest  # noqa: E402
 from rn50.reports import logs, mlperf_log, tensorboard_log  # noqa: E402
-from rn50.review import compose, outcomes, page  # noqa: E402
+from rn50.review import compose, outcomes  # noqa: E402
 from rn50.world import memory, workers  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -168,8 +168,8 @@ def run_mode(args, net, world, seed, dllogger, stop, workspace, dataset):
     if args.mode == 'val':
         summary, history, table = inference.evaluate(net, world, seed, dataset, loaders, dllogger, validation,
                                                      args.num_epochs, outcomes.OutcomeTable if reviewed else None)
-        review = review_run(args, world, dataset, workspace, table, resume.find_weights(workspace, args.load)) \
-            if reviewed else None
+        review = review_run(args, world, dataset, workspace, table,
+                            resume.describe_weights(resume.find_weights(workspace, args.load))) if reviewed else None
     else:
         teacher_network = functools.partial(models.build, args, world.devices.kind)   # for a --teacher
         meta = fit.train(args, net, world, seed, loaders, dataset, teacher_network, dllogger, stop, workspace)
@@ -181,10 +181,8 @@ def run_mode(args, net, world, seed, dllogger, stop, workspace, dataset):
         if reviewed and not stop.requested:
             table = best_outcomes(net, world, seed, dataset, loaders, validation, workspace) \
                 if args.mode == 'train_val' else None
-            reviewed_best = table is not None
-            review = review_run(args, world, dataset, workspace, table,
-                                workspace.best_params if reviewed_best else workspace.last_state,
-                                summary.get('val.accuracy.epoch') if reviewed_best else None, history)
+            trained = resume.describe_weights(workspace.best_params if table is not None else workspace.last_state)
+            review = review_run(args, world, dataset, workspace, table, trained, history)
     logs.write_report(workspace.report(args.mode), vars(args), world, history, summary,
                       duration=duration if args.mode in ('train', 'train_val') else None, seed=seed, review=review)
     mx.nd.waitall()
@@ -214,49 +212,16 @@ def best_outcomes(net, world, seed, dataset, loaders, validation, workspace):
     return table.gathered(world.comm)
 
 
-def review_run(args, world, dataset, workspace, table, weights, epoch=None, history=()):
-    """Rank 0 writes the run's page (Workspace.review_page) of what its model learned: the review of `table` (the
-    gathered outcomes of `weights`, trained to `epoch`; None: no validation), the curves of `history` and the
-    DLLogger file, the first training batch; returns the review for report.json (None without a table). A review
-    that fails is a warning: the run's results stand without it."""
+def review_run(args, world, dataset, workspace, table, trained, history=()):
+    """Rank 0 writes the run's review (rn50/review/compose.py: report.html, report_val.html) of `table`, the
+    gathered outcomes of the weights `trained` (resume.TrainedWeights; None: no validation), and returns it for
+    report.json."""
     if world.rank != 0:
         return None
-    try:
-        return write_review(args, dataset, workspace, table, weights, epoch, history)
-    except Exception as e:  # whatever breaks the review (a file, a library), the run's own results are written
-        log.debug('review', exc_info=True)
-        log.warning('No review of this run (%s: %s); its results are in %s', type(e).__name__,
-                    str(e).splitlines()[0][:300] if str(e) else '', workspace.report(args.mode))
-        return None
-
-
-def write_review(args, dataset, workspace, table, weights, epoch, history):
-    """review_run's work, on rank 0."""
-    names = inference.class_names_of(args)
-    review, images = None, {}
-    if table is not None:
-        reader = inference.image_reader(dataset.images, dali.PredictionImages)
-        review, images = compose.validation_review(compose.Subject.of(args, names), table, reader.prepare)
-        review.update(weights=weights, epoch=epoch)
-    if args.mode in ('train', 'train_val'):
-        images['curves'] = compose.training_curves(os.path.join(args.logdir or args.workspace, args.dllogger_log),
-                                                   history)
-        if os.path.exists(workspace.training_batch):
-            with open(workspace.training_batch, 'rb') as f:
-                images['training_batch'] = f.read()
-    facts = [('workspace', os.path.abspath(args.workspace)), ('mode', args.mode),
-             ('network', f'{args.arch} {args.num_layers}, {args.num_classes} classes'),
-             ('weights', f'{weights}' + (f' (epoch {epoch})' if epoch is not None else ''))]
-    if review:
-        facts += [('validation', f'{review["images"]} images: top-1 {100 * review["top1"]:.2f}%, top-5 '
-                                 f'{100 * review["top5"]:.2f}%, loss {review["loss"]:.4f}')]
-    path = workspace.review_page(args.mode)
-    page.write_page(path, page.Page(f'ResNet review: {os.path.basename(os.path.abspath(args.workspace))}',
-                                    tuple(facts), review, images, vars(args), logs.library_versions(),
-                                    logs.hardware()))
-    log.info('What the model learned (per class, confusion, worst images, calibration%s): %s',
-             ', curves' if 'curves' in images else '', path)
-    return review
+    return compose.review_run(compose.Subject.of(args, inference.class_names_of(args)),
+                              workspace.review_page(args.mode), table, trained, history,
+                              inference.image_reader(dataset.images, dali.PredictionImages).prepare,
+                              workspace.training_batch)
 
 
 def run(args, origin):

@@ -3,7 +3,7 @@
 
     python scripts/prepare_dataset.py SRC OUT [--splits train,val] [--seed 100] [--workers N]
                                               [--quality 95] [--names NAMES.txt]
-                                              [--drop-duplicates] [--duplicate-distance 4]
+                                              [--drop-duplicates] [--duplicate-distance 2]
     python scripts/prepare_dataset.py SRC OUT --val-fraction 0.2 [...]     # SRC/<class>/<image>, no split yet
     python scripts/prepare_dataset.py SRC OUT --splits train [...]         # SRC/<class>/<image>, all for training
 
@@ -84,9 +84,10 @@ def parse_args(argv=None):
                         help='leave out of val (every split after the first) the images that are copies of training '
                              'images: identical bytes or the same picture (--duplicate-distance); they are reported '
                              'either way, in OUT/duplicates.txt')
-    parser.add_argument('--duplicate-distance', type=flags.integer(minimum=0, maximum=MAX_DISTANCE), default=4,
+    parser.add_argument('--duplicate-distance', type=flags.integer(minimum=0, maximum=MAX_DISTANCE), default=2,
                         help='two pictures are the same when their 64-bit perceptual hashes differ in at most this '
-                             'many bits (a resized or re-encoded JPEG: 0 to 4); 0: identical hashes only')
+                             'many bits (a resized or re-encoded photo: 0 or 2; 4 also finds other hands\' digits '
+                             'of a low-detail set); 0: identical hashes only')
     return parser.parse_args(argv)
 
 

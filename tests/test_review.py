@@ -249,8 +249,9 @@ def test_the_worst_images_are_what_pred_predicts_on_their_files(digits, trained_
 
 @pytest.mark.integration
 def test_val_reviews_any_weights_with_the_classes_names(digits, trained_digits, tmp_path):
-    """--mode val --load, in a workspace of its own: report_val.json's review of those weights with the names of
-    --classes (spaces, an umlaut, TeX and HTML characters), report_val.html escapes them."""
+    """--mode val --load, in a workspace of its own: report_val.json's review of those weights (their epoch from
+    their run's report.json) with the names of --classes (spaces, an umlaut, TeX and HTML characters),
+    report_val.html escapes them."""
     names = tmp_path / 'names.txt'
     names.write_text('\n'.join(['null <0>', 'eins & $x^2$', 'zwei Hündchen'] + [f'digit {n}' for n in range(3, 10)]))
     workspace = tmp_path / 'val'
@@ -258,7 +259,8 @@ def test_val_reviews_any_weights_with_the_classes_names(digits, trained_digits, 
                       '--load', trained_digits / 'model_best.params', '--classes', names, '--review-worst', '5')
     assert 'What the model learned' in result.stderr
     review = json.loads((workspace / 'report_val.json').read_text())['review']
-    assert review['weights'] == str(trained_digits / 'model_best.params') and review['epoch'] is None
+    best_epoch = json.loads((trained_digits / 'report.json').read_text())['summary']['val.accuracy.epoch']
+    assert review['weights'] == str(trained_digits / 'model_best.params') and review['epoch'] == best_epoch
     assert [c['name'] for c in review['per_class']][:3] == ['null <0>', 'eins & $x^2$', 'zwei Hündchen']
     assert len(review['worst']) == 5
     html = (workspace / 'report_val.html').read_text(encoding='utf-8')

@@ -84,6 +84,11 @@ class TrainedWeights:
         return self.iteration == 0
 
     @property
+    def last_epoch(self):
+        """The epoch the weights finished last, counted from 0 as report.json's epochs (None: unknown, or none)."""
+        return self.epoch - 1 if self.epoch else None
+
+    @property
     def words(self):
         schedule = f' of {self.epochs}' if self.epochs else ''
         if self.kind == 'state':

@@ -2,9 +2,9 @@
 the files of the worst images, the pictures (pictures.py, examples.py) and the page (page.py). The composers call
 it at the end of a training run (the weights it keeps as best) and of --mode val:
 
-    review, images = validation_review(Subject.of(args, names), table, reader.prepare)
-    images['curves'] = training_curves(dllogger_path, history)
-    write_page(workspace.place('report.html'), Page(title, facts, review, images, config, versions, hardware))
+    subject = Subject.of(args, names)                      # the composer's record
+    review = review_run(subject, workspace.review_page(args.mode), table, trained, history, reader.prepare,
+                        workspace.training_batch)          # writes report.html; report.json's "review"
 
 What costs time here (the figures, the pictures, reading 16 records) comes after training; docs/performance.md
 measures it.
@@ -17,7 +17,7 @@ from rn50 import flags
 from rn50.data import records
 from rn50.data.contract import Images
 from rn50.reports import logs
-from rn50.review import examples, outcomes, pictures
+from rn50.review import examples, outcomes, page, pictures
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +38,67 @@ def add_args(parser):
 @dataclasses.dataclass(frozen=True)
 class Subject:
     """What a review is of, as values (`of`): the class `names`, the validation files (`val`: .rec, .idx), the
-    `images` the network takes (contract.Images) and how many of the worst images it shows (`worst`,
-    --review-worst)."""
+    `images` the network takes (contract.Images), how many of the worst images it shows (`worst`, --review-worst),
+    and for its page: the run's `mode`, its `workspace` folder, the `network` in words, its DLLogger file
+    (`dllogger`, the curves' source) and its resolved flags (`config`)."""
     names: tuple
     val: tuple = (None, '')
     images: Images = Images()
     worst: int = WORST_IMAGES
+    mode: str = 'val'
+    workspace: str = '.'
+    network: str = ''
+    dllogger: str = None
+    config: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, args, names):
         return cls(names=tuple(names), val=(args.data_val, args.data_val_idx), images=Images.of(args),
-                   worst=args.review_worst)
+                   worst=args.review_worst, mode=args.mode, workspace=os.path.abspath(args.workspace),
+                   network=f'{args.arch} {args.num_layers}, {args.num_classes} classes',
+                   dllogger=os.path.join(args.logdir or args.workspace, args.dllogger_log), config=dict(vars(args)))
+
+    @property
+    def training(self):
+        return self.mode in ('train', 'train_val')
+
+
+def review_run(subject, page_path, table, trained, history=(), prepare=None, training_batch=None):
+    """Write the page of a run's review to `page_path` and return report.json's "review" (None without a `table`,
+    the gathered outcomes of the weights `trained`, a resume.TrainedWeights, with the epoch that made them best;
+    `prepare`: pred's preprocessing of an encoded image), with the curves of `history` and the DLLogger file and
+    the `training_batch` picture (a file) of a training run. Rank 0's work. A review that fails is a warning: the
+    run's results stand without it."""
+    try:
+        return write_review(subject, page_path, table, trained, history, prepare, training_batch)
+    except Exception as e:  # whatever breaks the review (a file, a library), the run's own results are written
+        log.debug('review', exc_info=True)
+        log.warning('No review of this run (%s: %s); its results are in %s', type(e).__name__,
+                    str(e).splitlines()[0][:300] if str(e) else '', os.path.dirname(page_path))
+        return None
+
+
+def write_review(subject, page_path, table, trained, history, prepare, training_batch):
+    """review_run's work."""
+    review, images = None, {}
+    if table is not None:
+        review, images = validation_review(subject, table, prepare)
+        review.update(weights=trained.path, epoch=trained.last_epoch)
+    if subject.training:
+        images['curves'] = training_curves(subject.dllogger, history)
+        if training_batch and os.path.exists(training_batch):
+            with open(training_batch, 'rb') as f:
+                images['training_batch'] = f.read()
+    facts = [('workspace', subject.workspace), ('mode', subject.mode), ('network', subject.network),
+             ('weights', f'{trained.path}: {trained.words}')]
+    if review:
+        facts.append(('validation', f'{review["images"]} images: top-1 {100 * review["top1"]:.2f}%, top-5 '
+                                    f'{100 * review["top5"]:.2f}%, loss {review["loss"]:.4f}'))
+    page.write_page(page_path, page.Page(f'ResNet review: {os.path.basename(subject.workspace)}', tuple(facts), review,
+                                         images, subject.config, logs.library_versions(), logs.hardware()))
+    log.info('What the model learned (per class, confusion, worst images, calibration%s): %s',
+             ', curves' if 'curves' in images else '', page_path)
+    return review
 
 
 def validation_review(subject, table, prepare):
