@@ -239,21 +239,20 @@ def loader_graph(loader, device):
 
 def validation_input(jpegs, spec, decoder):
     """The validation graph, from encoded images to the network's input (pred's too: PredictionImages):
-    decoded; resized with ImageRecordIter's geometry, in integers from the encoded size (the shorter side to
-    --data-val-resize, the longer to floor(longer * resize / shorter)) and the run's interpolation
-    (its val_interpolation: linear, antialiased when shrinking or not); the centre crop at floor((resized - crop)
-    / 2); normalised into the layout, dtype and channels of the training batches (`spec`: the run's
+    decoded; resized and centre-cropped by the one validation geometry (validation_resize.resized_size and
+    crop_start, on the encoded size) with the run's interpolation (its val_interpolation: linear, antialiased when
+    shrinking or not); normalised into the layout, dtype and channels of the training batches (`spec`: the run's
     contract.Images)."""
     from nvidia.dali import fn, math, types
     channels, height, width = spec.shape_of(training=False)
     encoded = fn.peek_image_shape(jpegs, dtype=types.INT32)   # (height, width, channels), as decoded (no EXIF turn)
-    shorter = math.min(encoded[0], encoded[1])
-    rows, columns = encoded[0] * spec.val_resize // shorter, encoded[1] * spec.val_resize // shorter
+    rows, columns = validation_resize.resized_size(encoded[0], encoded[1], spec.val_resize, math.min)
     images = fn.resize(fn.decoders.image(jpegs, **decoder), resize_y=fn.cast(rows, dtype=types.FLOAT),
                        resize_x=fn.cast(columns, dtype=types.FLOAT), interp_type=types.INTERP_LINEAR,
                        antialias=spec.val_interpolation == 'linear-antialias')
-    images = fn.slice(images, start=fn.stack((rows - height) // 2, (columns - width) // 2), shape=[height, width],
-                      axis_names='HW')
+    images = fn.slice(images, start=fn.stack(validation_resize.crop_start(rows, height),
+                                             validation_resize.crop_start(columns, width)),
+                      shape=[height, width], axis_names='HW')
     dtype = types.FLOAT16 if spec.dtype == 'float16' else types.FLOAT
     return fn.crop_mirror_normalize(images, mean=list(spec.mean), std=list(spec.std), dtype=dtype,
                                     pad_output=channels == 4,

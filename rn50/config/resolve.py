@@ -30,7 +30,7 @@ import os
 import sys
 
 from rn50.config import recipes, trained_settings
-from rn50.data import classes, resolution
+from rn50.data import classes, contract, resolution
 from rn50.errors import RecipeError
 from rn50.optim import schedule
 
@@ -113,8 +113,7 @@ def for_run(args, origin, on_gpu):
         args.data_backend = default_backend(on_gpu)
         if not on_gpu:
             log.info('No GPU: --data-backend defaults to dali-cpu')
-    if args.val_interpolation is None:   # ImageRecordIter's OpenCV resize, or DALI's antialiased one
-        args.val_interpolation = 'linear' if args.data_backend == 'mxnet' else 'linear-antialias'
+    args.val_interpolation = contract.interpolation(args.val_interpolation, args.data_backend)
     args.dtype = precision(args, on_gpu)
     # the schedule's 90 epochs; one pass for val and the loader test
     training = args.mode in ('train', 'train_val') and not args.test_io

@@ -1,12 +1,47 @@
-"""The validation resize, shared by validation, --mode pred and --mode export: ImageRecordIter's geometry
-(shorter side to --data-val-resize, the longer rounded down, centre crop at floor offsets) with the run's
-interpolation, and one image file prepared that way for prediction. `images`: the run's contract.Images (its
-validation size, resize, interpolation, normalisation, layout and dtype).
+"""The validation geometry, one rule for validation, --mode pred, --mode export and Triton's pipeline: ImageRecordIter's
+(the shorter side to --data-val-resize, the longer to floor(longer x resize / shorter) in integers, the centre crop
+at floor offsets) with the run's interpolation; and one image file prepared that way for prediction. `images`: the
+run's contract.Images (its validation size, resize, interpolation, normalisation, layout and dtype).
+
+    rows, columns = resized_size(height, width, images.val_resize)    # numbers, or DALI's DataNodes (dali.py)
+    top, left = crop_start(rows, height_crop), crop_start(columns, width_crop)
+    steps = geometry_steps(images)                                   # the words of model.preprocessing.json
+
+ImageRecordIter (--data-backend mxnet) computes the same in C++ from its `resize` parameter; the tests hold it to
+this rule (tests/test_preprocessing.py).
 """
 import mxnet as mx
 
 from rn50.data.contract import finish_images
 from rn50.errors import RecipeError, mxnet_message
+
+
+def resized_size(height, width, resize, minimum=min):
+    """(rows, columns) of a `height` x `width` image after the validation resize: the shorter side to `resize`, the
+    longer to floor(longer x resize / shorter), in integers as ImageRecordIter. Numbers, or DALI's DataNodes
+    (`minimum`: nvidia.dali.math.min)."""
+    shorter = minimum(height, width)
+    return height * resize // shorter, width * resize // shorter
+
+
+def crop_start(resized, crop):
+    """The first row (or column) of the centre crop of `crop` pixels out of `resized`: floor((resized - crop) / 2)."""
+    return (resized - crop) // 2
+
+
+def geometry_steps(images):
+    """The resize and the crop in words (what export writes into model.preprocessing.json's steps)."""
+    height, width = images.shape_of(training=False)[1:]
+    return [f'resize the shorter side to {images.val_resize} and the longer to floor(longer * {images.val_resize} / '
+            f'shorter), linear interpolation, {FILTER_WORDS[images.val_interpolation]}',
+            f'crop the centre {height}x{width} (H x W) at offsets floor((resized - crop) / 2)']
+
+
+FILTER_WORDS = {
+    'linear-antialias': 'antialiased when shrinking (Pillow: image.resize(size, Image.BILINEAR))',
+    'linear': 'no antialiasing (OpenCV: cv2.resize(image, size, interpolation=cv2.INTER_LINEAR); Pillow: '
+              'image.transform(size, Image.AFFINE, (image.width / size[0], 0, 0, 0, image.height / size[1], 0), '
+              'Image.BILINEAR))'}
 
 
 def describe_val_resize(images):
@@ -48,7 +83,9 @@ def prepare_image(encoded, images, name):
     except mx.base.MXNetError as e:
         raise RecipeError(f'cannot read image {name}: {mxnet_message(e)}') from e
     height, width = images.shape_of(training=False)[1:]
-    image = mx.image.resize_short(image, images.val_resize, interp=1)   # ImageRecordIter's inter_method 1
-    image, _ = mx.image.center_crop(image, (width, height))
+    rows, columns = resized_size(image.shape[0], image.shape[1], images.val_resize)
+    image = mx.image.imresize(image, columns, rows, interp=1)   # ImageRecordIter's inter_method 1: bilinear
+    top, left = crop_start(rows, height), crop_start(columns, width)
+    image = image[top:top + height, left:left + width]
     image = (image.astype('float32') - mx.nd.array(images.mean)) / mx.nd.array(images.std)
     return finish_images(mx.nd.transpose(image, axes=(2, 0, 1)).expand_dims(0), images)

@@ -24,6 +24,7 @@ import numpy as np
 from rn50.files import write_json
 from rn50.checkpoints import weight_files
 from rn50.checkpoints import resume
+from rn50.data import validation_resize
 from rn50.data.contract import whole
 from rn50.errors import RecipeError, mxnet_message
 from rn50.inference import torchvision_weights, triton
@@ -184,21 +185,13 @@ def preprocessing(images):
     contract.Images; data.py, dali.py): the machine-readable values the README's snippet reads, and the steps in
     words."""
     height, width = images.shape_of(training=False)[1:]
-    interpolation = images.val_interpolation
-    filter_words = ('antialiased when shrinking (Pillow: image.resize(size, Image.BILINEAR))'
-                    if interpolation == 'linear-antialias' else 'no antialiasing (OpenCV: cv2.resize(image, size, '
-                    'interpolation=cv2.INTER_LINEAR); Pillow: image.transform(size, Image.AFFINE, (image.width / '
-                    'size[0], 0, 0, 0, image.height / size[1], 0), Image.BILINEAR))')
     layout = 'N, 3, H, W' if images.layout == 'NCHW' else 'N, H, W, 3'
     return {'input_name': 'data', 'layout': images.layout, 'dtype': 'float32', 'channels': 'RGB',
-            'size': [height, width], 'resize_shorter': images.val_resize, 'interpolation': interpolation,
+            'size': [height, width], 'resize_shorter': images.val_resize, 'interpolation': images.val_interpolation,
             'mean': list(images.mean), 'std': list(images.std),
-            'steps': ['decode as RGB (no EXIF rotation)',
-                      f'resize the shorter side to {images.val_resize} and the longer to floor(longer * '
-                      f'{images.val_resize} / shorter), linear interpolation, {filter_words}',
-                      f'crop the centre {height}x{width} (H x W) at offsets floor((resized - crop) / 2)',
-                      'normalise each channel: (pixel value 0-255 - mean) / std',
-                      f'float32 tensor ({layout}) named data; output: logits (N, classes)']}
+            'steps': ['decode as RGB (no EXIF rotation)'] + validation_resize.geometry_steps(images) + [
+                'normalise each channel: (pixel value 0-255 - mean) / std',
+                f'float32 tensor ({layout}) named data; output: logits (N, classes)']}
 
 
 def portable_network(images, build_network):
