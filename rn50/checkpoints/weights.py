@@ -17,7 +17,8 @@ weight_files.py. Usage:
     # then put `params` (name -> numpy array, exactly the network's shapes and dtypes) into the network,
     # and initialise the classifier if it was left out (`'output.weight' not in params`)
 
-Origins recognised (see /work/shared/reference/foreign-weights.md for the facts):
+Origins recognised, as their own code names the parameters (NVIDIA's DeepLearningExamples MXNet/Classification/
+RN50v1.5 resnet.py; GluonCV's model_zoo/resnetv1b.py; torchvision's models/resnet.py and timm's resnet.py):
 
 * 'recipe': this recipe's own names (`features.stage2.unit1.body.conv2.weight`), any architecture of
   models.py, written under any layout (OIHW or OHWI convolution weights), precision or stem width.

@@ -13,7 +13,7 @@ optimizers); the runner's -l default is that rate at 256 images, and the runner 
 recipe's rule and log which. Sizes keep the recipe's ratios (follow_sizes): `--recipe torchvision-v2
 --image-shape 3,64,64` tests at 81 after an 84 resize, as 176 tests at 224 after 232. A recipe's warm-up is
 shortened to half of a shorter run as the default one is (schedule.default_warmup).
-Sources: ../shared/reference/peer-recipes.md (D2, D3), MLPerf Training's NVIDIA MXNet submissions
+Sources: MLPerf Training's NVIDIA MXNet submissions
 (config_DGXH100.sh: LARS eta 0.001, momentum 0.9, 400 images per GPU, learning rate 11.0 at 3,200 images after 2
 warm-up epochs, polynomial decay of power 2 to 0.0001 over 37 epochs, weight decay 5e-5, label smoothing 0.1,
 evaluation every 4 epochs from epoch 2) and NVIDIA's DeepLearningExamples MXNet ResNet-50 README; torchvision's
