@@ -15,9 +15,8 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
-
-import mxnet as mx
 
 from rn50.errors import RecipeError, mxnet_message
 
@@ -47,7 +46,7 @@ def atomic_path(path, previous=None):
             keep(path, previous)
         os.replace(tmp, path)
         sync_file(folder)
-    except (OSError, mx.base.MXNetError) as e:
+    except write_errors() as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else mxnet_message(e)
         if not isinstance(e, OSError):   # MXNet's writer does not say why: a full disk shows in the free space
             with contextlib.suppress(OSError):
@@ -57,6 +56,14 @@ def atomic_path(path, previous=None):
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
+
+
+def write_errors():
+    """What a failed write raises: OSError, and MXNet's own error when MXNet is loaded (its writers' files are
+    written through atomic_path). Without MXNet loaded nothing raises that one: this module never loads it (the
+    scripts that only write files, such as prepare_dataset.py, start in a fraction of MXNet's import)."""
+    mxnet = sys.modules.get('mxnet')
+    return (OSError,) if mxnet is None else (OSError, mxnet.base.MXNetError)
 
 
 def sync_file(path):

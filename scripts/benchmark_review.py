@@ -54,17 +54,15 @@ def photo_records(folder, count, classes):
     """A .rec/.idx/.lst of `count` 500x375 JPEG photographs (noise over gradients, as a camera's file size)."""
     from PIL import Image
     rec, idx = os.path.join(folder, 'val.rec'), os.path.join(folder, 'val.idx')
-    writer = mx.recordio.MXIndexedRecordIO(idx, rec, 'w')
     rng = np.random.default_rng(1)
-    with open(os.path.join(folder, 'val.lst'), 'w') as listing:
+    with records.RecordWriter(rec, idx) as writer, open(os.path.join(folder, 'val.lst'), 'w') as listing:
         for i in range(count):
             gradient = np.linspace(0, 255, 500)[None, :, None] * np.ones((375, 1, 3))
             pixels = np.clip(gradient + rng.normal(0, 40, (375, 500, 3)), 0, 255).astype(np.uint8)
             buffer = io.BytesIO()
             Image.fromarray(pixels).save(buffer, format='JPEG', quality=90)
-            writer.write_idx(i, mx.recordio.pack(mx.recordio.IRHeader(0, float(i % classes), i, 0), buffer.getvalue()))
+            writer.write(i, float(i % classes), buffer.getvalue())
             listing.write(f'{i}\t{float(i % classes):f}\tclass_{i % classes}/photo_{i:05d}.jpg\n')
-    writer.close()
     return rec, idx
 
 

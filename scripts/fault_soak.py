@@ -39,17 +39,16 @@ def soak_dataset(folder, make=True):
     rec, idx = os.path.join(folder, 'soak.rec'), os.path.join(folder, 'soak.idx')
     if os.path.exists(idx) or not make:
         return rec, idx
-    import mxnet as mx
     import numpy as np
     from PIL import Image
+    from rn50.data import records
     os.makedirs(folder, exist_ok=True)
-    writer = mx.recordio.MXIndexedRecordIO(idx + '.part', rec, 'w')
-    for i in range(RECORDS):
-        pixels = np.random.default_rng(i).integers(0, 255, size=(SIDE, SIDE, 3), dtype=np.uint8)
-        encoded = io.BytesIO()
-        Image.fromarray(pixels).save(encoded, format='JPEG')
-        writer.write_idx(i, mx.recordio.pack(mx.recordio.IRHeader(0, float(i % 10), i, 0), encoded.getvalue()))
-    writer.close()
+    with records.RecordWriter(rec, idx + '.part') as writer:
+        for i in range(RECORDS):
+            pixels = np.random.default_rng(i).integers(0, 255, size=(SIDE, SIDE, 3), dtype=np.uint8)
+            encoded = io.BytesIO()
+            Image.fromarray(pixels).save(encoded, format='JPEG')
+            writer.write(i, float(i % 10), encoded.getvalue())
     os.replace(idx + '.part', idx)      # the index last: its presence means a complete dataset
     return rec, idx
 

@@ -57,13 +57,13 @@ import bootstrap
 bootstrap.start()   # the repository importable, .venv: before any third-party import
 
 import imagehash  # noqa: E402
-import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 import tqdm  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from rn50 import flags  # noqa: E402
 from rn50 import files  # noqa: E402
+from rn50.data import records  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -390,13 +390,11 @@ def write_split(args, split, split_dir, numbered, pool):
         with open(lst_tmp, 'w') as f:
             for index, path, label, _ in numbered:
                 f.write(f'{index}\t{float(label):f}\t{path}\n')
-        writer = mx.recordio.MXIndexedRecordIO(idx_tmp, rec_tmp, 'w')
         jobs = [(os.path.join(split_dir, path), reencode, args.quality) for _, path, _, reencode in numbered]
         payloads = progress(pool.imap(image_bytes, jobs, chunksize=16), 'written', len(numbered))
-        for payload, (index, _, label, _) in zip(payloads, numbered):   # payloads first: its bar ends at 100%
-            header = mx.recordio.IRHeader(0, float(label), index, 0)
-            writer.write_idx(index, mx.recordio.pack(header, payload))
-        writer.close()
+        with records.RecordWriter(rec_tmp, idx_tmp) as writer:
+            for payload, (index, _, label, _) in zip(payloads, numbered):   # payloads first: its bar ends at 100%
+                writer.write(index, float(label), payload)
 
 
 def read_names(path):

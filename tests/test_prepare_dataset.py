@@ -333,3 +333,26 @@ def test_matching_finds_exactly_the_planted_copies_among_200k_hashes():
     assert time.time() - started < 5
     assert dict(zip(query.tolist(), zip(reference.tolist(), distances.tolist()))) == planted
     assert crowded == 1
+
+
+@pytest.mark.unit
+def test_the_record_writer_writes_what_mxnets_writes_byte_for_byte(tmp_path):
+    """records.RecordWriter (prepare_dataset.py's, without MXNet) against MXNet's MXIndexedRecordIO: payloads of
+    every length modulo 4, and payloads holding the magic word at 4-byte boundaries (stored in parts) and off
+    them (not split); RecordFile reads the parts back whole."""
+    from rn50.data import records
+    magic = (0xced7230a).to_bytes(4, 'little')
+    images = [b'', b'a', b'ab', b'abc', b'abcd' * 3, magic + b'xyz', b'xx' + magic + b'yy' + magic,
+              b'1234' + magic + b'5678' + magic + magic + b'9', magic * 3, b'abcdefgh' * 100 + magic]
+    ours, theirs = tmp_path / 'ours', tmp_path / 'theirs'
+    with records.RecordWriter(f'{ours}.rec', f'{ours}.idx') as writer:
+        for key, image in enumerate(images):
+            writer.write(key, float(key % 3), image)
+    mxnet_writer = mx.recordio.MXIndexedRecordIO(f'{theirs}.idx', f'{theirs}.rec', 'w')
+    for key, image in enumerate(images):
+        mxnet_writer.write_idx(key, mx.recordio.pack(mx.recordio.IRHeader(0, float(key % 3), key, 0), image))
+    mxnet_writer.close()
+    assert (tmp_path / 'ours.rec').read_bytes() == (tmp_path / 'theirs.rec').read_bytes()
+    assert (tmp_path / 'ours.idx').read_text() == (tmp_path / 'theirs.idx').read_text()
+    payloads, labels = records.RecordFile(f'{ours}.rec', f'{ours}.idx', 3, 'test').read(range(len(images)))
+    assert [bytes(p) for p in payloads] == images and list(labels) == [k % 3 for k in range(len(images))]

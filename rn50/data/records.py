@@ -2,6 +2,8 @@
 
     dataset = RecordFile('train.rec', 'train.idx', num_classes=1000, what='training')
     images, labels = dataset.read(indices)                      # encoded images and checked labels
+    with RecordWriter('val.rec', 'val.idx') as writer:          # prepare_dataset.py's files, as im2rec's
+        writer.write(key, label, image_bytes)
     order = epoch_order(len(dataset), count, seed, epoch)      # a fresh permutation per (seed, epoch)
     shard = TrainingShard(len(dataset), count, rank, workers, batch_size, seed)
 
@@ -136,6 +138,44 @@ class RecordFile:
             if length >> 29 in (0, 3):
                 break
         return bytes(self._bytes(offset - start, start)), struct.pack('<I', RECORD_MAGIC).join(parts)
+
+
+class RecordWriter:
+    """Writes a .rec and its .idx as MXNet's MXIndexedRecordIO does, byte for byte, without MXNet (a dataset's
+    preparation needs no MXNet: prepare_dataset.py starts in a tenth of its import). A record is the magic word,
+    its length (the upper 3 bits flag a record stored in parts), the payload and zero padding to 4 bytes. The
+    payload is a 24-byte header (flag 0, the float label, the id, 0: im2rec's IRHeader) and the image. A
+    payload holding the magic word at a 4-byte boundary is stored in parts split there (flag 1 first, 2 middle, 3
+    last; the reader joins them with the magic word: RecordFile.read). The .idx has a "key<TAB>byte offset" line
+    per record.
+
+        with RecordWriter('train.rec', 'train.idx') as writer:
+            writer.write(key, label, image_bytes)
+    """
+
+    def __init__(self, rec_path, idx_path):
+        self.rec = open(rec_path, 'wb')
+        self.idx = open(idx_path, 'w')
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *failure):
+        self.rec.close()
+        self.idx.close()
+
+    def write(self, key, label, image, record_id=None):
+        """Record `key` (its .idx key, and its header's id unless `record_id`) of class `label` and image bytes."""
+        self.idx.write(f'{key}\t{self.rec.tell()}\n')
+        payload = struct.pack('<IfQQ', 0, label, key if record_id is None else record_id, 0) + bytes(image)
+        magic = struct.pack('<I', RECORD_MAGIC)
+        cuts = [i for i in range(0, len(payload) - 3, 4) if payload[i:i + 4] == magic]
+        start = 0
+        for n, cut in enumerate(cuts):
+            self.rec.write(magic + struct.pack('<I', ((1 if n == 0 else 2) << 29) | (cut - start)) + payload[start:cut])
+            start = cut + 4
+        self.rec.write(magic + struct.pack('<I', ((3 if cuts else 0) << 29) | (len(payload) - start)) + payload[start:])
+        self.rec.write(b'\0' * (-len(payload) % 4))
 
 
 def read_index(idx_path):
