@@ -33,7 +33,8 @@ def project_modules():
             if name.endswith('.py'):
                 path = os.path.join(folder, name)
                 dotted = os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
-                modules[dotted.removesuffix('.__init__')] = path
+                package = dotted.endswith('.__init__')   # (no str.removesuffix in the container's Python 3.8)
+                modules[dotted[:-len('.__init__')] if package else dotted] = path
     return modules
 
 
