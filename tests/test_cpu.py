@@ -116,8 +116,10 @@ def test_the_amx_permission_request_matches_this_cpu():
 @pytest.mark.unit
 def test_bfloat16_runs_amx_kernels_after_prepare_process():
     code = ('from rn50.world import cpu; cpu.prepare_process()\n'
-            'import mxnet as mx\n'
-            'x = mx.nd.ones((1, 16, 8, 8), dtype="bfloat16"); w = mx.nd.ones((16, 16, 3, 3), dtype="bfloat16")\n'
+            'import mxnet as mx, numpy as np\n'
+            # MXNet's bfloat16 is this numpy dtype: the name "bfloat16" is numpy's TypeError
+            'bf16 = np.dtype([("bfloat16", np.uint16)])\n'
+            'x = mx.nd.ones((1, 16, 8, 8), dtype=bf16); w = mx.nd.ones((16, 16, 3, 3), dtype=bf16)\n'
             'mx.nd.Convolution(x, w, no_bias=True, kernel=(3, 3), num_filter=16).wait_to_read()\n')
     env = dict(os.environ, DNNL_VERBOSE='1')
     env.pop('DNNL_MAX_CPU_ISA', None)
