@@ -54,8 +54,9 @@ def test_train_val_outputs(digits, tmp_path):
     result = run(digits, ws, '--num-epochs', '2', '--save-frequency', '1', '--data-backend', 'mxnet')
     assert 'Iteration: 2 train.loss' in result.stdout and '(of 8 iterations, epoch ETA ' in result.stdout
     names = sorted(os.listdir(ws))
-    assert names == ['dllogger_log.log', 'log.log', 'model_0000.params', 'model_0001.params', 'model_best.params',
-                     'model_last.state', 'model_prev.state', 'report.json']
+    assert names == ['classes.json', 'dllogger_log.log', 'log.log', 'model_0000.params', 'model_0001.params',
+                     'model_best.params', 'model_last.state', 'model_prev.state', 'report.html', 'report.json',
+                     'train_batch.jpg']
     records = logs.read_dllogger(str(ws / 'dllogger_log.log'))
     assert records[0]['step'] == 'PARAMETER' and records[0]['data']['batch_size'] == 32
     iterations = [r for r in records if isinstance(r['step'], list) and len(r['step']) == 2]

@@ -372,8 +372,10 @@ def class_names(num_classes, classes_file=None, data_files=(), kept=None):
 
 def class_names_of(args):
     """class_names of the resolved flags: --num-classes names from --classes; in val, pred and export the
-    classes.json kept beside the weights (--load's, else the workspace's); else the data's classes.json, ..."""
-    return class_names(args.num_classes, args.classes, (args.data_train, args.data_val), kept_names(args))
+    classes.json kept beside the weights (--load's, else the workspace's); else the data's classes.json (not for
+    synthetic data, whose class count ignores it too), ..."""
+    data_files = () if args.data_backend == 'synthetic' else (args.data_train, args.data_val)
+    return class_names(args.num_classes, args.classes, data_files, kept_names(args))
 
 
 def kept_names(args):
