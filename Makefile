@@ -10,16 +10,27 @@
 # MXNet wheel with e.g.
 #   make setup MXNET=mxnet-cu112==1.9.1
 # (a CUDA build of MXNet; Horovod then also needs HOROVOD_GPU_OPERATIONS=NCCL in the environment).
+# `make test` then runs the unit tier again under the container's twin, .venv-3.8 (`make twin` alone): Python 3.8,
+# as NVIDIA's MXNet containers have, with the image's MXNet and numpy and what the Dockerfile installs over them
+# (docs/docker.md); where the machine has no Python 3.8, it says so in one line.
 
 PYTHON ?= python3
 MXNET ?= mxnet==1.9.1
 VENV := .venv
 PY := $(VENV)/bin/python
 CONSUMERS := .venv-consumers
+# The container's twin: pyenv's Python 3.8 (PYENV_ROOT, else ~/.pyenv), else python3.8 on PATH; none, no twin.
+PYENV_ROOT ?= $(HOME)/.pyenv
+PYTHON38 ?= $(firstword $(wildcard $(PYENV_ROOT)/versions/3.8.*/bin/python3.8) $(shell command -v python3.8))
+TWIN := .venv-3.8
+TWIN_PY := $(TWIN)/bin/python
+# What the image itself ships, which the Dockerfile never replaces: MXNet (its CPU build here) and numpy, the oldest
+# of the supported tags' (pandas 2.0.3 needs 1.20.3 on Python 3.8: docs/docker.md).
+CONTAINER_IMAGE := mxnet==1.9.1 numpy==1.20.3
 DEMO_DATA := data/demo
 DEMO_RUN := runs/demo
 
-.PHONY: setup consumers test test-fast demo clean
+.PHONY: setup consumers twin test test-fast test-twin demo clean
 
 setup: $(VENV)/.requirements $(VENV)/.horovod
 
@@ -70,11 +81,51 @@ $(VENV)/.horovod: $(VENV)/.requirements
 # --dist loadgroup runs the multi-worker tests one after another on one of them.
 PYTEST := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest tests -q -p no:cacheprovider -n auto --dist loadgroup
 
-test: setup $(CONSUMERS)/.installed
+# The container's twin, as the Dockerfile builds the image: the image's packages first, then the constraints
+# container_setup.py reads from them, requirements-container.txt under those and requirements-container-nodeps.txt
+# without dependencies; then the tests' own (requirements-container-dev.txt; gluoncv as for .venv), pip check as for
+# .venv (onnxruntime's numpy>=1.21.6 is among what it leaves out: onnxruntime runs on 1.20.3), and Horovod (as
+# for .venv; the container has its own). Its wheel, built against the twin's one MXNet, stays in pip's cache: three
+# minutes on 2 cores the first time, seconds for the next clone's twin.
+twin: $(TWIN)/.horovod
+
+$(TWIN)/.requirements: requirements-container.txt requirements-container-nodeps.txt requirements-container-dev.txt
+	@test -n '$(PYTHON38)' || { echo 'error: no Python 3.8 for the twin (pyenv install 3.8.18)' >&2; exit 2; }
+	test -x $(TWIN_PY) || $(PYTHON38) -m venv $(TWIN)
+	$(TWIN_PY) -m pip install --quiet --disable-pip-version-check --no-warn-conflicts $(CONTAINER_IMAGE)
+	$(TWIN_PY) scripts/container_setup.py constraints > $(TWIN)/constraints.txt
+	$(TWIN_PY) -m pip install --quiet --disable-pip-version-check --no-warn-conflicts -c $(TWIN)/constraints.txt \
+		-r requirements-container.txt -r requirements-container-dev.txt
+	$(TWIN_PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-container-nodeps.txt \
+		gluoncv==0.10.5.post0
+	$(TWIN_PY) -m pip check | grep -v -e '^gluoncv ' -e '^onnxruntime ' | sed 's/^/pip check: /' || true
+	touch $@
+
+$(TWIN)/.horovod: $(TWIN)/.requirements
+	$(TWIN_PY) -c 'import horovod.mxnet' 2>/dev/null || \
+	HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
+	HOROVOD_WITHOUT_PYTORCH=1 PATH=$(CURDIR)/$(TWIN)/bin:$$PATH \
+	$(TWIN_PY) -m pip install --quiet --disable-pip-version-check --no-warn-conflicts horovod==0.28.1 \
+		--no-build-isolation
+	$(TWIN_PY) -c 'import horovod.mxnet'
+	touch $@
+
+# The twin is made first: the suite's own test_container.py imports every module of the recipe in it.
+test: setup $(CONSUMERS)/.installed $(if $(PYTHON38),twin)
 	$(PYTEST)
+	$(MAKE) --no-print-directory test-twin
 
 test-fast: setup
 	$(PYTEST) -m unit
+
+# The unit tier under the container's twin; one line where the machine has no Python 3.8.
+ifeq ($(PYTHON38),)
+test-twin:
+	@echo "make test: no Python 3.8 here (pyenv install 3.8.18): the unit tier under the container's Python skipped"
+else
+test-twin: twin
+	PATH=$(CURDIR)/$(TWIN)/bin:$$PATH $(TWIN_PY) -m pytest tests -m unit -q -p no:cacheprovider -n auto --dist loadgroup
+endif
 
 demo: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHON=$(PY) ./scripts/demo.sh $(DEMO_DATA) $(DEMO_RUN)

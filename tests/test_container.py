@@ -77,7 +77,50 @@ def test_the_recipe_imports_and_the_campaign_runs_its_merge_under_python_3_8(tmp
     assert not found['failed'], '\n'.join(found['failed'].values())
     assert {'bootstrap', 'container_setup', 'rn50.errors', 'rn50.flags', 'rn50.config.recipes',
             'rn50.launch.interpreter'} <= set(found['imported']), found
+    assert found['third-party']['runner'] == 'mxnet'   # the entry points are tried too
     assert found['epoch_metrics'] == [{'train.loss': 2.0, 'epoch': 0}]
+
+
+# The container's twin (the Makefile's `twin`, which `make test` builds where the machine has a Python 3.8).
+TWIN = os.path.join(ROOT, '.venv-3.8', 'bin', 'python')
+
+
+@pytest.mark.skipif(not os.access(TWIN, os.X_OK) or sys.version_info < (3, 10),
+                    reason='needs the container\'s twin, .venv-3.8 (make twin, with a Python 3.8), and the suite on '
+                           '3.10+ (its standard library\'s names)')
+@pytest.mark.unit
+def test_every_module_of_the_recipe_imports_in_the_containers_twin(tmp_path):
+    """Issue 57 item 1: under Python 3.8 with the container's packages (the image's MXNet and numpy,
+    requirements-container*.txt: .venv-3.8), every module imports: the entry points and the runner, scripts/ and
+    rn50/. Only pytorch_peer.py lacks its package, PyTorch, whose peer runs in .venv-consumers. The sweep found
+    Pillow 10.4.0's import failing with numpy 1.20.3."""
+    (tmp_path / 'stdlib.json').write_text(json.dumps(sorted(sys.stdlib_module_names)))
+    (tmp_path / 'dllogger_log.log').write_text('DLLL {"type": "LOG", "step": [0], "data": {"train.loss": 2.0}}\n')
+    result = subprocess.run([TWIN, os.path.join(ROOT, 'tests', 'container_python.py'), str(tmp_path / 'stdlib.json'),
+                             str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert not found['failed'], '\n'.join(found['failed'].values())
+    assert found['third-party'] == {'pytorch_peer': 'torch'}
+    assert {'train', 'runner', 'benchmark', 'fault_campaign', 'rn50.world.workers', 'rn50.inference.export'} <= \
+        set(found['imported'])
+    assert found['epoch_metrics'] == [{'train.loss': 2.0, 'epoch': 0}]
+
+
+def pins(name):
+    """{distribution: version} of a requirement file's `name==version` lines."""
+    with open(os.path.join(ROOT, name)) as f:
+        return dict(line.split('#')[0].strip().split('==') for line in f if '==' in line.split('#')[0])
+
+
+@pytest.mark.unit
+def test_the_twins_test_packages_are_the_suites_where_python_3_8_has_them():
+    """requirements-container-dev.txt holds the suite's own pins (requirements-dev.txt) that .venv-3.8 needs, at
+    the same versions but TensorBoard's, whose 2.16.2 needs Python 3.9."""
+    suite, twin = pins('requirements-dev.txt'), pins('requirements-container-dev.txt')
+    assert set(twin) <= set(suite), set(twin) - set(suite)
+    assert {name: (suite[name], version) for name, version in twin.items() if suite[name] != version} == \
+        {'tensorboard': ('2.16.2', '2.14.0')}
 
 
 def docker_regex(pattern):
