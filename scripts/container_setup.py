@@ -4,8 +4,9 @@ and the build's check that everything the recipe imports loads.
     python container_setup.py constraints > /tmp/container.txt   # the image's numpy; protobuf as below
     python scripts/container_setup.py check   # the packages, DALI's automatic augmentation, Horovod's MXNet API
 
-`constraints` keeps the image's numpy (its MXNet is built against it) and its protobuf when that is 3.20.2 or
-newer; an older protobuf 3.x may be raised within 3.x (`protobuf>=3.20.2,<4`, which pip resolves to 3.20.3):
+`constraints` keeps the image's numpy (its MXNet is built against it), and refuses, in one `error:` line, an
+image whose numpy is older than 1.20.3, the oldest the pins install with (pandas 2.0.3, which mlperf-logging needs,
+on Python 3.8); and it keeps the image's protobuf when that is 3.20.2 or newer; an older protobuf 3.x may be raised within 3.x (`protobuf>=3.20.2,<4`, which pip resolves to 3.20.3):
 onnx 1.14.1 and tensorboardX 2.6.2.2 need 3.20.2, and a 3.x runtime runs the code every 3.x protoc generated,
 so nothing the image ships stops working. The pins of requirements-container.txt install on any protobuf 3.x
 or 4.x the image may have.
@@ -42,6 +43,9 @@ PACKAGES = ('tqdm', 'safetensors.numpy', 'PIL', 'psutil', 'sklearn', 'matplotlib
 # The lowest protobuf the pins of requirements-container.txt accept (onnx 1.14.1: >=3.20.2; tensorboardX 2.6.2.2:
 # >=3.20); tests/test_container.py reads their metadata to keep this true.
 PROTOBUF_FLOOR = (3, 20, 2)
+# The oldest numpy requirements-container.txt installs with: pandas 2.0.3's on Python 3.8 (scipy 1.10.1 needs 1.19.5);
+# tests/test_container.py reads pandas' metadata in the container's twin, .venv-3.8.
+NUMPY_FLOOR = (1, 20, 3)
 DRIVER = 'libcuda.so.1'
 # Where CUDA's toolkit keeps its stub of the driver library (NVIDIA's images: /usr/local/cuda -> cuda-11.x).
 STUB_FOLDERS = ('/usr/local/cuda/lib64/stubs', '/usr/local/cuda/targets/x86_64-linux/lib/stubs',
@@ -54,11 +58,20 @@ def version_tuple(text):
     return tuple(int(part) for part in re.findall(r'\d+', text.split('+')[0])[:3])
 
 
+class Unsupported(Exception):
+    """An image the pins cannot install on."""
+
+
 def constraints(installed):
     """The pip constraint lines of the image's own packages; `installed`: {distribution name, lower case:
-    version}."""
+    version}. Unsupported when the image's numpy is older than NUMPY_FLOOR."""
     lines = []
     if 'numpy' in installed:
+        if version_tuple(installed['numpy']) < NUMPY_FLOOR:
+            raise Unsupported(f'the image\'s numpy {installed["numpy"]} is older than '
+                              f'{".".join(map(str, NUMPY_FLOOR))}, the oldest requirements-container.txt installs '
+                              'with (pandas 2.0.3 on Python 3.8): this container tag is not supported '
+                              '(docs/docker.md)')
         lines.append(f'numpy=={installed["numpy"]}')
     protobuf = installed.get('protobuf')
     if protobuf and version_tuple(protobuf) >= PROTOBUF_FLOOR:
@@ -140,7 +153,11 @@ def main(argv):
     parser.add_argument('command', choices=['constraints', 'check'],
                         help='constraints: the pip constraints of the image\'s packages; check: everything loads')
     if parser.parse_args(argv).command == 'constraints':
-        print('\n'.join(constraints(installed_versions())))
+        try:
+            print('\n'.join(constraints(installed_versions())))
+        except Unsupported as e:
+            print(f'error: {e}', file=sys.stderr)
+            return 2
         return 0
     from rn50.errors import RecipeError
     try:

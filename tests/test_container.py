@@ -239,6 +239,42 @@ def test_the_images_protobuf_is_kept_from_3_20_2_and_raised_within_3_below():
 
 
 @pytest.mark.unit
+def test_an_image_with_a_numpy_older_than_the_pins_need_is_one_error_line(monkeypatch, capsys):
+    """pandas 2.0.3 needs numpy 1.20.3 on Python 3.8: an older image's install was pip's ResolutionImpossible
+    after the constraints; the build stops at them instead, saying why."""
+    assert container_setup.constraints({'numpy': '1.20.3'}) == ['numpy==1.20.3', 'protobuf>=3.20.2,<4']
+    for old in ('1.19.5', '1.20.2'):
+        monkeypatch.setattr(container_setup, 'installed_versions', lambda: {'numpy': old, 'protobuf': '3.20.3'})
+        assert container_setup.main(['constraints']) == 2
+        out, err = capsys.readouterr()
+        assert out == '' and err == f"error: the image's numpy {old} is older than 1.20.3, the oldest " \
+            'requirements-container.txt installs with (pandas 2.0.3 on Python 3.8): this container tag is not ' \
+            'supported (docs/docker.md)\n'
+
+
+def installed_pin(name):
+    """requirements-container.txt's version of `name` when that is the installed one (the twin's), else None."""
+    with open(os.path.join(ROOT, 'requirements-container.txt')) as f:
+        pinned = dict(line.strip().split('==') for line in f if '==' in line and not line.startswith('#'))
+    try:
+        return pinned[name] if importlib.metadata.version(name) == pinned[name] else None
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 8) or not installed_pin('pandas'),
+                    reason='reads the metadata of requirements-container.txt\'s pandas under Python 3.8: the '
+                           'container\'s twin (.venv-3.8, make twin)')
+@pytest.mark.unit
+def test_the_numpy_floor_is_what_the_pinned_pandas_needs_on_python_3_8():
+    floors = [re.match(r'numpy\s*\(?>=\s*([0-9.]+)', requirement).group(1)
+              for requirement in importlib.metadata.requires('pandas')
+              if requirement.startswith('numpy') and 'extra ==' not in requirement and
+              re.search(r'python_version\s*<\s*"3\.(9|10)"', requirement)]
+    assert [container_setup.version_tuple(floor) for floor in floors] == [container_setup.NUMPY_FLOOR], floors
+
+
+@pytest.mark.unit
 def test_the_protobuf_floor_is_what_the_pinned_packages_need():
     """The packages of requirements-container.txt that need protobuf accept container_setup's floor: read from
     their own metadata (the same versions are installed here)."""
