@@ -6,10 +6,10 @@ and the build's check that everything the recipe imports loads.
 
 `constraints` keeps the image's numpy (its MXNet is built against it), and refuses, in one `error:` line, an
 image whose numpy is older than 1.20.3, the oldest the pins install with (pandas 2.0.3, which mlperf-logging needs,
-on Python 3.8); and it keeps the image's protobuf when that is 3.20.2 or newer; an older protobuf 3.x may be raised within 3.x (`protobuf>=3.20.2,<4`, which pip resolves to 3.20.3):
-onnx 1.14.1 and tensorboardX 2.6.2.2 need 3.20.2, and a 3.x runtime runs the code every 3.x protoc generated,
-so nothing the image ships stops working. The pins of requirements-container.txt install on any protobuf 3.x
-or 4.x the image may have.
+on Python 3.8). It keeps the image's protobuf when that is 3.20.2 or newer; an older protobuf 3.x may be raised
+within 3.x (`protobuf>=3.20.2,<4`, which pip resolves to 3.20.3): onnx 1.14.1 and tensorboardX 2.6.2.2 need
+3.20.2, and a 3.x runtime runs the code every 3.x protoc generated, so nothing the image ships stops working.
+The pins of requirements-container.txt install on any protobuf 3.x or 4.x the image may have.
 
 `check`: a docker build runs without NVIDIA's runtime, so without the CUDA driver library (libcuda.so.1), which
 NVIDIA's libmxnet.so links (for its run-time compilation of CUDA kernels): there, importing MXNet, and Horovod's
