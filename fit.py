@@ -34,7 +34,7 @@ from rn50 import flags
 from rn50.data import classes
 from rn50.data.contract import batches, device_slices
 from rn50.errors import RecipeError
-from rn50.inference import inference
+from rn50.inference import inference, prediction
 from rn50.optim import factory
 from rn50.optim import lars
 from rn50.optim import schedule
@@ -227,7 +227,7 @@ def train(args, net, world, seed, loaders, dataset, build_network, dllogger, sto
     (rn50.launch.stop's StopRequest) says when a signal asked the run to stop. `workspace`: the run's Workspace,
     its checkpoints written by a Saver. The library gets the flags as records, made here once."""
     check_training_flags(args)
-    names = inference.class_names_of(args)   # kept in the workspace for val, pred, export and the review
+    names = prediction.class_names_of(args)   # kept in the workspace for val, pred, export and the review
     classes.keep_with_run(workspace.classes, names, args.classes or classes.dataset_file(args.data_train,
                                                                                           args.data_val) or 'this run')
     saver = Saver(workspace, world, Policy.of(args))

@@ -23,7 +23,7 @@ never sees the flags' namespace: this module and fit.py hand it records made onc
 
     train_val, train   fit.train              (validation every epoch in train_val)
     val                inference.evaluate
-    pred               inference.predict
+    pred               prediction.predict
     export             export.export
     --test-io          data.measure_loader    (reads the data alone)
 
@@ -55,7 +55,7 @@ from rn50 import flags  # noqa: E402
 from rn50.config import resolve, run_flags  # noqa: E402
 from rn50.data import augment, contract, synthetic  # noqa: E402
 from rn50.errors import RecipeError  # noqa: E402
-from rn50.inference import export, inference  # noqa: E402
+from rn50.inference import export, inference, prediction  # noqa: E402
 from rn50.launch.stop import StopRequest  # noqa: E402
 from rn50.reports import logs, mlperf_log, tensorboard_log  # noqa: E402
 from rn50.review import compose, outcomes  # noqa: E402
@@ -124,7 +124,7 @@ def check_inference_flags(args):
     """RecipeError for inference flags that cannot work with the mode, and for a class-name file pred cannot
     use. INT8 runs on the CPU, a GPU node's too (rn50/config/resolve.py). The runner checks them too."""
     if args.mode == 'pred' and not args.test_io:
-        inference.class_names_of(args)
+        prediction.class_names_of(args)
     if args.triton and args.mode != 'export':
         raise RecipeError(f'--triton writes a model repository in --mode export, not --mode {args.mode}')
     if args.quantize is None:
@@ -161,7 +161,7 @@ def run_mode(args, net, world, seed, dllogger, stop, workspace, dataset):
     if args.mode in ('val', 'pred'):
         net = inference.inference_network(net, world, inference.Setup.of(args), workspace, dataset, loaders)
     if args.mode == 'pred':
-        inference.predict(net, world, inference.Prediction.of(args), validation, dataset.images, workspace,
+        prediction.predict(net, world, prediction.Prediction.of(args), validation, dataset.images, workspace,
                           dali.PredictionImages)
         return
     reviewed = reviewing(args)
@@ -218,9 +218,9 @@ def review_run(args, world, dataset, workspace, table, trained, history=()):
     report.json."""
     if world.rank != 0:
         return None
-    return compose.review_run(compose.Subject.of(args, inference.class_names_of(args)),
+    return compose.review_run(compose.Subject.of(args, prediction.class_names_of(args)),
                               workspace.review_page(args.mode), table, trained, history,
-                              inference.image_reader(dataset.images, dali.PredictionImages).prepare,
+                              prediction.image_reader(dataset.images, dali.PredictionImages).prepare,
                               workspace.training_batch)
 
 

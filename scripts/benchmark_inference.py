@@ -11,7 +11,7 @@ The flags after `--` are train.py's and name the model and data as `--mode val` 
 --load or the workspace). The validation set is decoded once into memory, so only the network is timed.
 After a warm-up pass each (which also measures top-1), the engines take turns, one pass over the set each
 per round, for `--rounds` rounds: a shared machine's slow spells then hit all of them, and the median
-round is reported. INT8 uses inference.py's cached calibration
+round is reported. INT8 uses int8.py's cached calibration
 (--calib-batches, --calib-mode); onnxruntime runs the model `--mode export` writes; bfloat16 is --amp's
 network (converted to bfloat16, then fused: inference.fused_bfloat16), on CPUs with avx512_bf16 or AMX.
 OpenVINO, an optional benchmark extra (`pip install -r requirements-bench.txt`), compiles the same ONNX
@@ -41,6 +41,7 @@ from rn50.config import resolve  # noqa: E402
 from rn50.data import contract  # noqa: E402
 from rn50.inference import export  # noqa: E402
 from rn50.inference import inference  # noqa: E402
+from rn50.inference.int8 import Calibration, int8_network  # noqa: E402
 from rn50.world import cpu  # noqa: E402
 from rn50.world import workers  # noqa: E402
 
@@ -136,8 +137,8 @@ def main():
         results['onnxruntime'] = 'not installed'
     has_bfloat16 = bool(cpu.cpu_flags() & {'avx512_bf16', 'amx_bf16'})
     engines.update(openvino_engines(exported['onnx'], has_bfloat16, results))
-    int8 = inference.int8_network(net, resume.find_weights(workspace, args.load), world,
-                                  inference.Calibration.of(args), workspace, dataset, loaders)
+    int8 = int8_network(net, resume.find_weights(workspace, args.load), world, Calibration.of(args), workspace,
+                        dataset, loaders)
     engines['int8'] = lambda x: int8(x).asnumpy()
     if has_bfloat16:    # --amp's network: converted to bfloat16, then fused
         bfloat16 = inference.fused_bfloat16(net, world.devices, dataset.images)

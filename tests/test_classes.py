@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rn50.inference import inference
+from rn50.inference import prediction
 import train
 from conftest import runner_main
 from rn50.errors import RecipeError
@@ -19,7 +19,7 @@ def names_from(tmp_path, text, num_classes=3, name='classes.txt'):
     path = tmp_path / name
     path.write_text(text)
     args = argparse.Namespace(classes=str(path), num_classes=num_classes, data_train=None, data_val=None)
-    return inference.class_names(args.num_classes, args.classes, (args.data_train, args.data_val))
+    return prediction.class_names(args.num_classes, args.classes, (args.data_train, args.data_val))
 
 
 @pytest.mark.parametrize('text', [
@@ -42,7 +42,7 @@ def test_the_files_the_recipe_writes_are_read_as_written(digits):
     expected = [entry['name'] for entry in sorted(written, key=lambda entry: entry['index'])]
     for path in (digits / 'rec' / 'classes.json', digits / 'images' / 'names.txt'):
         args = argparse.Namespace(classes=str(path), num_classes=10, data_train=None, data_val=None)
-        assert inference.class_names(args.num_classes, args.classes, (args.data_train, args.data_val)) == expected
+        assert prediction.class_names(args.num_classes, args.classes, (args.data_train, args.data_val)) == expected
 
 
 @pytest.mark.parametrize('text, message', [

@@ -28,7 +28,8 @@ from rn50.data import validation_resize
 from rn50.data.contract import whole
 from rn50.errors import RecipeError, mxnet_message
 from rn50.inference import torchvision_weights, triton
-from rn50.inference.inference import class_names_of, input_shape
+from rn50.inference.inference import input_shape
+from rn50.inference.prediction import class_names_of
 from rn50.nets import catalogue
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ class Export:
     """--mode export's values (`of`): the files' `prefix` (--model-prefix), the network (`arch`, `num_layers`,
     `num_groups`, `num_classes`, batchnorm's `eps` and `momentum`, for torchvision's twin), Triton's repository
     folder (`triton`) and its largest batch (`batch_size`), INT8 (`int8`: refused), the weights (`load`; else the
-    workspace's), the class `names` (inference.class_names_of: a class-name file naming another number of classes
+    workspace's), the class `names` (prediction.class_names_of: a class-name file naming another number of classes
     is an error there) and whether onnxruntime is checked on validation images (`check`: there are some)."""
     prefix: str = 'model'
     arch: str = 'resnetv15'
