@@ -340,6 +340,15 @@ def exported(args, world=None):
                                            args.dali_validation_threads))
 
 
+def scalars(folder):
+    """The scalars of the TensorBoard event files in `folder` (--tensorboard), read with TensorBoard's own reader:
+    {tag: [(step, value rounded to 5 places)]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {tag: [(e.step, round(e.value, 5)) for e in events.Scalars(tag)] for tag in events.Tags()['scalars']}
+
+
 # ---- tiers ----------------------------------------------------------------------------------------------------
 
 TIERS = ('multiworker', 'integration', 'unit')     # pytest.ini says what each means; the costliest first

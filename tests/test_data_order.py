@@ -1,5 +1,7 @@
 """The training order of the real backends: a fresh permutation of the whole file every epoch, a function of
-(seed, epoch) dealt over the global ranks; exact seeking; start-up checks that scale; bad records named."""
+(seed, epoch) dealt over the global ranks; exact seeking; start-up checks that scale; bad records named; repeated
+augmentation (--aug-repeats) dealt over the workers, and the log line saying where its copies go."""
+import logging
 import os
 import struct
 import time
@@ -8,9 +10,11 @@ import numpy as np
 import pytest
 
 import dali
+import data
 from rn50.data import records
 from train import get_loaders
 from rn50.errors import RecipeError
+from conftest import digits_flags, resolved
 from test_data import real_labels, training_loader, unique_label_args, write_rec
 
 pytestmark = pytest.mark.unit
@@ -286,3 +290,16 @@ def test_progressive_resizing_grows_the_training_batches_and_resumes_exactly(tmp
         resumed = next(get_loaders(args, 0, 1, val=False)[0].epoch(epoch, 2)).data[0].asnumpy()
         np.testing.assert_array_equal(resumed, batches[2])
     assert next(val.epoch(0)).data[0].shape == (4, 3, 32, 32)
+
+
+def test_repeats_on_fewer_workers_say_where_the_copies_go(digits, caplog):
+    args = resolved(digits_flags(digits) + ['--aug-repeats', '4', '--data-backend', 'mxnet'])
+    with caplog.at_level(logging.INFO, logger='rn50.data.records'):
+        data.RecordLoader.of(args, 0, 1, training=True)
+    assert ('--aug-repeats 4 with 1 worker: the 4 copies of an image are dealt over the workers, so up to 4 of them '
+            'sit side by side in one worker\'s batch') in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger='rn50.data.records'):
+        data.RecordLoader.of(args, 0, 4, training=True)       # as many workers as repeats: one copy each
+        data.RecordLoader.of(args, 1, 2, training=True)       # rank 1 of 2: rank 0 says it
+    assert caplog.text == ''

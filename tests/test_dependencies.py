@@ -5,13 +5,16 @@ requirements-dev.txt and requirements-consumers.txt (the PyTorch packages that l
 an environment of their own: tests/torch_consumers.py); the peers the benchmark scripts measure, and nothing else,
 from the optional requirements-bench.txt (OpenVINO, in .venv) and requirements-consumers.txt (PyTorch, whose
 peer runs in .venv-consumers). Imports are read with `ast`, inside functions too; an import name is mapped to its
-distribution through the installed packages' metadata (plus KNOWN for names not installed here)."""
+distribution through the installed packages' metadata (plus KNOWN for names not installed here). `make setup`
+keeps pip's conflict report about the packages installed without their dependencies out of its output, and
+reports any other conflict."""
 import ast
 import functools
 import glob
 import importlib.metadata
 import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -211,3 +214,28 @@ def test_the_container_pins_are_exact_and_the_dockerfile_installs_them():
     assert re.search(r'pip install [^\n]*-c /tmp/container.txt -r requirements-container.txt', dockerfile)
     assert re.search(r'pip install [^\n]*--no-deps -r requirements-container-nodeps.txt', dockerfile)
     assert 'numpy' not in requirement_names(*CONTAINER) and 'protobuf' not in requirement_names(*CONTAINER)
+
+
+def makefile_commands():
+    """The Makefile's recipe lines but comments, continuation lines joined."""
+    with open(os.path.join(ROOT, 'Makefile')) as f:
+        lines = f.read().replace('\\\n', ' ').splitlines()
+    return [line.strip() for line in lines if line.startswith('\t') and not line.strip().startswith('#')]
+
+
+def test_setup_installs_without_pips_conflict_report_and_checks_the_rest():
+    """pip printed "ERROR: pip's dependency resolver ..." with the dependencies gluoncv goes without on purpose
+    whenever a later install (Horovod's pyyaml) touched one they depend on (seen in a throwaway venv): every
+    install that resolves dependencies passes --no-warn-conflicts; the pip check that takes its place prints
+    nothing on this project's environment, where gluoncv and onnxruntime lack theirs (.venv's set-up; the
+    container's twin, .venv-3.8, does the same with its own)."""
+    installs = [c for c in makefile_commands() if '$(PY) -m pip install ' in c and '--no-deps' not in c]
+    assert len(installs) == 2 and all('--no-warn-conflicts' in c for c in installs), installs
+    check = [c for c in makefile_commands() if '$(PY) -m pip check' in c]
+    assert len(check) == 1
+    command = check[0].replace('$(PY)', os.path.join(ROOT, '.venv', 'bin', 'python'))
+    result = subprocess.run(['sh', '-c', command], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0 and result.stdout == '' and result.stderr == ''
+    unfiltered = subprocess.run([os.path.join(ROOT, '.venv', 'bin', 'python'), '-m', 'pip', 'check'],
+                                capture_output=True, text=True)
+    assert re.search(r'^gluoncv .* requires opencv-python', unfiltered.stdout, re.M)   # what the filter hides

@@ -1,7 +1,9 @@
-"""fit.py and losses.py: schedule, targets, loss scaling, and the training step in float16, on several devices
-and on several workers."""
+"""fit.py and losses.py: targets, loss scaling, and the training step in float16, on several devices and on
+several workers; end to end through train.py on the digits set: --keep-checkpoints, --target-accuracy, sparse
+evaluation, and the exact resume after a kill with every feature of timm and torchvision together."""
 import dataclasses
-import math
+import json
+import os
 import shutil
 
 import mxnet as mx
@@ -13,70 +15,15 @@ import dali
 import fit
 from rn50.optim import schedule
 from rn50.training import losses
+from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
 from rn50.world import workers
-from conftest import digits_flags, gloo_workers, resolved
+from conftest import digits_flags, gloo_workers, resolved, scalars
 from float16_twin import Float16Net, batch_of, step_for
+from test_train import epoch_records, kill_once_logged, metrics_without_speed, refused, run
 from rn50.errors import RecipeError
 from rn50.training.step import StepSettings, TrainingStep
 from rn50.data import contract
-
-
-# ---- learning rate schedule -------------------------------------------------------------------------------
-
-def lr(progress, **kw):
-    options = dict(base_lr=1.0, num_epochs=90, warmup_epochs=5, schedule='cosine', steps=(), factor=0.1)
-    options.update(kw)
-    return schedule.learning_rate(progress, **options)
-
-
-@pytest.mark.unit
-def test_warmup_is_linear_from_zero():
-    assert lr(0) == 0
-    assert lr(2.5) == pytest.approx(0.5)
-    assert lr(5 - 1e-9) == pytest.approx(1.0)
-
-
-@pytest.mark.unit
-def test_cosine_known_points():
-    assert lr(5) == pytest.approx(1.0)
-    assert lr(47.5) == pytest.approx(0.5)                      # half way through the cosine span
-    assert lr(5 + 85 / 4) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
-    assert lr(90) == 0 and lr(100) == 0
-
-
-@pytest.mark.unit
-def test_cosine_segments_restart_scaled():
-    kw = dict(steps=[30, 60], factor=0.5)
-    assert lr(30, **kw) == pytest.approx(0.5)                  # segment 1 restarts at base * factor
-    assert lr(60, **kw) == pytest.approx(0.25)
-    assert lr(45, **kw) == pytest.approx(0.25)                 # middle of segment 1: half of 0.5
-
-
-@pytest.mark.unit
-def test_poly_boundaries_as_mlperf_configures_it():
-    """MLPerf's 8-GPU ResNet-50: learning rate 11.0, 2 warm-up epochs, power 2 down to 0.0001 at epoch 37."""
-    kw = dict(base_lr=11.0, num_epochs=37, warmup_epochs=2, schedule='poly', power=2.0, end_lr=0.0001)
-    assert lr(0, **kw) == 0 and lr(1, **kw) == pytest.approx(5.5)                 # the linear warm-up
-    assert lr(2, **kw) == pytest.approx(11.0)                                      # peak right after it
-    assert lr(19.5, **kw) == pytest.approx(0.0001 + (11.0 - 0.0001) * 0.25)       # half way: (1/2)^2
-    assert lr(37 - 1e-9, **kw) == pytest.approx(0.0001) and lr(37, **kw) == 0.0001 and lr(40, **kw) == 0.0001
-    assert lr(36, power=1.0, **{k: v for k, v in kw.items() if k != 'power'}) == pytest.approx(0.0001 + 10.9999 / 35)
-
-
-@pytest.mark.unit
-def test_multistep_known_points():
-    kw = dict(schedule='multistep', steps=[30, 60], factor=0.1)
-    assert lr(10, **kw) == pytest.approx(1.0)
-    assert lr(30, **kw) == pytest.approx(0.1)
-    assert lr(59.9, **kw) == pytest.approx(0.1)
-    assert lr(60, **kw) == pytest.approx(0.01)
-    assert lr(2.5, **kw) == pytest.approx(0.5)
-
-
-@pytest.mark.unit
-def test_no_warmup():
-    assert lr(0, warmup_epochs=0) == pytest.approx(1.0)
 
 
 # ---- targets ----------------------------------------------------------------------------------------------
@@ -447,21 +394,6 @@ def test_a_stop_signal_landing_inside_a_log_write_writes_nothing_itself(monkeypa
             signal.signal(sig, old)
 
 
-@pytest.mark.unit
-def test_the_default_warm_up_is_shortened_to_fit_a_short_run(caplog):
-    """-e 3 with the default 5-epoch warm-up was all warm-up: the rate peaked at 60% of --lr, never decayed."""
-    import train
-    from rn50.optim.schedule import default_warmup, learning_rate
-    args = train.parse_flags(['--num-epochs', '3', '--lr', '1'])[0]
-    with caplog.at_level('INFO', logger='rn50.optim.schedule'):
-        warmup = default_warmup(args.warmup_epochs, args.num_epochs)
-    assert warmup == 1.5 and 'half of the 3-epoch run' in caplog.text
-    rates = [learning_rate(e / 10, 1.0, 3, warmup, 'cosine', [], 0.1) for e in range(30)]
-    assert max(rates) == pytest.approx(1.0, abs=0.01) and rates[-1] < 0.02     # peaks, then decays to ~0
-    args = train.parse_flags(['--num-epochs', '90'])[0]
-    assert default_warmup(args.warmup_epochs, args.num_epochs) == 5
-
-
 @pytest.mark.parametrize('threshold', [None, 0.2])
 @pytest.mark.parametrize('dtype', ['float32', 'float16'])
 @pytest.mark.unit
@@ -494,3 +426,73 @@ def test_bce_loss_is_the_mean_binary_cross_entropy_of_each_class(dtype, threshol
 def test_bce_target_threshold_without_bce_loss_is_refused():
     with pytest.raises(RecipeError, match='add --bce-loss'):
         fit.check_training_flags(resolved(['--bce-target-thresh', '0.2']))
+
+
+# ---- end to end on the digits set --------------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_keep_checkpoints_keeps_the_newest(digits, tmp_path):
+    ws = tmp_path / 'ws'
+    run(digits, ws, '--num-epochs', '3', '--save-frequency', '1', '--keep-checkpoints', '2', '--mode', 'train',
+        '--num-examples', '64', '--data-backend', 'synthetic')
+    assert sorted(n for n in os.listdir(ws) if n.endswith('.params')) == ['model_0001.params', 'model_0002.params']
+
+
+@pytest.mark.integration
+def test_target_accuracy_stops_and_reports(digits, tmp_path):
+    ws = tmp_path / 'ws'
+    result = run(digits, ws, '--num-epochs', '5', '--target-accuracy', '0.01', '--data-backend', 'synthetic',
+                 '--num-examples', '64')
+    assert result.returncode == 0
+    assert [r['step'] for r in epoch_records(ws)] == [[0]]
+    summary = json.loads((ws / 'report.json').read_text())['summary']
+    assert summary['target_accuracy'] == 0.01 and summary['target_accuracy.epoch'] == 0
+    assert summary['target_accuracy.wall_seconds'] > 0
+    meta = checkpoint.read_state(str(ws / 'model_last.state')).meta
+    assert meta['epoch'] == 1 and meta['wall_seconds'] == summary['target_accuracy.wall_seconds']
+    again = refused(digits, ws, '--num-epochs', '5', '--target-accuracy', '0.01', '--data-backend', 'synthetic',
+                    '--num-examples', '64')                    # nothing left to train: in process
+    assert again.returncode == 0 and len(epoch_records(ws)) == 1                 # no more epochs
+
+
+@pytest.mark.integration
+def test_sparse_evaluation_validates_only_its_epochs_and_the_last(digits, tmp_path):
+    """--eval-period 3 --eval-offset 1 over 4 epochs: validated after epochs 1 and 3 (the last); the best
+    checkpoint (and --target-accuracy, which reads the same history) see those only; the summary lists them."""
+    ws = tmp_path / 'ws'
+    run(digits, ws, '--num-epochs', '4', '--eval-period', '3', '--eval-offset', '1', '--data-backend', 'synthetic',
+        '--num-examples', '64')
+    validated = [r['step'][0] for r in epoch_records(ws) if 'val.accuracy' in r['data']]
+    assert validated == [1, 3] and len(epoch_records(ws)) == 4
+    summary = json.loads((ws / 'report.json').read_text())['summary']
+    assert summary['val.epochs'] == '1,3' and summary['val.accuracy.epoch'] in (1, 3)
+    assert (ws / 'model_best.params').exists()
+
+
+@pytest.mark.unit
+def test_target_accuracy_needs_validation(digits, tmp_path):
+    result = refused(digits, tmp_path / 'ws', '--mode', 'train', '--target-accuracy', '0.5')
+    assert result.returncode == 2 and 'error: --target-accuracy needs a validation' in result.stderr
+
+
+@pytest.mark.integration
+def test_resume_after_kill_is_exact_with_every_feature(digits, tmp_path):
+    """--model-ema, CutMix with mixup, --grad-accum-steps and --tensorboard: a run killed (-9) in its second
+    epoch and resumed gives the metrics of an uninterrupted run, and TensorBoard's reader sees every step
+    once, with the uninterrupted run's values (speeds aside)."""
+    flags = ['--num-epochs', '2', '--data-backend', 'synthetic', '--num-examples', '128', '--model-ema',
+             '--model-ema-decay', '0.8', '--cutmix', '1.0', '--mixup', '0.2', '--grad-accum-steps', '2', '--tensorboard']
+    run(digits, tmp_path / 'whole', *flags)
+    ws = tmp_path / 'killed'
+    kill_once_logged(digits, ws, flags)
+    run(digits, ws, *flags)
+    assert metrics_without_speed(epoch_records(ws)) == metrics_without_speed(epoch_records(tmp_path / 'whole'))
+    assert 'val.ema.accuracy' in epoch_records(ws)[1]['data']
+    whole, resumed = scalars(tmp_path / 'whole' / 'tensorboard'), scalars(ws / 'tensorboard')
+    assert len(os.listdir(ws / 'tensorboard')) == 2                      # the killed run's file and the resumed one's
+    assert set(whole) == {'train/loss', 'train/lr', 'train/ips', 'val/loss', 'val/accuracy',
+                          'val/top_k_accuracy_5', 'val/ema/loss', 'val/ema/accuracy', 'val/ema/top_k_accuracy_5'}
+    assert [s for s, _ in resumed['train/loss']] == [2, 4, 6, 8]
+    for tag in whole:
+        if tag != 'train/ips':
+            assert resumed[tag] == whole[tag], tag

@@ -117,3 +117,14 @@ def test_help_says_each_default_once_and_where_other_flags_go(monkeypatch):
     assert runner_help.returncode == 0 and 'Every other flag goes to train.py' in runner_help.stdout
     benchmark_help = in_process(benchmark.main, '--help')
     assert benchmark_help.returncode == 0 and 'Every other flag goes to' in benchmark_help.stdout
+
+
+@pytest.mark.parametrize('flag', [['--grad-accum-steps', '0'], ['--keep-checkpoints', '-1'],
+                                  ['--target-accuracy', '1.5'], ['--target-accuracy', '0'],
+                                  ['--model-ema-decay', '1.1'], ['--model-ema-steps', '0'], ['--cutmix', '-1'],
+                                  ['--mixup-switch-prob', '2']])
+@pytest.mark.unit
+def test_new_flags_are_range_checked(flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_flags(flag)[0]
+    assert exit_info.value.code == 2 and 'out of range' in capsys.readouterr().err

@@ -40,6 +40,16 @@ def test_global_batch_and_lr_scaling(n, b, lr):
 
 
 @pytest.mark.unit
+def test_runner_scales_the_learning_rate_by_the_effective_batch():
+    def lr(*argv):
+        result = runner_main('--dry-run', '--data-backend', 'synthetic', *argv)
+        assert result.returncode == 0, result.stderr
+        words = result.stdout.split()
+        return float(words[words.index('--lr') + 1])
+    assert lr('-n', '1', '-b', '192', '--grad-accum-steps', '8') == lr('-n', '8', '-b', '192') == 1.536
+
+
+@pytest.mark.unit
 def test_seed_readme_training_on_gpus():
     prefix, flags, _ = command(['-n', '8', '-b', '192'], gpus=8, fused=True)
     assert prefix == ['horovodrun', '-np', '8']
