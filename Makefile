@@ -10,9 +10,9 @@
 # MXNet wheel with e.g.
 #   make setup MXNET=mxnet-cu112==1.9.1
 # (a CUDA build of MXNet; Horovod then also needs HOROVOD_GPU_OPERATIONS=NCCL in the environment).
-# `make test` then runs the unit tier again under the container's twin, .venv-3.8 (`make twin` alone): Python 3.8,
-# as NVIDIA's MXNet containers have, with the image's MXNet and numpy and what the Dockerfile installs over them
-# (docs/docker.md); where the machine has no Python 3.8, it says so in one line.
+# After the suite, `make test` runs the unit tier again under the container's twin, .venv-3.8 (`make twin` alone):
+# Python 3.8, as NVIDIA's MXNet containers have, with the image's MXNet and numpy and what the Dockerfile installs
+# over them (docs/docker.md); where the machine has no Python 3.8, it says so in one line.
 
 PYTHON ?= python3
 MXNET ?= mxnet==1.9.1
@@ -85,8 +85,8 @@ PYTEST := PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest tests -q -p no:cache
 # container_setup.py reads from them, requirements-container.txt under those and requirements-container-nodeps.txt
 # without dependencies; then the tests' own (requirements-container-dev.txt; gluoncv as for .venv), pip check as for
 # .venv (onnxruntime's numpy>=1.21.6 is among what it leaves out: onnxruntime runs on 1.20.3), and Horovod (as
-# for .venv; the container has its own). Its wheel, built against the twin's one MXNet, stays in pip's cache: three
-# minutes on 2 cores the first time, seconds for the next clone's twin.
+# for .venv; the container has its own). Its wheel, built against the twin's one MXNet, stays in pip's cache: the
+# build takes three minutes on 2 cores the first time; another clone's whole twin then took 1 min 29 s.
 twin: $(TWIN)/.horovod
 
 $(TWIN)/.requirements: requirements-container.txt requirements-container-nodeps.txt requirements-container-dev.txt
