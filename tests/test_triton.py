@@ -115,13 +115,9 @@ def test_a_folder_in_use_another_class_count_and_a_failed_write_leave_nothing(tm
     (used / 'mine.txt').write_text('keep')
     names = tmp_path / 'names.txt'
     names.write_text('\n'.join(f'n{i}' for i in range(12)))
-    (tmp_path / 'other').mkdir()
-    (tmp_path / 'other' / 'classes.json').write_text(json.dumps({'classes': [f'n{i}' for i in range(12)]}))
     new = tmp_path / 'new'
     for extra, message in ((['--triton', used], f'--triton {used} exists and is not an empty folder'),
                            (['--triton', new, '--classes', names], 'names 12 classes but the network has 10'),
-                           (['--triton', new, '--data-val', tmp_path / 'other' / 'val.rec'],
-                            'classes.json names 12 classes but the network has 10'),
                            (['--triton', new, '--mode', 'val'], '--triton writes a model repository in --mode export, '
                                                                 'not --mode val')):
         result = train_main(*SYNTHETIC, '--workspace', workspace, *extra)
@@ -134,7 +130,7 @@ def test_a_folder_in_use_another_class_count_and_a_failed_write_leave_nothing(tm
     monkeypatch.setattr(triton, 'with_probabilities', broken)
     with pytest.raises(RecipeError, match='RuntimeError: the disk is full.*nothing was written'):
         export_in_process(workspace, '--triton', str(new))
-    assert sorted(os.listdir(tmp_path)) == ['names.txt', 'other', 'run', 'used']     # no repository, no partial one
+    assert sorted(os.listdir(tmp_path)) == ['names.txt', 'run', 'used']     # no repository, no partial one
     assert os.listdir(workspace / 'export') == []
 
 
