@@ -150,11 +150,13 @@ class LookAhead:
             self.upcoming, self.fetched = next(self.source, None), True
 
 
-def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, rates, last_state, show_first=None):
+def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, rates, last_state, show_first=None,
+                writer=None):
     """Run the iterations of one epoch from `start_batch` at the learning rates of `rates` (a
     schedule.Schedule); returns (next batch index, durations, stopped). `last_state`: the run's last state, which
     the error of a non-finite loss names. `show_first(images, labels)` (the review's TrainingBatchPicture, or None)
-    is shown the first batch, as the loader gives it.
+    is shown the first batch, as the loader gives it. `writer`: the checkpoint.BackgroundWriter of the files of
+    the epoch before, written meanwhile; their failure stops the epoch where a stop would (stop_agreed).
 
     On a GPU the host reads the loss of the previous iteration while the current one runs: that one-step lag
     keeps the device busy (no per-iteration sync) yet catches a NaN within an iteration. On the CPU the host's
@@ -193,7 +195,7 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, ra
                          note=f'of {iterations} iterations, epoch ETA {logs.duration_text(eta)}')
         bar.set_postfix_str(f'{global_batch / max(np.mean(durations[-20:]), 1e-9):.1f} img/s', refresh=False)
         bar.update(1)
-        if step.accumulation.at_step(done) and stop_agreed(stop, step.world, done, args.disp_batches) \
+        if step.accumulation.at_step(done) and stop_agreed(stop, step.world, done, args.disp_batches, writer) \
                 and done < iterations:
             stopped = True
             break
@@ -203,15 +205,24 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, ra
     return iteration + 1, durations, stopped
 
 
-def stop_agreed(stop, world, done, every):
+def stop_agreed(stop, world, done, every, writer=None):
     """Whether all workers stop now: checked every iteration alone, every `every` iterations with several
-    workers (a collective per iteration would cost more than the latency it saves)."""
+    workers (a collective per iteration would cost more than the latency it saves). A failed write of `writer`
+    (a checkpoint.BackgroundWriter: a full disk under the files of the epoch before) is told in the same
+    collective, and every worker raises its error there (wait_agreed): found within `every` iterations, not at
+    the epoch's end, and not by rank 0 alone while the others waited for it in their next collective."""
     stop.announce()
+    failed = writer is not None and writer.failed
     if world.size == 1:
+        if failed:
+            writer.wait()
         return stop.requested
     if done % every:
         return False
-    return world.comm.allreduce_sum([1.0 if stop.requested else 0.0])[0] > 0
+    stopping, failing = world.comm.allreduce_sum([1.0 if stop.requested else 0.0, 1.0 if failed else 0.0])
+    if failing:
+        writer.wait_agreed(world.comm)
+    return stopping > 0
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -280,10 +291,11 @@ def train(args, net, world, seed, loaders, dataset, build_network, dllogger, sto
                      ' (training at %dx%d)' % dataset.preset.training_shape(epoch)[1:])
             mlperf.epoch_start(epoch)
             next_batch, durations, stopped = train_epoch(args, step, train_loader, epoch, start_batch, meta,
-                                                         dllogger, stop, rates, workspace.last_state, show_first)
+                                                         dllogger, stop, rates, workspace.last_state, show_first,
+                                                         writer)
             show_first = None
             trained = time.time()
-            writer.wait()   # the files of the epoch before, written meanwhile (an error of theirs stops the run)
+            writer.wait_agreed(world.comm)   # the epoch before's files, written meanwhile: an error stops all
             check_parameters(net, world, epoch, next_batch, workspace.last_state)
             loss_sum, loss_count = world.comm.allreduce_sum([meta['loss_sum'], meta['loss_count']])
             if stopped:
@@ -291,6 +303,7 @@ def train(args, net, world, seed, loaders, dataset, build_network, dllogger, sto
                 meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
                 clock.record(meta)
                 write_state(saver, net, step, meta, world, writer)
+                writer.wait_agreed(world.comm)
                 log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, saver.resume_note())
                 mlperf.run_stop()
                 return meta
@@ -323,9 +336,10 @@ def train(args, net, world, seed, loaders, dataset, build_network, dllogger, sto
                       validated - validating)
             if target_reached(args.target_accuracy, meta):
                 break
-            if stop_agreed(stop, world, 0, 1):
+            if stop_agreed(stop, world, 0, 1, writer):
                 log.info('Stopped after epoch %d%s', epoch, saver.resume_note())
                 break
+        writer.wait_agreed(world.comm)   # the last files, before the collectives that may follow the run
     clock.record(meta)   # report.json's total_duration: the training's wall time over all its resumes
     mlperf.run_stop()
     note_inherited_epochs(meta['history'])   # which epochs the summary leaves out

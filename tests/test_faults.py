@@ -187,6 +187,40 @@ def test_a_lost_worker_ends_the_job_with_nothing_left_running(tmp_path):
     assert not [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+MOUNTS = UNSHARE and subprocess.run(['unshare', '-m', 'mount', '-t', 'tmpfs', 'tmpfs', '/mnt'],
+                                    capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(shutil.which('horovodrun') is None, reason='horovodrun not installed')
+@pytest.mark.skipif(not MOUNTS, reason='needs unshare -m and mount -t tmpfs (root, or a namespace allowing it)')
+@pytest.mark.multiworker
+def test_a_failed_background_write_stops_every_worker_with_its_error(tmp_path):
+    """A full disk under the state written while the next epoch trains: a 60 MB tmpfs holds one state of
+    ResNet-10 (39 MB), not two, so epoch 1's state fails while epoch 2 trains. Both of 2 Gloo workers stop within
+    that epoch with rank 0's error line, and epoch 0's state stays whole. Before, rank 0 found the error at
+    epoch 2's end, alone, and rank 1 waited in its next all-reduce until horovodrun ended it."""
+    workspace, kept = tmp_path / 'mnt', tmp_path / 'kept'
+    workspace.mkdir()
+    flags = ['--data-backend', 'synthetic', '--num-examples', '512', '--batch-size', '32', '--num-layers', '10',
+             '--image-shape', '3,32,32', '--num-classes', '10', '--seed', '1', '--num-epochs', '5',
+             '--disp-batches', '1', '--mode', 'train', '--save-frequency', '0', '--warmup-epochs', '0',
+             '--kv-store', 'horovod', '--workspace', str(workspace)]
+    argv = ['horovodrun', '-np', '2', '--gloo', sys.executable, os.path.join(ROOT, 'train.py')] + flags
+    script = (f'mount -t tmpfs -o size=60m tmpfs {workspace} && {shlex.join(argv)}; status=$?; '
+              f'cp -r {workspace} {kept}; exit $status')     # the tmpfs is gone with the namespace
+    env = dict(os.environ, OMP_NUM_THREADS='1', PATH=os.path.dirname(sys.executable) + ':' + os.environ['PATH'])
+    result = subprocess.run(['unshare', '-m', 'sh', '-c', script], capture_output=True, text=True, env=env,
+                            timeout=300)
+    errors = dict(re.findall(r'^\[(\d)\]<stderr>:error: (.*)$', result.stderr, re.M))
+    assert result.returncode != 0 and set(errors) == {'0', '1'}, result.stderr[-3000:]
+    assert errors['0'] == errors['1'] and errors['0'].startswith(f'could not write {workspace / "model_last.state"}')
+    records = logs.read_dllogger(str(kept / 'dllogger_log.log'))
+    assert {tuple(r['step']) for r in records if len(r['step']) == 1} == {(0,), (1,)}
+    assert 0 < sum(r['step'][0] == 2 for r in records if len(r['step']) == 2) < 16   # found within epoch 2
+    from rn50.checkpoints import checkpoint
+    assert checkpoint.read_state(str(kept / 'model_last.state')).meta['epoch'] == 1
+
+
 def import_script(name):
     """A module of scripts/ (its folder on sys.path while it imports, as when it runs)."""
     import importlib

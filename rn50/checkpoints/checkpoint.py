@@ -66,11 +66,14 @@ class BackgroundWriter:
     on: the caller makes the host copies of what a file holds first (MXNet's engine orders those copies before
     any later update of the arrays), the job hashes and writes them (atomically, as every file here). fit.py
     waits for the files of an epoch before it copies the next epoch's, so at most one epoch's copies are held.
-    A job's error is raised by `wait`, or when the `with` block ends; the jobs after a failed one are skipped:
+    A job's error is raised by `wait`, or when the `with` block ends; the jobs after a failed one are skipped.
+    With several workers rank 0 alone writes, and a worker that stops alone leaves the others waiting in their
+    next collective: fit.py looks at `failed` in the collectives it makes while the next epoch trains, and waits
+    with `wait_agreed`, which raises the error on every worker:
 
         with checkpoint.BackgroundWriter() as writer:      # fit.train
             checkpoint.save_state(path, net, trainer, meta, writer=writer)
-            writer.wait()
+            writer.wait_agreed(world.comm)
     """
 
     def __init__(self):
@@ -93,6 +96,11 @@ class BackgroundWriter:
         except BaseException as e:     # raised in the training thread by wait()
             self.error = e
 
+    @property
+    def failed(self):
+        """Whether a job has failed, its error not yet raised by `wait`: a look that waits for nothing."""
+        return self.error is not None
+
     def wait(self):
         """Until every submitted job is written; the first error, if one failed."""
         while self.threads:
@@ -100,6 +108,27 @@ class BackgroundWriter:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
+
+    def wait_agreed(self, comm):
+        """`wait` on every worker of `comm` (a workers.Communicator), a collective: when a worker's files failed
+        (rank 0 writes them all), every worker raises, the others a RecipeError in that worker's words (the
+        first failed rank's), so that all stop with one error line instead of waiting for it in their next
+        collective."""
+        failure = None
+        try:
+            self.wait()
+        except Exception as e:   # noqa: BLE001   raised below, here and, in its words, on every other worker
+            failure = e
+        failed_ranks = comm.allreduce_sum([failure is not None and rank == comm.rank for rank in range(comm.size)])
+        if not failed_ranks.any():
+            return
+        first = int(np.flatnonzero(failed_ranks)[0])
+        said = str(failure) if isinstance(failure, RecipeError) else \
+            f'worker {first} could not write its checkpoint files ({type(failure).__name__}: {failure})'
+        words = comm.broadcast_text(said if comm.rank == first else '', root=first)
+        if failure is not None:
+            raise failure
+        raise RecipeError(words)
 
     def __enter__(self):
         return self

@@ -166,6 +166,16 @@ class Communicator:
         """Rank 0's value of an integer, on every worker (exact up to 2**53)."""
         return int(self.allreduce_sum([value if self.rank == 0 else 0])[0])
 
+    def broadcast_text(self, text, root=0):
+        """Worker `root`'s `text` on every worker (the others' is ignored): an error in the words of the worker
+        that met it. Two all-reduces, the length and the UTF-8 bytes."""
+        data = text.encode() if self.rank == root else b''
+        length = int(self.allreduce_sum([len(data)])[0])
+        if self.size == 1 or length == 0:
+            return data.decode()
+        values = np.frombuffer(data, dtype=np.uint8) if self.rank == root else np.zeros(length)
+        return bytes(self.allreduce_sum(values).astype(np.uint8)).decode()
+
     def broadcast_parameters(self, params):
         """Rank 0's values of every parameter in `params` (a gluon ParameterDict), in place on every
         worker; returns once they are there."""
