@@ -6,9 +6,10 @@
     python scripts/gpu_check.py --device cpu         # the CPU twins of the same paths (what CI runs)
 
 It first prints the versions of MXNet, DALI, Horovod and NCCL, and each GPU's compute capability against the
-ones this MXNet has kernels for. Each check is a short run of the recipe and a test of its outcome (ResNet-18
-at 32x32 on a small set, seconds, but for `default`); every multi-worker run must also say after each epoch
-that its workers hold the same weights, batchnorm statistics and optimizer state. On GPUs:
+ones this MXNet has kernels for, and stops there (exit 2) where a GPU can run none of them. Each check is a
+short run of the recipe and a test of its outcome (ResNet-18 at 32x32 on a small set, seconds, but for
+`default`); every multi-worker run must also say after each epoch that its workers hold the same weights,
+batchnorm statistics and optimizer state. On GPUs:
 
     default        ./runner -n <every GPU> -b B shortened: ResNet-50 at 224 on ImageNet-sized JPEGs, dali-gpu,
                    float16, NHWC, 4-channel input, fused kernels; two epochs, val and pred on the GPUs, --amp; the
@@ -359,7 +360,12 @@ def main(argv=None):
     versions = library_versions()
     print('versions: ' + ', '.join(f'{name} {version}' for name, version in versions.items()), flush=True)
     if options.device == 'gpu':
-        print(gpu_check_default.device_line(), flush=True)
+        line, runnable = gpu_check_default.device_line()
+        print(line, flush=True)
+        if not runnable:   # every check would fail on its first kernel
+            print('error: this MXNet has no kernel these GPUs can run (above): see docs/gpu-paths.md#mxnet-and-gpus',
+                  file=sys.stderr)
+            return 2
     workdir = options.workdir or tempfile.mkdtemp(prefix='gpu_check.')
     os.makedirs(workdir, exist_ok=True)
     try:

@@ -11,11 +11,14 @@ images/s of the second epoch, the time between the epochs besides validation (tr
 the original recipe's published figure for this GPU and GPU count at its batch (PUBLISHED), where there is one,
 and the training loader's speed alone on the node's storage with the page cache dropped (reader_speeds).
 
-`device_line` names each GPU's compute capability against the ones this MXNet was built for: the PyPI wheel
-mxnet-cu112 1.9.1 has kernels for 5.0 to 8.6, so an H100 (9.0) runs it through the driver's compilation of its
-PTX (a slower first start, kernels not tuned for it). nvidia-smi tells the capability from driver R510; on older
-drivers (the 22.xx containers run on R470 through CUDA's compatibility package) the CUDA driver API does, so the
-GPU's model, and with it the ratio to the published figure, is never lost to the driver's age.
+`device_line` names each GPU's compute capability against the ones this MXNet was built for, and gpu_check stops
+at once where a GPU cannot run it. The PyPI wheel mxnet-cu112 1.9.1 holds machine code for 5.0, 6.0, 7.0, 8.0 and
+8.6 and no PTX (cuobjdump of its libmxnet.so: 198 cubins each, `--list-ptx` finds none), so GPUs of 5.0 to 8.9
+run it (machine code runs on its architecture's later minor versions) and an H100 (9.0) cannot: there is no PTX
+for its driver to compile (docs/gpu-paths.md says what to use instead). nvidia-smi tells the capability from
+driver R510; on older drivers (the 22.xx containers run on R470 through CUDA's compatibility package) the CUDA
+driver API does, so the GPU's model, and with it the ratio to the published figure, is never lost to the driver's
+age.
 """
 import os
 import re
@@ -67,18 +70,33 @@ def built_capabilities(cuobjdump_elf, cuobjdump_ptx):
 
 
 def capability_words(capability, kernels, ptx):
-    """How a GPU of `capability` ('?': not known) runs this MXNet (built_capabilities' lists)."""
+    """(how a GPU of `capability` ('?': not known) runs this MXNet, given built_capabilities' lists; whether it
+    can). Machine code for X.y runs on X.z for z >= y (CUDA's binary compatibility: a T4, 7.5, runs 7.0's); PTX
+    of X.y is compiled by the driver for any later GPU, at the first start (minutes; cached in ~/.nv/ComputeCache,
+    kept between runs only where that folder is)."""
     if not kernels:
-        return 'this MXNet\'s kernels could not be listed (cuobjdump not found)'
-    built = f'this MXNet has kernels for {", ".join(kernels)}'
+        return 'this MXNet\'s kernels could not be listed (cuobjdump not found)', True
+    compiled = 'PTX for ' + ', '.join(ptx) if ptx else 'no PTX'
+    built = f'this MXNet has machine code for {", ".join(kernels)} and {compiled}'
     if capability == '?':
-        return f'{built}: whether this GPU is among them is not known'
+        return f'{built}: whether this GPU runs it is not known', True
+    own = version(capability)
     if capability in kernels:
-        return f'{built}: native'
-    if ptx and float(capability) >= float(ptx[-1]):
-        return f'{built} and PTX for {ptx[-1]}: runs through the driver\'s compilation of the PTX (a slower first ' \
-               'start, kernels not tuned for this GPU)'
-    return f'{built}: none for this GPU'
+        return f'{built}: native', True
+    same_architecture = [k for k in kernels if version(k)[0] == own[0] and version(k) < own]
+    if same_architecture:
+        return f'{built}: runs the machine code of {same_architecture[-1]} (same architecture)', True
+    earlier_ptx = [p for p in ptx if version(p) <= own]
+    if earlier_ptx:
+        return f'{built}: runs through the driver\'s compilation of the PTX of {earlier_ptx[-1]} (minutes at the ' \
+               'first start, cached in ~/.nv/ComputeCache; kernels not tuned for this GPU)', True
+    return f'{built}: this GPU cannot run it (CUDA\'s "no kernel image is available"); use an MXNet built for ' \
+           f'{capability} (docs/gpu-paths.md#mxnet-and-gpus)', False
+
+
+def version(capability):
+    """'8.6' -> (8, 6): compute capabilities compared as numbers ('10.0' after '9.0')."""
+    return tuple(int(part) for part in capability.split('.'))
 
 
 def cuda_driver():
@@ -117,10 +135,11 @@ def query_gpus():
 
 
 def device_line():
-    """One line per GPU: its name, memory and compute capability against this MXNet's build."""
+    """(one line per GPU: its name, memory and compute capability against this MXNet's build; whether every GPU
+    can run this MXNet)."""
     facts, error = query_gpus()
     if error:
-        return f'GPUs: nvidia-smi failed ({error})'
+        return f'GPUs: nvidia-smi failed ({error})', True
     import mxnet as mx
     library = mx.libinfo.find_lib_path()[0]
     listings = []
@@ -128,9 +147,10 @@ def device_line():
         status, text = run(['cuobjdump', flag, library]) if shutil.which('cuobjdump') else (1, '')
         listings.append(text if status == 0 else '')
     kernels, ptx = built_capabilities(*listings)
-    return '\n'.join(f'GPU {i}: {name}, {memory} MiB, compute capability {capability}; '
-                     f'{capability_words(capability, kernels, ptx)}'
-                     for i, (name, capability, memory) in enumerate(facts))
+    said = [capability_words(capability, kernels, ptx) for _, capability, _ in facts]
+    return '\n'.join(f'GPU {i}: {name}, {memory} MiB, compute capability {capability}; {words}'
+                     for i, ((name, capability, memory), (words, _)) in enumerate(zip(facts, said))), \
+        all(runs for _, runs in said)
 
 
 def gpu_key(name, memory):

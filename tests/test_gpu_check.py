@@ -75,20 +75,47 @@ def test_a_multi_worker_check_passes_only_when_the_workers_said_they_hold_one_mo
 
 @pytest.mark.unit
 def test_each_gpu_is_named_with_its_capability_against_the_kernels_of_this_mxnet():
-    """mxnet-cu112 1.9.1 has kernels for compute capability 5.0 to 8.6 (and PTX of 8.6): an A100 runs them, an
-    H100 compiles the PTX; gpu_check says which, from nvidia-smi and cuobjdump as they print."""
+    """Issue 57 item 7: the libmxnet.so of the PyPI wheel mxnet-cu112 1.9.1 holds machine code for 5.0, 6.0, 7.0,
+    8.0 and 8.6 (198 cubins each) and no PTX, as cuobjdump 13.5 lists it (the listing below, one line per
+    architecture). An A100 runs its own; a T4 (7.5) and an L4 (8.9) the machine code of an earlier minor version of
+    their architecture; an H100 (9.0) cannot run it, and gpu_check said its driver compiled the PTX. A build with
+    PTX would run there after the driver's compilation."""
     sys.path.insert(0, os.path.join(ROOT, 'scripts'))
     import gpu_check_default as default
     smi = 'NVIDIA A100-SXM4-80GB, 8.0, 81920\nNVIDIA H100 80GB HBM3, 9.0, 81559\n'
     assert default.gpu_facts(smi) == [('NVIDIA A100-SXM4-80GB', '8.0', 81920), ('NVIDIA H100 80GB HBM3', '9.0', 81559)]
-    elf = ''.join(f'ELF file {i:4d}: libmxnet.{i}.sm_{arch}.cubin\n' for i, arch in enumerate((50, 60, 70, 75, 80, 86)))
-    ptx = 'PTX file    1: libmxnet.1.sm_86.ptx\n'
-    kernels, ptx_versions = default.built_capabilities(elf, ptx)
-    assert kernels == ['5.0', '6.0', '7.0', '7.5', '8.0', '8.6'] and ptx_versions == ['8.6']
-    assert default.capability_words('8.0', kernels, ptx_versions).endswith(': native')
-    assert "runs through the driver's compilation of the PTX" in default.capability_words('9.0', kernels, ptx_versions)
-    assert 'none for this GPU' in default.capability_words('9.0', kernels, [])
-    assert 'could not be listed' in default.capability_words('9.0', [], [])
+    elf = ''.join(f'ELF file {i:4d}: libmxnet.{i}.sm_{arch}.cubin\n' for i, arch in enumerate((50, 60, 70, 80, 86), 1))
+    kernels, ptx_versions = default.built_capabilities(elf, '')
+    assert kernels == ['5.0', '6.0', '7.0', '8.0', '8.6'] and ptx_versions == []
+    assert default.capability_words('8.0', kernels, ptx_versions) == (
+        'this MXNet has machine code for 5.0, 6.0, 7.0, 8.0, 8.6 and no PTX: native', True)
+    assert default.capability_words('7.5', kernels, ptx_versions)[0].endswith('runs the machine code of 7.0 (same '
+                                                                               'architecture)')
+    assert default.capability_words('8.9', kernels, ptx_versions)[0].endswith('runs the machine code of 8.6 (same '
+                                                                               'architecture)')
+    words, runs = default.capability_words('9.0', kernels, ptx_versions)
+    assert not runs and 'this GPU cannot run it' in words and 'docs/gpu-paths.md#mxnet-and-gpus' in words
+    assert not default.capability_words('10.0', kernels, ptx_versions)[1]
+    words, runs = default.capability_words('9.0', kernels, ['8.6'])
+    assert runs and "the driver's compilation of the PTX of 8.6" in words and '~/.nv/ComputeCache' in words
+    assert default.capability_words('9.0', [], []) == (
+        "this MXNet's kernels could not be listed (cuobjdump not found)", True)
+
+
+@pytest.mark.unit
+def test_gpu_check_stops_at_once_where_a_gpu_can_run_none_of_this_mxnets_kernels(monkeypatch, capsys):
+    """Every check would fail on its first kernel: one error line after the GPUs' line, exit 2, no check run."""
+    sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+    import gpu_check
+    import gpu_check_default as default
+    import mxnet as mx
+    monkeypatch.setattr(mx.context, 'num_gpus', lambda: 8)
+    monkeypatch.setattr(gpu_check, 'library_versions', lambda: {'MXNet': '1.9.1'})
+    monkeypatch.setattr(default, 'device_line', lambda: ('GPU 0: NVIDIA H100 80GB HBM3, 81559 MiB, ...', False))
+    monkeypatch.setattr(gpu_check, 'run_checks', lambda *args: pytest.fail('a check ran'))
+    assert gpu_check.main(['--only', 'float16']) == 2
+    out, err = capsys.readouterr()
+    assert 'GPU 0: NVIDIA H100' in out and err.startswith('error: this MXNet has no kernel these GPUs can run')
 
 
 class FakeCudaDriver:
@@ -133,10 +160,13 @@ def test_a_driver_without_nvidia_smis_compute_cap_loses_neither_the_gpu_model_no
     assert default.gpu_key(*default.gpu_model()) == 'V100 16GB'
     assert default.query_gpus() == ([('Tesla V100-SXM2-16GB', '7.0', 16160), ('Tesla V100-SXM2-16GB', '?', 16160)], '')
     monkeypatch.setattr(default.shutil, 'which', lambda name: None)     # cuobjdump: where CUDA's tools are not
-    lines = default.device_line().splitlines()
+    line, runnable = default.device_line()
+    lines = line.splitlines()
+    assert runnable      # without cuobjdump nothing is known against it
     assert lines[0].startswith('GPU 0: Tesla V100-SXM2-16GB, 16160 MiB, compute capability 7.0; ') and \
         lines[1].startswith('GPU 1: Tesla V100-SXM2-16GB, 16160 MiB, compute capability ?; '), lines
-    assert default.capability_words('?', ['7.0'], ['7.0']).endswith('whether this GPU is among them is not known')
+    assert default.capability_words('?', ['7.0'], ['7.0']) == (
+        'this MXNet has machine code for 7.0 and PTX for 7.0: whether this GPU runs it is not known', True)
 
 
 @pytest.mark.unit
