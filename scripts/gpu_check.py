@@ -13,8 +13,9 @@ batchnorm statistics and optimizer state. On GPUs:
 
     default        ./runner -n <every GPU> -b B shortened: ResNet-50 at 224 on ImageNet-sized JPEGs, dali-gpu,
                    float16, NHWC, 4-channel input, fused kernels; two epochs, val and pred on the GPUs, --amp; the
-                   images/s, the time between epochs and the ratio to the original's published figure for this
-                   GPU at its batch (scripts/gpu_check_default.py; minutes)
+                   images/s as the original measured its published figures (benchmark.py --mode train -i 500 -e 3
+                   -w 1), their ratio to the figure for this GPU at its batch, the time between epochs
+                   (scripts/gpu_check_default.py; minutes)
 
     float16        the default GPU run: float16 with float32 master weights and dynamic loss scaling,
                    NHWC convolution/batchnorm/pooling, NVIDIA's fused batchnorm kernels where MXNet has them

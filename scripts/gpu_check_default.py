@@ -6,10 +6,13 @@
 `default` is `./runner -n 8 -b 192` shortened: ResNet-50 at 224 on ImageNet-sized JPEGs (made here: noise photos
 of 400x300, about 90 KB each, as ImageNet's average) through dali-gpu, with the runner's float16, NHWC layouts,
 4-channel input and NVIDIA's fused kernels, two short epochs on every GPU of the node (the state written after
-each), then `--mode val` and `--mode pred` on the GPUs, and `--amp` as the runner gives it. It reports the
-images/s of the second epoch, the time between the epochs besides validation (train.epoch_gap), and the ratio to
-the original recipe's published figure for this GPU and GPU count at its batch (PUBLISHED), where there is one,
-and the training loader's speed alone on the node's storage with the page cache dropped (reader_speeds).
+each), then `--mode val` and `--mode pred` on the GPUs, and `--amp` as the runner gives it. Its images/s are
+measured apart, as the original measured its published figures (PUBLISHED): the repository's benchmark.py with
+the original's `--mode train -i 500 -e 3 -w 1 --num-examples 32000` (MEASUREMENT: no validation, no state
+written, so no background write under a measured epoch; the first epoch left out). It reports those images/s
+and their ratio to the figure for this GPU and GPU count at its batch, where there is one, the time between the
+epochs besides validation (train.epoch_gap) of the two-epoch run, and the training loader's speed alone on the
+node's storage with the page cache dropped (reader_speeds).
 
 `device_line` names each GPU's compute capability against the ones this MXNet was built for, and gpu_check stops
 at once where a GPU cannot run it. The PyPI wheel mxnet-cu112 1.9.1 holds machine code for 5.0, 6.0, 7.0, 8.0 and
@@ -20,6 +23,7 @@ driver R510; on older drivers (the 22.xx containers run on R470 through CUDA's c
 driver API does, so the GPU's model, and with it the ratio to the published figure, is never lost to the driver's
 age.
 """
+import json
 import os
 import re
 import shutil
@@ -34,7 +38,12 @@ PUBLISHED = {'A100 80GB': {'batch': 512, 1: 3410.52, 4: 13442.66, 8: 26673.72},
              'V100 16GB': {'batch': 192, 1: 1376, 2: 2768, 4: 5357, 8: 10723},
              'V100 32GB': {'batch': 256, 1: 1492, 2: 2935, 4: 5726, 8: 11368, 16: 21484}}
 DEFAULT_BATCH = 192
-STEPS = {'gpu': 20, 'cpu': 3}    # per epoch and worker
+# How the original measured PUBLISHED: benchmark.py with these flags (a fresh launch, --no-metrics, the data
+# wrapped to 500 iterations an epoch, the harmonic mean of the epochs after the first); the CPU twin the same,
+# shorter. Each gives one value of train.ips, as benchmark.py reports it.
+MEASUREMENT = {'gpu': ['-i', '500', '-e', '3', '-w', '1', '--num-examples', '32000'],
+               'cpu': ['-i', '3', '-e', '2', '-w', '1', '--num-examples', '48']}
+STEPS = {'gpu': 20, 'cpu': 3}    # per epoch and worker of the two-epoch run that val and pred then use
 PHOTOS = {'gpu': (2048, (400, 300)), 'cpu': (64, (48, 36))}     # how many, of what size
 TWIN = ['--num-layers', '10', '--image-shape', '3,32,32', '--num-classes', '10', '--data-val-resize', '36',
         '--dali-threads', '1', '--dali-validation-threads', '1']
@@ -233,6 +242,28 @@ def gpu_model():
     return (facts[0][0], facts[0][2]) if facts else ('', 0)
 
 
+def measurement(workers, batch, device, data, output):
+    """benchmark.py's command for the original's measurement (MEASUREMENT) of `workers` x `batch` on the photo
+    set `data` (the twin: ResNet-10 at 32x32), its report at `output`."""
+    return [sys.executable, os.path.join(bootstrap.ROOT, 'benchmark.py'), '-n', str(workers), '-b', str(batch),
+            '-o', output, '--mode', 'train', *MEASUREMENT[device], '--data-root', data] + \
+        ([] if device == 'gpu' else TWIN)
+
+
+def measured_ips(workers, batch, device, data, workdir):
+    """train.ips of `workers` x `batch` as the original measured it (measurement); a RuntimeError with the
+    point's error where it failed."""
+    output = os.path.join(workdir, 'measurement.json')
+    status, text = run(measurement(workers, batch, device, data, output), timeout=3600)
+    point = {}
+    if os.path.exists(output):
+        with open(output) as f:
+            point = json.load(f)['metrics'].get(str(workers), {}).get(str(batch)) or {}
+    if point.get('train.ips') is None:
+        raise RuntimeError(f'benchmark.py: {last_error(text)}')
+    return point['train.ips']
+
+
 def check_default(options, workdir):
     """The default command shortened (the module docstring): passed when it trains, its workers agree after each
     epoch, val and pred run on its weights and --amp trains; the figures in the detail. On GPUs at the batch of
@@ -259,8 +290,9 @@ def check_default(options, workdir):
     plan = 'float32, the CPU twin' if not on_gpu else 'float16, NHWC, 4-channel input, ' + (
         'fused kernels' if '--fuse-bn-relu 1' in output else 'no fused kernels in this MXNet')
     metrics = epoch_metrics(workspace)
-    ips, figure = metrics[-1]['train.ips'], published(key, workers, batch)
-    words = [f'{workers} x {batch} ({plan}): {ips:.1f} img/s' +
+    ips, figure = measured_ips(workers, batch, options.device, data, workdir), published(key, workers, batch)
+    flags = ' '.join(MEASUREMENT[options.device][:6])
+    words = [f'{workers} x {batch} ({plan}): {ips:.1f} img/s (benchmark.py --mode train {flags})' +
              (f', {ips / figure:.2f} of the original\'s {figure:g} on {key}' if figure else ''),
              f'{metrics[0]["train.epoch_gap"]:.2f} s between epochs']
     status, output = run(runner('--mode', 'val', *inference, '--workspace', workspace))

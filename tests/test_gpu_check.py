@@ -39,6 +39,7 @@ def test_cpu_twins_pass_are_reported_and_leave_nothing_behind(tmp_path):
     assert [(r['check'], r['verdict']) for r in report['results']] == [('default', 'PASS'), ('float16', 'PASS')]
     default, float16 = (r['detail'] for r in report['results'])
     assert default.startswith('2 x 8 (float32, the CPU twin): ') and ' s between epochs' in default
+    assert ' img/s (benchmark.py --mode train -i 3 -e 2 -w 1)' in default.split(';')[0]   # the original's way
     assert 'pred ok' in default and 'reader alone (--test-io): cold, mmap ' in default and ', warm ' in default
     assert '--amp' in default
     assert 'inf on rank 1' in float16 and 'weights equal' in float16
@@ -46,6 +47,30 @@ def test_cpu_twins_pass_are_reported_and_leave_nothing_behind(tmp_path):
     assert result.stdout.splitlines()[2].startswith('float16         PASS')
     assert report['versions']['NCCL'] == 'not built (Gloo only)'
     assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.unit
+def test_the_default_check_measures_as_the_original_measured_its_published_figures():
+    """Issue 57 item 3: the ratio to the original's figure came from the second epoch of a train_val run of 20 steps,
+    the state of the first written in the background under it; the original's figures are benchmark.py's --mode
+    train -i 500 -e 3 -w 1 --num-examples 32000. The check now runs the repository's benchmark.py with those flags
+    (the twin with 3 iterations, 2 epochs): parsed here by benchmark.py itself, down to the runner's command."""
+    sys.path.insert(0, os.path.join(ROOT, 'scripts'))
+    import gpu_check_default as default
+    import benchmark
+    command = default.measurement(8, 512, 'gpu', '/data/photos', '/work/measurement.json')
+    assert command[:2] == [sys.executable, os.path.join(ROOT, 'benchmark.py')]
+    args, forwarded = benchmark.parse_args(command[2:])
+    assert (args.ngpus, args.batch_sizes, args.benchmark_iters, args.epochs, args.warmup, args.mode) == \
+        ([8], [512], 500, 3, 1, 'train')
+    assert forwarded == ['--num-examples', '32000', '--data-root', '/data/photos']
+    point = benchmark.point_command(args, forwarded, 8, 512, 'point')
+    assert point[1:] == ['-n', '8', '-b', '512', '--benchmark-iters', '500', '-e', '3', '--mode', 'train',
+                         '--no-metrics', '--workspace', 'point', '--dllogger-log', 'point/dllogger.log',
+                         '--num-examples', '32000', '--data-root', '/data/photos']
+    args, forwarded = benchmark.parse_args(default.measurement(2, 8, 'cpu', '/d', '/w.json')[2:])
+    assert (args.benchmark_iters, args.epochs, args.warmup, args.mode) == (3, 2, 1, 'train')
+    assert forwarded[-len(default.TWIN):] == default.TWIN
 
 
 @pytest.mark.integration
