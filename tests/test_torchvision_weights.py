@@ -18,7 +18,6 @@ from conftest import ROOT, digits_flags, exported, randomise_batchnorm, resolved
 from rn50.checkpoints import weight_files, weights
 from rn50.data import contract, validation_resize
 from rn50.nets import catalogue
-from test_readme import code_blocks
 
 TOLERANCE = 1e-4      # float32 logits of the same network in two frameworks (the issue's bound)
 
@@ -89,8 +88,8 @@ def test_torchvision_and_timm_load_the_export_strictly_give_mxnet_s_logits_and_g
     --load, and a ResNet-18 trained in float16 NHWC with a 4-channel stem, batchnorm epsilon 1e-3 and momentum
     0.95. The first comes back bit for bit (num_batches_tracked, which --load does not keep, as 0). torchvision and
     timm load both with strict=True (with the norm_layer the export's report names) and give MXNet's logits on
-    real images within TOLERANCE. Every twin's state dict has torchvision's keys, order, shapes and dtypes. The
-    README's PyTorch lines (for this network and file) name MXNet's class."""
+    real images within TOLERANCE. Every twin's state dict has torchvision's keys, order, shapes and dtypes (the
+    documents' PyTorch lines run as printed in tests/test_deployment_snippets.py)."""
     consumers([{'builder': 'resnext50_32x4d', 'num_classes': 10,
                 'save': {'file': str(tmp_path / 'torchvision.safetensors'), 'seed': 3}}], tmp_path)
     images = digit_images(digits)
@@ -129,13 +128,7 @@ def test_torchvision_and_timm_load_the_export_strictly_give_mxnet_s_logits_and_g
         ours[builder] = [[key, list(value.shape), value.dtype.name] for key, value in
                          weights.to_torchvision(params).items()]
         cases.append({'keys': builder, 'num_classes': 7, 'outputs': str(tmp_path / f'twin-{builder}')})
-    readme = next(block for block in code_blocks('python') if 'model.torchvision.safetensors' in block)
-    np.save(tmp_path / 'pixels.npy', images[3])
-    readme = readme.replace("'runs/photos/export/model.torchvision.safetensors'", repr(cases[0]['weights']))
-    cases.append({'readme': readme.replace('resnet50', 'resnext50_32x4d'), 'names': [f'digit {i}' for i in range(10)],
-                  'pixels': str(tmp_path / 'pixels.npy'), 'outputs': str(tmp_path / 'readme')})
     consumers(cases, tmp_path)
-    assert (tmp_path / 'readme.readme.txt').read_text() == f'digit {expected["resnext50_32x4d"][3].argmax()}\n'
     for builder, keys in ours.items():
         assert json.loads((tmp_path / f'twin-{builder}.keys.json').read_text()) == keys, builder
     for builder, logits in expected.items():

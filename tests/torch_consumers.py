@@ -12,10 +12,13 @@ float32 logits of the inputs (N, 3, H, W) to PREFIX.torchvision.npy and PREFIX.t
 "save": {"file": FILE.safetensors, "seed": S} instead writes the builder's network with random weights and
 batchnorm statistics (the seed's) to FILE, as torchvision's own state dict, for a round trip through the recipe;
 a case {"keys": "resnet50", "num_classes": N, "outputs": PREFIX} writes the keys, shapes and dtypes of the
-builder's state dict, in its order, to PREFIX.keys.json; a case {"readme": CODE, "names": [...], "pixels": FILE.npy,
-"outputs": PREFIX} runs the README's PyTorch lines with the snippet's `names` and `pixels` (C, H, W) and writes
-what they print to PREFIX.readme.txt.
+builder's state dict, in its order, to PREFIX.keys.json; a case {"snippets": [CODE, ...], "names": [...], "pixels":
+FILE.npy, "outputs": PREFIX} runs the documents' PyTorch lines as printed, one after the other in one namespace that
+holds what the README's onnxruntime snippet left (`names`, and `pixels` (C, H, W) in the dtype it had) and `timm`
+(docs/inference.md's calls use it unimported), and writes what they print to PREFIX.printed.txt and the logits of
+`pixels` by each network they assign to `model` (in eval mode, in the order made) to PREFIX.models.npy.
 """
+import ast
 import contextlib
 import functools
 import io
@@ -56,13 +59,24 @@ def logits(model, inputs):
         return model.eval()(torch.from_numpy(inputs)).numpy()
 
 
+def run_snippets(case):
+    """The case's snippets as printed, statement by statement (to see each network assigned to `model`)."""
+    namespace = {'names': case['names'], 'pixels': np.load(case['pixels']), 'timm': timm}
+    printed, models = io.StringIO(), []
+    with contextlib.redirect_stdout(printed):
+        for code in case['snippets']:
+            for statement in ast.parse(code).body:
+                exec(compile(ast.Module([statement], []), 'snippet', 'exec'), namespace)
+                if namespace.get('model') is not None and not any(namespace['model'] is m for m in models):
+                    models.append(namespace['model'])
+    with open(case['outputs'] + '.printed.txt', 'w') as f:
+        f.write(printed.getvalue())
+    np.save(case['outputs'] + '.models.npy', np.concatenate([logits(m, namespace['pixels'][None]) for m in models]))
+
+
 def run(case):
-    if 'readme' in case:
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            exec(case['readme'], {'names': case['names'], 'pixels': np.load(case['pixels'])})
-        with open(case['outputs'] + '.readme.txt', 'w') as f:
-            f.write(printed.getvalue())
+    if 'snippets' in case:
+        run_snippets(case)
         return
     if 'keys' in case:
         with torch.device('meta'):          # shapes and dtypes without weights: no time spent drawing them
