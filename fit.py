@@ -100,6 +100,7 @@ def check_training_flags(args):
     if args.target_accuracy is not None and args.mode != 'train_val':
         raise RecipeError('--target-accuracy needs a validation every epoch: use --mode train_val')
     losses.check(args.bce_loss, args.bce_target_thresh)
+    training_step.check_overflow_check(args)
     if (args.eval_period, args.eval_offset) != (1, 0) and args.mode != 'train_val':
         raise RecipeError('--eval-period and --eval-offset say when train_val validates: use --mode train_val')
 

@@ -5,6 +5,7 @@ PyTorch, in one run.
     python scripts/benchmark_training.py [--batch-size 32] [--iters 12] [--image-size 224] [--rounds 2] [--amp]
     python scripts/benchmark_training.py --pieces      # the recipe's step with --drop-path and with --teacher
     python scripts/benchmark_training.py --environment --image-size 32 --iters 60 --rounds 3   # engine variables
+    python scripts/benchmark_training.py --overflow-check --iters 8 --rounds 2   # float16's two orders, CPU twin
 
 Both train ResNet-50 v1.5 (float32, or AMP with --amp) on synthetic data on this machine with the same math
 (sparse labels, SGD with momentum 0.875 and weight decay 1/32768 on the weights): the recipe through
@@ -20,6 +21,12 @@ the recipe alone, without and with the training-step pieces of issue 31 (stochas
 from a ResNet-50 teacher), alternating, the best of --rounds each. --environment measures the recipe alone with
 none of the engine variables the runner gives GPU runs (ENGINE_VARIABLES), each alone, and all of them, in
 turns, the best of --rounds each: which ones a CPU run should get (the runner sets only those).
+--overflow-check measures the float16 step's two orders (train.py --overflow-check) on the CPU twin: the
+recipe's TrainingStep in float16 with loss scaling over ResNet-50's parameters (float16 weights, float32 master
+weights and momenta; MXNet's CPU has no float16 convolution, so the network only averages them), the update
+queued before the host reads the overflow flag (after-update: UpdateUndo's copies, the GPU default) and after
+(before-update), in turns, the best of --rounds each, in milliseconds per step; and the host's time to queue
+the update and the copies (the time a GPU idles in the before-update order while the host queues the update).
 """
 import argparse
 import json
@@ -55,6 +62,7 @@ def parse_args():
     parser.add_argument('--amp', action='store_true', help='bfloat16 AMP on CPU, float16 on GPU')
     parser.add_argument('--pieces', action='store_true', help='the recipe without and with --drop-path, --teacher')
     parser.add_argument('--environment', action='store_true', help='the recipe without and with each engine variable')
+    parser.add_argument('--overflow-check', action='store_true', help='the float16 step\'s two orders (CPU twin)')
     return parser.parse_args()
 
 
@@ -150,8 +158,89 @@ def environment(args):
                       'relative': {name: round(ips / best['none'], 3) for name, ips in best.items()}, 'rounds': rates}))
 
 
+class ParameterAverage(gluon.HybridBlock):
+    """ResNet-50's trainable parameters, with the dtypes of its float16 network, and a forward that only averages
+    them: logits = x times the sum of their means, so every parameter gets a gradient (the twin of a float16 step's
+    update, on operators MXNet runs in float16 on a CPU)."""
+
+    def __init__(self):
+        super().__init__()
+        resnet = models.get_model()
+        resnet.cast('float16')
+        trainable = [p for p in resnet.collect_params().values() if p.grad_req != 'null']
+        with self.name_scope():
+            self.names = [f'p{i}' for i in range(len(trainable))]
+            for name, param in zip(self.names, trainable):
+                setattr(self, name, self.params.get(name, shape=param.shape, dtype=param.dtype,
+                                                    init=mx.init.Normal(0.01)))
+
+    def hybrid_forward(self, F, x, **params):
+        total = F.add_n(*[F.cast(F.mean(params[name]), dtype='float16') for name in self.names])
+        return F.broadcast_mul(x, F.reshape(total, (1, 1)))
+
+
+def overflow_check_ms(args, order):
+    """(milliseconds per step, {what: host milliseconds to queue it}) of the recipe's float16 step with
+    --overflow-check `order` (the ParameterAverage twin, batch --batch-size of --num-classes, the loss read at once
+    as on a CPU), after the warm-up steps the recipe leaves out; 'update' and, after-update, 'copies' queued."""
+    import train
+    from rn50.config import resolve
+    from rn50.training.step import StepSettings, TrainingStep
+    from rn50.world import workers
+    flags, origin = train.parse_flags(['--num-classes', str(args.num_classes), '--batch-size', str(args.batch_size),
+                                       '--overflow-check', order, '--label-smoothing', '0'])
+    flags = resolve.for_run(flags, origin, on_gpu=True)[0]     # the GPU's float16 and its optimizer settings
+    net = ParameterAverage()
+    net.initialize()
+    net.hybridize(static_alloc=True, static_shape=True)
+    world = workers.World.of(workers.Communicator.start('device'), workers.Devices((mx.cpu(),), 'cpu'))
+    step = TrainingStep(net, world, StepSettings.of(flags), seed=1)
+    queued = {'update': [], 'copies': []}
+    for what, owner, name in (('update', step.gluon_trainer, 'update'), ('copies', step.undo, 'keep')):
+        if owner is not None:
+            setattr(owner, name, timed(getattr(owner, name), queued[what]))
+    images = mx.nd.random.uniform(-1, 1, (args.batch_size, args.num_classes)).astype('float16')
+    labels = mx.nd.array([i % args.num_classes for i in range(args.batch_size)])
+    batch = mx.io.DataBatch(data=[images], label=[labels])
+    durations = []
+    for iteration in range(args.iters):
+        start = time.time()
+        step.run(batch, 0, iteration, 0.1).asscalar()
+        durations.append(time.time() - start)
+    steady = logs.steady_durations(durations)
+    host = {what: round(1000 * min(seconds[1:]), 1) for what, seconds in queued.items() if seconds[1:]}
+    return 1000 * sum(steady) / len(steady), host
+
+
+def timed(function, seconds):
+    """`function`, its wall time appended to `seconds` at every call."""
+    def call(*args, **kwargs):
+        start = time.time()
+        result = function(*args, **kwargs)
+        seconds.append(time.time() - start)
+        return result
+    return call
+
+
+def overflow_checks(args):
+    """overflow_check_ms of both orders in turns (the order reversed every other round), the best of --rounds."""
+    times = {order: [] for order in ('after-update', 'before-update')}
+    host = {}
+    for round_index in range(args.rounds):
+        for order in (list(times) if round_index % 2 == 0 else list(times)[::-1]):
+            step_ms, host[order] = overflow_check_ms(args, order)
+            times[order].append(round(step_ms, 1))
+    best = {order: min(values) for order, values in times.items()}
+    print(json.dumps({'batch_size': args.batch_size, 'cpu': cpu.identity(), 'ms_per_step': best,
+                      'undo_ms': round(best['after-update'] - best['before-update'], 1),
+                      'host_ms_to_queue': host, 'rounds': times}))
+
+
 def main():
     args = parse_args()
+    if args.overflow_check:
+        overflow_checks(args)
+        return
     if args.pieces:
         pieces(args)
         return

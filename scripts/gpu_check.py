@@ -14,7 +14,8 @@ batchnorm statistics and optimizer state. On GPUs:
     default        ./runner -n <every GPU> -b B shortened: ResNet-50 at 224 on ImageNet-sized JPEGs, dali-gpu,
                    float16, NHWC, 4-channel input, fused kernels; two epochs, val and pred on the GPUs, --amp; the
                    images/s as the original measured its published figures (benchmark.py --mode train -i 500 -e 3
-                   -w 1), their ratio to the figure for this GPU at its batch, the time between epochs
+                   -w 1), their ratio to the figure for this GPU at its batch, the same with the float16 step's
+                   other order (--overflow-check before-update), the time between epochs
                    (scripts/gpu_check_default.py; minutes)
 
     float16        the default GPU run: float16 with float32 master weights and dynamic loss scaling,

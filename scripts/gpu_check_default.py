@@ -10,9 +10,11 @@ each), then `--mode val` and `--mode pred` on the GPUs, and `--amp` as the runne
 measured apart, as the original measured its published figures (PUBLISHED): the repository's benchmark.py with
 the original's `--mode train -i 500 -e 3 -w 1 --num-examples 32000` (MEASUREMENT: no validation, no state
 written, so no background write under a measured epoch; the first epoch left out). It reports those images/s
-and their ratio to the figure for this GPU and GPU count at its batch, where there is one, the time between the
-epochs besides validation (train.epoch_gap) of the two-epoch run, and the training loader's speed alone on the
-node's storage with the page cache dropped (reader_speeds).
+and their ratio to the figure for this GPU and GPU count at its batch, where there is one, the same measurement
+with the float16 step's other order (`--overflow-check before-update`: the host reads the overflow flag before
+it queues the update, instead of undoing an overflowed update from device copies), the time between the epochs
+besides validation (train.epoch_gap) of the two-epoch run, and the training loader's speed alone on the node's
+storage with the page cache dropped (reader_speeds).
 
 `device_line` names each GPU's compute capability against the ones this MXNet was built for, and gpu_check stops
 at once where a GPU cannot run it. The PyPI wheel mxnet-cu112 1.9.1 holds machine code for 5.0, 6.0, 7.0, 8.0 and
@@ -242,19 +244,19 @@ def gpu_model():
     return (facts[0][0], facts[0][2]) if facts else ('', 0)
 
 
-def measurement(workers, batch, device, data, output):
+def measurement(workers, batch, device, data, output, *extra):
     """benchmark.py's command for the original's measurement (MEASUREMENT) of `workers` x `batch` on the photo
-    set `data` (the twin: ResNet-10 at 32x32), its report at `output`."""
+    set `data` (the twin: ResNet-10 at 32x32), its report at `output`; `extra`: more train.py flags."""
     return [sys.executable, os.path.join(bootstrap.ROOT, 'benchmark.py'), '-n', str(workers), '-b', str(batch),
             '-o', output, '--mode', 'train', *MEASUREMENT[device], '--data-root', data] + \
-        ([] if device == 'gpu' else TWIN)
+        ([] if device == 'gpu' else TWIN) + list(extra)
 
 
-def measured_ips(workers, batch, device, data, workdir):
-    """train.ips of `workers` x `batch` as the original measured it (measurement); a RuntimeError with the
-    point's error where it failed."""
-    output = os.path.join(workdir, 'measurement.json')
-    status, text = run(measurement(workers, batch, device, data, output), timeout=3600)
+def measured_ips(workers, batch, device, data, workdir, *extra):
+    """train.ips of `workers` x `batch` as the original measured it (measurement, with the train.py flags
+    `extra`); a RuntimeError with the point's error where it failed."""
+    output = os.path.join(workdir, '-'.join(['measurement'] + [flag.lstrip('-') for flag in extra]) + '.json')
+    status, text = run(measurement(workers, batch, device, data, output, *extra), timeout=3600)
     point = {}
     if os.path.exists(output):
         with open(output) as f:
@@ -295,6 +297,10 @@ def check_default(options, workdir):
     words = [f'{workers} x {batch} ({plan}): {ips:.1f} img/s (benchmark.py --mode train {flags})' +
              (f', {ips / figure:.2f} of the original\'s {figure:g} on {key}' if figure else ''),
              f'{metrics[0]["train.epoch_gap"]:.2f} s between epochs']
+    if on_gpu:   # the float16 step's other order, measured alike: docs/gpu-paths.md keeps the faster the default
+        other = measured_ips(workers, batch, options.device, data, workdir, '--overflow-check', 'before-update')
+        words.append(f'--overflow-check before-update {other:.1f} img/s, {other / ips:.3f} of after-update\'s '
+                     '(the default)')
     status, output = run(runner('--mode', 'val', *inference, '--workspace', workspace))
     validated = epoch_metrics(workspace)[-1] if status == 0 else {}
     if 'val.ips' not in validated:

@@ -235,6 +235,23 @@ def test_the_float16_step_on_a_gpu_queues_its_update_before_any_host_read(monkey
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.unit
+def test_overflow_check_orders_the_float16_step_and_is_refused_where_nothing_reads_it():
+    """Issue 57 item 4: the float16 step's order had no switch. --overflow-check before-update makes a GPU's
+    step read the flag before its update (no device copies), after-update makes a CPU's queue its update first
+    (UpdateUndo); without it each device keeps its default. A float32 or --amp run has no such flag to order:
+    the flag is refused there."""
+    for kind, flag, undone in (('gpu', [], True), ('gpu', ['--overflow-check', 'before-update'], False),
+                               ('cpu', [], False), ('cpu', ['--overflow-check', 'after-update'], True)):
+        mx.random.seed(0)
+        step = step_for(Float16Net(), 'float16', kind=kind, extra=flag)
+        assert (step.undo is not None) == undone, (kind, flag)
+    fit.check_training_flags(resolved(['--overflow-check', 'before-update'], dtype='float16'))
+    for values in ({}, {'dtype': 'float16', 'amp': True}):
+        with pytest.raises(RecipeError, match='--overflow-check orders the loss scaling of --dtype float16'):
+            fit.check_training_flags(resolved(['--overflow-check', 'after-update'], **values))
+
+
 class RecordedLoss:
     """A step's loss whose host read is recorded in `events`."""
 

@@ -71,6 +71,9 @@ def test_the_default_check_measures_as_the_original_measured_its_published_figur
     args, forwarded = benchmark.parse_args(default.measurement(2, 8, 'cpu', '/d', '/w.json')[2:])
     assert (args.benchmark_iters, args.epochs, args.warmup, args.mode) == (3, 2, 1, 'train')
     assert forwarded[-len(default.TWIN):] == default.TWIN
+    # Item 4: on GPUs the float16 step's other order is measured the same way
+    other = default.measurement(8, 512, 'gpu', '/data/photos', '/w.json', '--overflow-check', 'before-update')
+    assert benchmark.parse_args(other[2:])[1][-2:] == ['--overflow-check', 'before-update']
 
 
 @pytest.mark.integration

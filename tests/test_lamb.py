@@ -41,12 +41,12 @@ def expected_steps(before, steps_grads, max_norm):
     return weights
 
 
-def lamb_step(dtype, contexts=(mx.cpu(),)):
+def lamb_step(dtype, contexts=(mx.cpu(),), kind='cpu'):
     mx.random.seed(5)
     net = Float16Net()
     for param in net.bn.collect_params().values():
         param.wd_mult = 0.0      # as layers.py sets it on the recipe's batchnorm layers
-    step = step_for(net, dtype, contexts=contexts,
+    step = step_for(net, dtype, contexts=contexts, kind=kind,
                     extra=['--optimizer', 'lamb', '--wd', str(WD), '--label-smoothing', '0'])
     if step.loss_scale is not None:   # float16: a scale whose gradients fit (the default overflows this tiny net)
         step.loss_scale = losses.DynamicLossScale(scale=8.0)
@@ -71,7 +71,7 @@ def test_three_lamb_steps_of_every_parameter_follow_timms_formula(dtype, max_nor
         step.run(batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), dtype), 0, iteration, LR)
         steps_grads.append({name: p.grad().asnumpy().astype(np.float64) * optimizer.rescale_grad
                             for name, p in params.items()})
-        divisors.append(optimizer.clip_divisor)
+        divisors.append(optimizer.clip_divisor.asscalar())
     assert (min(divisors) > 1) == (max_norm < 1)
     want = expected_steps(before, steps_grads, max_norm)
     for name, param in params.items():
@@ -147,3 +147,70 @@ def test_a_saved_lamb_state_resumes_the_same_steps():
     for name, param in resumed.net._collect_params_with_prefix().items():
         np.testing.assert_allclose(param.data().asnumpy(), running.net._collect_params_with_prefix()[name].data()
                                    .asnumpy(), rtol=1e-6, err_msg=name)
+
+
+
+class HostReadLAMB(lamb.TimmLAMB):
+    """--optimizer lamb as it was: the step's first update call read the global norm on the host and gave
+    MXNet's kernels rescale_grad / c."""
+
+    def _update_impl(self, index, weight, grad, state, multi_precision=False):
+        if self.gradient_norm is not None:
+            norm = float(self.gradient_norm.asscalar()) * self.rescale_grad
+            self.host_divisor = max(1.0, norm / self.max_grad_norm)
+            self.gradient_norm = None
+        rescale, self.rescale_grad = self.rescale_grad, self.rescale_grad / self.host_divisor
+        try:
+            super()._update_impl(index, weight, grad, state, multi_precision)
+        finally:
+            self.rescale_grad = rescale
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'float16'])
+@pytest.mark.parametrize('max_norm', [10.0, 0.05])
+def test_the_clip_divides_on_the_device_and_the_steps_are_those_of_the_host_read(monkeypatch, dtype, max_norm):
+    """Issue 57 item 4: the step's first update call read the global gradient norm on the host, a wait for the
+    device inside the update (the second of a float16 step on a GPU, rsb-a3's, whose update is otherwise queued
+    before the host reads anything). Now c divides the gradients on the device: on a GPU's step (CPU contexts)
+    the host reads nothing inside the update, and three steps end with the weights and optimizer state of the
+    host-read order: the same bits where nothing is clipped, where every step is within the rounding of g / c in
+    the gradients' dtype (float16: one rounding; float32: a few, carried over three steps), relative to each
+    array's largest value."""
+    rng = np.random.default_rng(2)
+    batches = [batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8), dtype) for _ in range(3)]
+    results = []
+    for optimizer_class in (lamb.TimmLAMB, HostReadLAMB):
+        step = lamb_step(dtype, kind='gpu')
+        optimizer = step.gluon_trainer._optimizer
+        optimizer.__class__, optimizer.max_grad_norm = optimizer_class, max_norm
+        reads, updating = [], []
+        for name in ('asscalar', 'asnumpy', 'wait_to_read'):
+            monkeypatch.setattr(mx.nd.NDArray, name, recorded(getattr(mx.nd.NDArray, name), reads, updating))
+        update = step.gluon_trainer.update
+
+        def updated(*args, **kwargs):
+            updating.append(True)
+            update(*args, **kwargs)
+            updating.clear()
+        monkeypatch.setattr(step.gluon_trainer, 'update', updated)
+        for iteration, batch in enumerate(batches):
+            step.run(batch, 0, iteration, LR)
+        monkeypatch.undo()
+        assert any(reads) == (optimizer_class is HostReadLAMB), reads
+        states = step.gluon_trainer._updaters[0].states
+        results.append([p.data().asnumpy() for p in step.params.values()] + [
+            array.asnumpy() for index in sorted(states) for array in optimizer_state.flat_arrays(states[index])])
+    rounding = 2.0 ** -11 if dtype == 'float16' else 2.0 ** -22
+    for device, host in zip(*results):
+        if max_norm > 1:
+            np.testing.assert_array_equal(device, host)
+        else:
+            np.testing.assert_allclose(device, host, rtol=0, atol=rounding * np.abs(host).max())
+
+
+def recorded(read, reads, updating):
+    """`read` (a host read of an NDArray), noting in `reads` whether it came inside an update (`updating`)."""
+    def call(array, *args, **kwargs):
+        reads.append(bool(updating))
+        return read(array, *args, **kwargs)
+    return call

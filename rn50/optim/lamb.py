@@ -16,8 +16,10 @@ timm this module removes. It keeps MXNet's multi-tensor kernels (multi_lamb_upda
 for float16 weights with float32 master copies): the arrays without the trust ratio go through the same
 kernel with the ratio's bounds at 0, where MXNet's kernel takes a ratio of 1. The global norm needs every
 gradient of the step, which one call of the optimizer does not see (Gluon's Updater hands it up to 45 arrays
-at a time): the training step calls `measure_gradients` once, after the all-reduce, and the first update
-call reads it (one wait for the device per step).
+at a time): the training step calls `measure_gradients` once, after the all-reduce, and the update divides
+the gradients by c on the device, into scratch arrays (MXNet's multi-tensor SGD kernel as a scaler, one call
+per 45 arrays, exact where c is 1), since MXNet's LAMB kernels take their gradient scale as a host number: the
+host reads nothing (reading the norm was one more wait for the device per step, the second of a float16 step).
 
 A state saved by MXNet's own LAMB (this recipe before) holds that optimizer and resumes with it unchanged.
 """
@@ -41,7 +43,9 @@ class TimmLAMB(mx.optimizer.LAMB):
         self.max_grad_norm = max_grad_norm
         self.aggregate_num = ARRAYS_PER_CALL
         self.gradient_norm = None   # the step's global gradient norm before rescale_grad (set by measure_gradients)
-        self.clip_divisor = 1.0     # c of the docstring, for the step being applied
+        self.clip_divisor = None    # c of the docstring for the step being applied, a device array (None: 1)
+        self.clip_scales = {}       # 1 / c of that step on each device, {context: array}
+        self.scaled_grads = {}      # the gradients divided by c, {(index, context): array}, reused every step
 
     def measure_gradients(self, params, ctx):
         """Queue the global norm of the step's gradients (those of `params`, a ParameterDict, on `ctx`, after the
@@ -55,24 +59,57 @@ class TimmLAMB(mx.optimizer.LAMB):
 
     def __getstate__(self):
         state = super().__getstate__()
-        state['gradient_norm'] = None    # a device array of one step, not part of a saved state
+        # Device arrays of one step, not part of a saved state
+        state.update(gradient_norm=None, clip_divisor=None, clip_scales={}, scaled_grads={})
         return state
+
+    def clip_scale(self, ctx):
+        """1 / c of the step on `ctx` (a device array of one value), or None where nothing was measured; c is
+        computed on the device at the step's first update call, where rescale_grad is the step's."""
+        if self.gradient_norm is not None:
+            self.clip_divisor = mx.nd.maximum(self.gradient_norm * (self.rescale_grad / self.max_grad_norm), 1.0) \
+                if self.max_grad_norm else None
+            self.gradient_norm, self.clip_scales = None, {}
+        if self.clip_divisor is None:
+            return None
+        if ctx not in self.clip_scales:
+            self.clip_scales[ctx] = (1 / self.clip_divisor).as_in_context(ctx)
+        return self.clip_scales[ctx]
+
+    def clipped(self, indices, grads):
+        """The gradients of `indices` divided by the step's c, in scratch arrays of their own (the gradients stay
+        as they are), on the device: MXNet's multi-tensor SGD kernel, which takes its rates as device arrays, as a
+        scaler (one rounding of g / c in the gradients' dtype; exactly g where c is 1), two calls for them all (at
+        most 45)."""
+        scale = self.clip_scale(grads[0].context)
+        if scale is None:
+            return grads
+        ctx = grads[0].context
+        out = []
+        for i, grad in zip(indices, grads):
+            key = (i, ctx)
+            if key not in self.scaled_grads or self.scaled_grads[key].shape != grad.shape:
+                self.scaled_grads[key] = mx.nd.zeros(grad.shape, ctx, dtype=grad.dtype)
+            out.append(self.scaled_grads[key])
+        count = len(grads)
+        # weight w = 0 (reset), rate 1/c, no weight decay, gradient scale -1: (1 - 0) w + (1/c) g = g / c
+        mx.nd.reset_arrays(*out, num_arrays=count)
+        mx.nd.preloaded_multi_sgd_update(*[a for pair in zip(out, grads) for a in pair], scale.broadcast_to((count,)),
+                                         mx.nd.zeros((count,), ctx), rescale_grad=-1.0, num_weights=count, out=out)
+        return out
 
     def _update_impl(self, index, weight, grad, state, multi_precision=False):
         """One step of the arrays `index` (a list, or one index), all of one dtype as the Updater groups them;
         MXNet's LAMB.update and update_multi_precision call it."""
         indices, weights, grads, states = (index, weight, grad, state) if isinstance(index, (tuple, list)) else \
             ([index], [weight], [grad], [state])
-        if self.gradient_norm is not None:    # the first call of the step: the host waits for the norm here
-            norm = float(self.gradient_norm.asscalar()) * self.rescale_grad
-            self.clip_divisor = max(1.0, norm / self.max_grad_norm) if self.max_grad_norm else 1.0
-            self.gradient_norm = None
+        grads = self.clipped(indices, grads)
         for i in indices:
             self._update_count(i)
         steps = [self._index_update_count[i] for i in indices]
         lrs, wds = [self._get_lr(i) for i in indices], [self._get_wd(i) for i in indices]
         options = dict(beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
-                       bias_correction=self.bias_correction, rescale_grad=self.rescale_grad / self.clip_divisor)
+                       bias_correction=self.bias_correction, rescale_grad=self.rescale_grad)
         if self.clip_gradient:
             options['clip_gradient'] = self.clip_gradient
         adapted = [k for k in range(len(indices)) if wds[k] != 0]

@@ -28,11 +28,22 @@ from rn50.training import losses
 log = logging.getLogger(__name__)
 
 
+# --overflow-check's orders (TrainingStep): the update queued before the host reads the overflow flag (UpdateUndo),
+# or after it.
+OVERFLOW_CHECKS = ('after-update', 'before-update')
+
+
 def add_args(group):
     """The step's flags, in fit.py's Training group."""
     group.add_argument('--grad-accum-steps', type=flags.integer(minimum=1), default=1,
                        help='one optimizer step every K batches (the effective batch is K times --batch-size; '
                             'the runner scales -l by it)')
+    group.add_argument('--overflow-check', choices=OVERFLOW_CHECKS, default=None,
+                       help='--dtype float16: when the host reads whether the step overflowed. after-update (the '
+                            'default on GPUs) queues the update first and undoes an overflowed one from copies '
+                            'kept on the device (about 256 MB per GPU for ResNet-50); before-update (the default '
+                            'on the CPU) reads the flag, then queues the update or skips it. The same weights '
+                            'either way; docs/gpu-paths.md says which is faster')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +51,8 @@ class StepSettings:
     """What the flags say of the training step, as values (`of`): the optimizer's keywords (factory.create's,
     factory.optimizer_kwargs), the `targets` (a losses.Targets), the network's `dtype` and --amp, --grad-accum-steps
     (`accumulation`), --backbone-lr-mult, --kv-store (the Gluon kvstore of several devices in one process) and a
-    --teacher's distillation (`teacher`, a distill.Distillation, or None)."""
+    --teacher's distillation (`teacher`, a distill.Distillation, or None), and --overflow-check (None: the device's
+    default)."""
     optimizer: dict
     targets: losses.Targets
     dtype: str = 'float32'
@@ -49,12 +61,20 @@ class StepSettings:
     backbone_lr_mult: float = 1.0
     kv_store: str = 'device'
     teacher: distill.Distillation = None
+    overflow_check: str = None
 
     @classmethod
     def of(cls, args):
         return cls(optimizer=factory.optimizer_kwargs(args), targets=losses.Targets.of(args), dtype=args.dtype,
                    amp=args.amp, accumulation=args.grad_accum_steps, backbone_lr_mult=args.backbone_lr_mult,
-                   kv_store=args.kv_store, teacher=distill.Distillation.of(args))
+                   kv_store=args.kv_store, teacher=distill.Distillation.of(args), overflow_check=args.overflow_check)
+
+
+def check_overflow_check(args):
+    """RecipeError for --overflow-check where nothing reads it: it orders the float16 step's loss scaling."""
+    if args.overflow_check is not None and (args.dtype != 'float16' or args.amp):
+        raise RecipeError('--overflow-check orders the loss scaling of --dtype float16 without --amp (AMP\'s '
+                          'scaler reads its own flag): leave it out')
 
 
 def predivision(world, float16):
@@ -188,10 +208,12 @@ class TrainingStep:
             from mxnet.contrib import amp
             amp.init_trainer(self.gluon_trainer)
         self.loss_scale = losses.DynamicLossScale() if settings.dtype == 'float16' and not settings.amp else None
-        # GPUs: read the overflow flag after the update is queued, undoing an overflowed one (UpdateUndo); on the
-        # CPU the host's cores are the device's, and the flag is read before the update, as plain skipping.
+        # --overflow-check. GPUs: read the overflow flag after the update is queued, undoing an overflowed one
+        # (UpdateUndo); on the CPU the host's cores are the device's, and the flag is read before the update, as
+        # plain skipping.
+        order = settings.overflow_check or ('after-update' if world.devices.kind == 'gpu' else 'before-update')
         self.undo = UpdateUndo(self.gluon_trainer, self.params) \
-            if self.loss_scale is not None and world.devices.kind == 'gpu' else None
+            if self.loss_scale is not None and order == 'after-update' else None
         self.accumulation = Accumulation(settings.accumulation, self.params)
         self.average = None   # --model-ema's ema.WeightAverage, set by train() once the weights are final
         self.teacher = distill.Teacher(settings.teacher, build_network, self.contexts) if settings.teacher else None
