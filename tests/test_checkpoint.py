@@ -394,6 +394,40 @@ def test_a_background_write_that_fails_is_an_error_that_leaves_the_old_file(tmp_
     assert not os.path.exists(params) and [p.name for p in tmp_path.iterdir()] == ['m_last.state']
 
 
+class OtherWorkers:
+    """The collectives of one worker of `size` (a workers.Communicator's allreduce_sum and broadcast_text) whose
+    other workers' writes are failed, or not, as `failed` says by rank, and say `words`."""
+
+    def __init__(self, rank, size, failed, words=''):
+        self.rank, self.size, self.failed, self.words = rank, size, failed, words
+
+    def allreduce_sum(self, values):
+        return np.array([value if rank == self.rank else float(self.failed[rank]) for rank, value in enumerate(values)])
+
+    def broadcast_text(self, text, root=0):
+        return text if root == self.rank else self.words
+
+
+def test_a_failed_background_write_is_raised_on_every_worker_in_its_own_words(tmp_path):
+    """Issue 57 item 5, wait_agreed: a worker whose files were written raises the error of the first worker
+    whose write failed, in its words; that worker raises its own; where none failed nothing is raised."""
+    said = f'could not write {tmp_path / "m_last.state"}: No space left on device'
+    writer = checkpoint.BackgroundWriter()
+    with pytest.raises(RecipeError) as error:
+        writer.wait_agreed(OtherWorkers(1, 2, [True, False], said))
+    assert str(error.value) == said
+    writer.wait_agreed(OtherWorkers(1, 2, [False, False]))
+
+    def full():
+        raise RecipeError(said)
+    writer.submit(full)
+    writer.threads[0].join()
+    assert writer.failed      # seen without waiting (fit.stop_agreed looks every --disp-batches steps)
+    with pytest.raises(RecipeError, match='No space left on device'):
+        writer.wait_agreed(OtherWorkers(0, 2, [False, False]))
+    assert not writer.failed
+
+
 @pytest.mark.parametrize('on_gpu', [False, True])
 def test_the_replica_fingerprint_tells_workers_apart(on_gpu):
     """The workers' check after each epoch compares sums computed where the arrays are (MXNet's kernels on GPUs,
