@@ -55,10 +55,6 @@ TWIN = ['--num-layers', '10', '--image-shape', '3,32,32', '--num-classes', '10',
 # The GPUs
 
 
-# cuDeviceGetAttribute's attributes (cuda.h): the major and minor numbers of the compute capability
-CAPABILITY_MAJOR, CAPABILITY_MINOR = 75, 76
-
-
 def gpu_facts(nvidia_smi_output):
     """[(name, compute capability, memory in MiB)] of `nvidia-smi --query-gpu=name,compute_cap,memory.total
     --format=csv,noheader,nounits` (with pci.bus_id for compute_cap: the bus id in its place)."""
@@ -110,39 +106,19 @@ def version(capability):
     return tuple(int(part) for part in capability.split('.'))
 
 
-def cuda_driver():
-    """The CUDA driver API (libcuda.so.1, which every driver version has), or None without it."""
-    import ctypes
-    try:
-        return ctypes.CDLL('libcuda.so.1')
-    except OSError:
-        return None
-
-
-def driver_capability(bus_id):
-    """The compute capability ('7.0') of the GPU at PCI address `bus_id` (nvidia-smi's pci.bus_id) from the CUDA
-    driver API, or '?' where it cannot tell."""
-    import ctypes
-    cuda = cuda_driver()
-    device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    if cuda is None or cuda.cuInit(0) or cuda.cuDeviceGetByPCIBusId(ctypes.byref(device), bus_id.encode()) or \
-            cuda.cuDeviceGetAttribute(ctypes.byref(major), CAPABILITY_MAJOR, device) or \
-            cuda.cuDeviceGetAttribute(ctypes.byref(minor), CAPABILITY_MINOR, device):
-        return '?'
-    return f'{major.value}.{minor.value}'
-
-
 def query_gpus():
     """(gpu_facts of every GPU, '') or ([], nvidia-smi's error). nvidia-smi has the compute_cap field from driver
     R510; an older driver refuses it (`Field "compute_cap" is not a valid field to query.`), and the capability
-    comes from the CUDA driver API instead (driver_capability)."""
+    comes from the CUDA driver API instead (cuda_driver.capability)."""
     status, smi = run(['nvidia-smi', '--query-gpu=name,compute_cap,memory.total', '--format=csv,noheader,nounits'])
     if status == 0:
         return gpu_facts(smi), ''
     status, smi = run(['nvidia-smi', '--query-gpu=name,pci.bus_id,memory.total', '--format=csv,noheader,nounits'])
     if status:
         return [], last_error(smi)
-    return [(name, driver_capability(bus_id), memory) for name, bus_id, memory in gpu_facts(smi)], ''
+    bootstrap.on_path()
+    from rn50.world import cuda_driver
+    return [(name, cuda_driver.capability(bus_id), memory) for name, bus_id, memory in gpu_facts(smi)], ''
 
 
 def device_line():

@@ -115,9 +115,10 @@ def train_main(*argv):
     return in_process(train.main, *argv)
 
 
-def runner_in_process(argv, execvp, cwd=None):
-    """The runner's main(argv) in this process (see in_process), in `cwd` when given, with `execvp` standing in
-    for the exec of train.py (a one-worker run); a horovodrun launch (Supervisor) fails the test."""
+def runner_in_process(argv, run_here, cwd=None):
+    """The runner's main(argv) in this process (see in_process), in `cwd` when given, with `run_here(command)`
+    standing in for the runner's own run of train.py's main (a one-worker run: runner.run_here); a horovodrun
+    launch (Supervisor) fails the test."""
     from unittest import mock
     runner = runner_module()
 
@@ -128,30 +129,30 @@ def runner_in_process(argv, execvp, cwd=None):
         if cwd is not None:
             os.chdir(cwd)            # process_state_kept goes back
         return runner.main(argv)
-    with mock.patch.object(runner.os, 'execvp', execvp), mock.patch.object(runner, 'Supervisor', launched):
+    with mock.patch.object(runner, 'run_here', run_here), mock.patch.object(runner, 'Supervisor', launched):
         return in_process(main, *argv)
 
 
 def runner_main(*argv):
     """The runner's main(argv) in this process, for a command refused before launch: a launch fails the test
     instead of replacing or outliving this process."""
-    def launched(program, command):
+    def launched(command):
         raise AssertionError(f'the runner launched {command[:2]} instead of refusing the command')
     return runner_in_process(argv, launched)
 
 
 def runner_runs(*argv, cwd=None):
-    """The runner's main(argv) in this process for a one-worker run, in `cwd` when given: the train.py it hands
-    the run to (its exec) runs as a program, with the command and environment the runner gives it (a Horovod
-    world of one, which belongs to a process of its own). A CompletedProcess with train.py's exit status and the
-    runner's output followed by train.py's."""
+    """The runner's main(argv) in this process for a one-worker run, in `cwd` when given: the train.py run it
+    makes in its own process (run_here) runs as a program instead, with the command and environment the runner
+    gives it (a Horovod world of one, which belongs to a process of its own). A CompletedProcess with train.py's
+    exit status and the runner's output followed by train.py's."""
     started = []
 
-    def exec_train(program, command):
+    def train_as_a_program(command):
         assert command[1] == runner_module().TRAIN_PY, command
         started.append(subprocess.run(command, env=dict(os.environ), capture_output=True, text=True))
-        raise SystemExit(started[-1].returncode)
-    result = runner_in_process(argv, exec_train, cwd)
+        return started[-1].returncode
+    result = runner_in_process(argv, train_as_a_program, cwd)
     if not started:
         return result
     return subprocess.CompletedProcess(result.args, started[0].returncode, result.stdout + started[0].stdout,
@@ -183,10 +184,13 @@ def runner_module():
 
 
 def report_gpus(monkeypatch, gpus, fused=True):
-    """MXNet made to report `gpus` GPUs (and, with `fused`, NVIDIA's fused batchnorm kernels, as its build in
-    the container does): the runner's own code plans for them, from machine_gpus() to layers.py's probe."""
+    """The CUDA driver and MXNet made to report `gpus` GPUs (and, with `fused`, NVIDIA's fused batchnorm kernels,
+    as its build in the container does): the runner's own code plans for them, from machine_gpus() to layers.py's
+    probe."""
     import mxnet as mx
     from rn50.nets import layers
+    from rn50.world import cuda_driver
+    monkeypatch.setattr(cuda_driver, 'gpu_count', lambda: gpus)
     monkeypatch.setattr(mx.context, 'num_gpus', lambda: gpus)
     if fused:
         monkeypatch.setattr(layers, 'fused_ops_available', lambda: {'nvidia_bn_relu': True,

@@ -147,13 +147,17 @@ def test_gpu_check_stops_at_once_where_a_gpu_can_run_none_of_this_mxnets_kernels
 
 
 class FakeCudaDriver:
-    """The CUDA driver API's calls gpu_check_default makes, for GPUs {PCI bus id: (major, minor)}; each returns
-    0 on success, as CUDA's do, and 101 (CUDA_ERROR_INVALID_DEVICE) for a bus id it does not know."""
+    """The CUDA driver API's calls rn50/world/cuda_driver.py makes, for GPUs {PCI bus id: (major, minor)}; each
+    returns 0 on success, as CUDA's do, and 101 (CUDA_ERROR_INVALID_DEVICE) for a bus id it does not know."""
 
     def __init__(self, capabilities):
         self.capabilities, self.bus_ids = capabilities, list(capabilities)
 
     def cuInit(self, flags):
+        return 0
+
+    def cuDeviceGetCount(self, count):
+        count._obj.value = len(self.bus_ids)
         return 0
 
     def cuDeviceGetByPCIBusId(self, device, bus_id):
@@ -166,6 +170,20 @@ class FakeCudaDriver:
         major, minor = self.capabilities[self.bus_ids[device.value]]
         value._obj.value = {75: major, 76: minor}[attribute]
         return 0
+
+
+@pytest.mark.unit
+def test_the_gpus_are_counted_by_the_cuda_driver_without_mxnet(monkeypatch):
+    """The runner's count (rn50/world/cuda_driver.py): the driver's devices; none without a driver, or where it
+    fails to start (cuInit's CUDA_ERROR_NO_DEVICE, 100)."""
+    from rn50.world import cuda_driver
+    driver = FakeCudaDriver({'00000000:3B:00.0': (7, 0), '00000000:5E:00.0': (7, 0)})
+    monkeypatch.setattr(cuda_driver, 'library', lambda: driver)
+    assert cuda_driver.gpu_count() == 2
+    monkeypatch.setattr(driver, 'cuInit', lambda flags: 100)
+    assert cuda_driver.gpu_count() == 0
+    monkeypatch.setattr(cuda_driver, 'library', lambda: None)
+    assert cuda_driver.gpu_count() == 0 and cuda_driver.capability('00000000:3B:00.0') == '?'
 
 
 @pytest.mark.unit
@@ -183,7 +201,8 @@ def test_a_driver_without_nvidia_smis_compute_cap_loses_neither_the_gpu_model_no
                    'echo "Tesla V100-SXM2-16GB, 00000000:5E:00.0, 16160"\n')
     smi.chmod(0o755)
     monkeypatch.setenv('PATH', f'{tmp_path}{os.pathsep}{os.environ["PATH"]}')
-    monkeypatch.setattr(default, 'cuda_driver', lambda: FakeCudaDriver({'00000000:3B:00.0': (7, 0)}))
+    from rn50.world import cuda_driver
+    monkeypatch.setattr(cuda_driver, 'library', lambda: FakeCudaDriver({'00000000:3B:00.0': (7, 0)}))
     assert default.gpu_model() == ('Tesla V100-SXM2-16GB', 16160)
     assert default.gpu_key(*default.gpu_model()) == 'V100 16GB'
     assert default.query_gpus() == ([('Tesla V100-SXM2-16GB', '7.0', 16160), ('Tesla V100-SXM2-16GB', '?', 16160)], '')

@@ -3,6 +3,7 @@ GPU ids, flag ranges and user errors reported once, and real two-worker CPU runs
 a worker's user error, SIGTERM / SIGUSR1 through the runner, resume)."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -467,6 +468,36 @@ def demo_argv(digits, workspace, examples=256, extra=()):
             '--image-shape', '3,32,32', '--num-classes', '10', '--data-val-resize', '32', '--num-layers', '10',
             '--num-examples', str(examples), '--workspace', str(workspace), '--dali-threads', '1',
             '--dali-validation-threads', '1'] + list(extra)
+
+
+@pytest.mark.unit
+def test_a_cpu_build_of_mxnet_on_a_machine_with_gpus_is_refused(monkeypatch, capsys):
+    """The runner counts GPUs with the CUDA driver, not MXNet: where the driver shows GPUs that the installed
+    MXNet (a CPU build) cannot use, the plan for them is refused in one line, before any worker would refuse its
+    --gpus."""
+    import mxnet as mx
+    report_gpus(monkeypatch, 8)
+    monkeypatch.setattr(mx.context, 'num_gpus', lambda: 0)
+    assert runner.main(['-n', '1', '--dry-run']) == 2
+    assert capsys.readouterr().err.startswith('error: this machine has 8 GPUs but the installed MXNet is a CPU build')
+    assert runner.main(['-n', '1', '--dry-run', '--gpus-per-node', '0']) == 0   # a CPU plan, said so
+
+
+@pytest.mark.integration
+def test_one_worker_runs_in_the_runners_process_and_loads_mxnet_once(tmp_path):
+    """-n 1: the runner runs train.py's main in its own process, MXNet loaded once (it loaded a second time in
+    the train.py it exec'd, 3 s of every launch), after the worker's environment was set: OpenMP's threads as
+    cpu.prepare_process gives them, in the worker's log."""
+    result = subprocess.run([sys.executable, os.path.join(ROOT, 'runner'), '-n', '1', '-b', '4', '-e', '1',
+                             '--data-backend', 'synthetic', '--num-layers', '10', '--image-shape', '3,32,32',
+                             '--num-classes', '10', '--benchmark-iters', '2', '--mode', 'train', '--no-review',
+                             '--workspace', str(tmp_path)], capture_output=True, text=True, timeout=300,
+                            env=dict(RUN_ENV, PYTHONPROFILEIMPORTTIME='1', OMP_NUM_THREADS=''))
+    assert result.returncode == 0, result.stderr[-3000:]
+    loads = [line for line in result.stderr.splitlines() if re.fullmatch(r'import time:.*\|\s+mxnet\s*', line)]
+    assert len(loads) == 1, loads
+    threads = os.cpu_count() if not hasattr(os, 'sched_getaffinity') else len(os.sched_getaffinity(0))
+    assert f'OMP_NUM_THREADS={threads}' in (tmp_path / 'log.log').read_text()
 
 
 @HOROVOD
