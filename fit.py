@@ -4,7 +4,8 @@ Policy, Averaging, Validation, Run) and hands them to rn50/.
 
 train.py builds everything this needs and calls, for --mode train and train_val:
 
-    meta = fit.train(args, net, world, seed, loaders, dataset, build_network, dllogger, stop, workspace)
+    meta = fit.train(args, fit.TrainingRun(net, world, seed, dataset, loaders, build_network, dllogger, stop,
+                                           workspace))
     # meta["history"]; loaders: train.Loaders, dataset: contract.Dataset, workspace: its Workspace
 
 What happens, in order:
@@ -21,6 +22,7 @@ What happens, in order:
    next --disp-batches boundary with several workers, which must agree), writes the last state and returns;
    the next run resumes from there.
 """
+import dataclasses
 import logging
 import os
 import time
@@ -151,32 +153,48 @@ class LookAhead:
             self.upcoming, self.fetched = next(self.source, None), True
 
 
-def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, rates, last_state, show_first=None,
-                writer=None):
-    """Run the iterations of one epoch from `start_batch` at the learning rates of `rates` (a
-    schedule.Schedule); returns (next batch index, durations, stopped). `last_state`: the run's last state, which
-    the error of a non-finite loss names. `show_first(images, labels)` (the review's TrainingBatchPicture, or None)
-    is shown the first batch, as the loader gives it. `writer`: the checkpoint.BackgroundWriter of the files of
-    the epoch before, written meanwhile; their failure stops the epoch where a stop would (stop_agreed).
+@dataclasses.dataclass(frozen=True)
+class Epochs:
+    """How every epoch of a run trains, complete before the first: the worker's `step` (a TrainingStep) on the
+    batches of `loader` at the learning rates of `rates` (a schedule.Schedule), `iterations` an epoch
+    (--benchmark-iters, else the loader's batches), a DLLogger record every `log_every` (--disp-batches); `stop`
+    (rn50.launch.stop's StopRequest) asks to stop; `writer`, the checkpoint.BackgroundWriter of the files of the
+    epoch before, written meanwhile: their failure stops the epoch where a stop would (stop_agreed);
+    `last_state`, the run's last state, which the error of a non-finite loss names."""
+    step: TrainingStep
+    loader: object
+    rates: schedule.Schedule
+    iterations: int
+    log_every: int
+    dllogger: object
+    stop: object
+    writer: checkpoint.BackgroundWriter
+    last_state: str
+
+
+def train_epoch(epochs, epoch, start_batch, meta, show_first=None):
+    """Run the iterations of epoch `epoch` from `start_batch` as `epochs` (an Epochs) says, its loss summed into
+    `meta`; returns (next batch index, durations, stopped). `show_first(images, labels)` (the review's
+    TrainingBatchPicture, or None) is shown the first batch, as the loader gives it.
 
     On a GPU the host reads the loss of the previous iteration while the current one runs: that one-step lag
     keeps the device busy (no per-iteration sync) yet catches a NaN within an iteration. On the CPU the host's
     cores are the device's: queueing the next step beside oneDNN's threads slowed ResNet-50's step by 3 to 6%
     (docs/performance.md), so the host reads each loss at once there."""
-    iterations = args.benchmark_iters or loader.num_batches
-    global_batch = loader.batch_size * step.world.size
-    durations, epoch_loss, previous = [], EpochLoss(meta, last_state), None
+    step, iterations, every, dllogger = epochs.step, epochs.iterations, epochs.log_every, epochs.dllogger
+    global_batch = epochs.loader.batch_size * step.world.size
+    durations, epoch_loss, previous = [], EpochLoss(meta, epochs.last_state), None
     bar = logs.progress_bar(iterations - start_batch, f'Epoch {epoch}', step.world.rank == 0)
     step.accumulation.start_epoch(iterations)
     tick = window_start = time.time()
     iteration = start_batch
     stopped = False
-    ahead = LookAhead(batches(loader, epoch, start_batch, iterations - start_batch))
+    ahead = LookAhead(batches(epochs.loader, epoch, start_batch, iterations - start_batch))
     lag = step.world.devices.kind == 'gpu'
     for iteration, batch in enumerate(ahead, start_batch):
         if show_first is not None and iteration == start_batch:
             show_first(device_slices(batch.data[0], step.contexts)[0], device_slices(batch.label[0], step.contexts)[0])
-        lr = rates(epoch + step.accumulation.group_start(iteration) / iterations)
+        lr = epochs.rates(epoch + step.accumulation.group_start(iteration) / iterations)
         loss = step.run(batch, epoch, iteration, lr, before_sync=ahead.fetch_next)
         if previous is not None:
             epoch_loss.add(previous.asscalar(), epoch, iteration - 1, step)
@@ -188,15 +206,15 @@ def train_epoch(args, step, loader, epoch, start_batch, meta, dllogger, stop, ra
         durations.append(now - tick)
         tick = now
         done = iteration + 1
-        if done % args.disp_batches == 0 or done == iterations < args.disp_batches:   # a short epoch logs once
-            ips = args.disp_batches * global_batch / (now - window_start)
+        if done % every == 0 or done == iterations < every:   # a short epoch logs once
+            ips = every * global_batch / (now - window_start)
             window_start = now
             eta = (iterations - done) * global_batch / ips     # seconds, at this window's speed
             dllogger.log((epoch, done), {'train.loss': epoch_loss.window_mean(), 'train.ips': ips, 'train.lr': lr},
                          note=f'of {iterations} iterations, epoch ETA {logs.duration_text(eta)}')
         bar.set_postfix_str(f'{global_batch / max(np.mean(durations[-20:]), 1e-9):.1f} img/s', refresh=False)
         bar.update(1)
-        if step.accumulation.at_step(done) and stop_agreed(stop, step.world, done, args.disp_batches, writer) \
+        if step.accumulation.at_step(done) and stop_agreed(epochs.stop, step.world, done, every, epochs.writer) \
                 and done < iterations:
             stopped = True
             break
@@ -230,41 +248,58 @@ def stop_agreed(stop, world, done, every, writer=None):
 # The run
 
 
-def train(args, net, world, seed, loaders, dataset, build_network, dllogger, stop, workspace):
-    """--mode train / train_val: the epoch loop with validation and checkpoints; returns the checkpoint
-    meta (its 'history' holds the metrics of every epoch). `seed`: the run's (workers.resolve_seed), unless the
-    state it resumes has its own. The loaders of `dataset` (the run's contract.Dataset) come from `loaders(dataset,
-    rank, workers, train=..., val=..., contexts=..., seed=...)` (train.Loaders) once the state to start from, and
-    so the seed that orders the data, is known. `build_network(**overrides)` builds a --teacher. `stop`
-    (rn50.launch.stop's StopRequest) says when a signal asked the run to stop. `workspace`: the run's Workspace,
-    its checkpoints written by a Saver. The library gets the flags as records, made here once."""
+@dataclasses.dataclass(frozen=True)
+class TrainingRun:
+    """What train.py hands the epoch loop beside the flags: the network `net` of this worker's `world`; `seed`,
+    the run's (workers.resolve_seed), unless the state it resumes has its own; `dataset`, the run's
+    contract.Dataset, whose loaders come from `loaders(dataset, rank, workers, train=..., val=..., contexts=...,
+    seed=...)` (train.Loaders) once the state to start from, and so the seed that orders the data, is known;
+    `build_network(**overrides)`, which builds a --teacher; `dllogger`, the run's DLLogger; `stop` (rn50.launch.
+    stop's StopRequest), which says when a signal asked the run to stop; `workspace`, the run's Workspace, its
+    checkpoints written by a Saver."""
+    net: object
+    world: object
+    seed: int
+    dataset: object
+    loaders: object
+    build_network: object
+    dllogger: object
+    stop: object
+    workspace: object
+
+
+def train(args, run):
+    """--mode train / train_val of `run` (a TrainingRun): the epoch loop with validation and checkpoints; returns
+    the checkpoint meta (its 'history' holds the metrics of every epoch). The library gets the flags as records,
+    made here once."""
+    net, world, dataset, workspace, stop = run.net, run.world, run.dataset, run.workspace, run.stop
     check_training_flags(args)
     names = prediction.class_names_of(args)   # kept in the workspace for val, pred, export and the review
     classes.keep_with_run(workspace.classes, names, args.classes or classes.dataset_file(args.data_train,
                                                                                           args.data_val) or 'this run')
     saver = Saver(workspace, world, Policy.of(args))
     state = saver.start(net)
-    seed = resumed_seed(state, seed)   # the run's from here on (report.json and its states record it)
-    step = TrainingStep(net, world, StepSettings.of(args), seed, build_network)
-    world.comm.broadcast_parameters(step.params)
-    step.average = ema.start_average(ema.Averaging.of(args), net, world, state)
+    seed = resumed_seed(state, run.seed)   # the run's from here on (report.json and its states record it)
+    world.comm.broadcast_parameters(net.collect_params())
+    average = ema.start_average(ema.Averaging.of(args), net, world, state)   # of the weights all workers start from
+    step = TrainingStep(net, world, StepSettings.of(args), seed, run.build_network, average)
     if state is None:
         if args.seed is None:   # said here, not when drawn: a resumed run takes its own seed instead
             log.info('No --seed given: using seed %d', seed)
         meta = {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
                 'loss_sum': 0.0, 'loss_count': 0}
-        if getattr(dllogger, 'appending', False):
+        if getattr(run.dllogger, 'appending', False):
             # A restart without a state (the earlier run was killed before writing one): its records, now
             # redone, are superseded like those of a resumed run.
-            dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': 0})
+            run.dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': 0})
     else:
         meta = state.meta
         saver.resume(net, step, state)
-        dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': meta['iteration']})
+        run.dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': meta['iteration']})
     meta['seed'] = seed   # as every state records it; report.json too
     # run_start: before the loaders touch the data
     mlperf = mlperf_log.start(mlperf_log.Run.of(args, workspace), world, seed, resumed=state is not None)
-    train_loader, val_loader = loaders(dataset, world.rank, world.size, train=True, val=args.mode == 'train_val',
+    train_loader, val_loader = run.loaders(dataset, world.rank, world.size, train=True, val=args.mode == 'train_val',
                                        contexts=world.devices.contexts, seed=seed)
     if args.mode == 'train_val' and val_loader is None:
         raise RecipeError('--mode train_val needs validation data (--data-val); use --mode train to skip it')
@@ -278,12 +313,15 @@ def train(args, net, world, seed, loaders, dataset, build_network, dllogger, sto
                  'give a new --workspace to train again', meta['epoch'], args.num_epochs,
                  os.path.abspath(workspace.folder))
     events = None if args.tensorboard is None else workspace.place(args.tensorboard)
-    dllogger = tensorboard_log.teed(events, world, dllogger, args.benchmark_iters or train_loader.num_batches, meta)
+    iterations = args.benchmark_iters or train_loader.num_batches
+    dllogger = tensorboard_log.teed(events, world, run.dllogger, iterations, meta)
     clock = WallClock(meta, world.start_time)
-    rates, validation = schedule.Schedule.of(args), inference.Validation.of(args)
+    validation = inference.Validation.of(args)
     show_first = examples.TrainingBatchPicture(workspace.training_batch, dataset.images, names,
                                                args.data_backend) if world.rank == 0 else None
     with checkpoint.BackgroundWriter() as writer:   # the files of an epoch are written while the next one trains
+        epochs = Epochs(step, train_loader, schedule.Schedule.of(args), iterations, args.disp_batches, dllogger, stop,
+                        writer, workspace.last_state)
         for epoch in range(meta['epoch'], last_epoch):
             start_batch = meta['iteration'] if epoch == meta['epoch'] else 0
             if start_batch == 0:
@@ -291,9 +329,7 @@ def train(args, net, world, seed, loaders, dataset, build_network, dllogger, sto
             log.info('Starting epoch %d%s', epoch, '' if args.progressive_size is None else
                      ' (training at %dx%d)' % dataset.preset.training_shape(epoch)[1:])
             mlperf.epoch_start(epoch)
-            next_batch, durations, stopped = train_epoch(args, step, train_loader, epoch, start_batch, meta,
-                                                         dllogger, stop, rates, workspace.last_state, show_first,
-                                                         writer)
+            next_batch, durations, stopped = train_epoch(epochs, epoch, start_batch, meta, show_first)
             show_first = None
             trained = time.time()
             writer.wait_agreed(world.comm)   # the epoch before's files, written meanwhile: an error stops all

@@ -41,16 +41,18 @@ class Float16Net(gluon.HybridBlock):
         return F.sum(F.broadcast_mul(features.expand_dims(1), weight.expand_dims(0)), axis=2).astype('float32')
 
 
-def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='device', extra=(), kind='cpu'):
+def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='device', extra=(), kind='cpu',
+             average=None):
     """The recipe's TrainingStep for `net` (initialised here, cast to `dtype`) on `contexts`, devices of `kind`
-    ('gpu': the step of a GPU worker, on CPU contexts); `extra`: more train.py flags."""
+    ('gpu': the step of a GPU worker, on CPU contexts); `extra`: more train.py flags; `average(net)`: the step's
+    weight average of the initialised net (an ema.WeightAverage), or None."""
     args = resolved(['--batch-size', str(batch), '--lr', '0.1', '--wd', '0', '--label-smoothing', '0.1',
                      '--num-classes', '3', '--seed', '1', '--kv-store', kv_store] + list(extra), dtype=dtype)
     net.initialize(ctx=list(contexts))
     if dtype == 'float16':
         net.cast('float16')
     world = workers.World.of(workers.Communicator.start(kv_store), workers.Devices(tuple(contexts), kind))
-    return TrainingStep(net, world, StepSettings.of(args), seed=1)
+    return TrainingStep(net, world, StepSettings.of(args), seed=1, average=average and average(net))
 
 
 def batch_of(values, labels, dtype='float32'):

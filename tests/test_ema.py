@@ -47,8 +47,8 @@ def test_the_average_every_n_steps_with_warm_up_follows_the_formula(dtype):
     and 6 only, a = d * a + (1 - d) * w with d = min(0.9, 1 - (1 + step)^(-2/3)) ** 3 (float16 weights go
     through the mixed-precision kernel; the network's own weights are never written)."""
     mx.random.seed(1)
-    step = step_for(Float16Net(), dtype)
-    step.average = ema.WeightAverage(step.net, 0.9, mx.cpu(), every=3, warmup=True)
+    step = step_for(Float16Net(), dtype,
+                    average=lambda net: ema.WeightAverage(net, 0.9, mx.cpu(), every=3, warmup=True))
     step.accumulation.start_epoch(7)
     expected = {name: p.data().asnumpy().astype(np.float64) for name, p in step.net._collect_params_with_prefix().items()}
     rng = np.random.default_rng(0)

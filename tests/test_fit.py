@@ -121,6 +121,15 @@ def test_a_step_that_doubles_the_loss_scale_divides_by_the_scale_it_was_computed
     np.testing.assert_array_equal(weights[0], weights[1])
 
 
+def epochs_of(args, step, loader):
+    """fit.Epochs of `step` on `loader`'s batches at the flags' schedule, a DLLogger that says nothing, no stop
+    requested and no files being written."""
+    stop = type('Stop', (), {'requested': False, 'announce': lambda self: None})()
+    quiet = type('DLLogger', (), {'log': lambda self, *args, **kwargs: None})()
+    return fit.Epochs(step, loader, schedule.Schedule.of(args), loader.num_batches, args.disp_batches, quiet, stop,
+                      None, 'model_last.state')
+
+
 class RecordingLoader:
     """Fixed batches; records in `events` when each one is requested."""
 
@@ -152,10 +161,7 @@ def test_float16_step_fetches_the_next_batch_before_its_host_synchronisation():
     step.loss_scale.overflowed = overflowed
     args = resolved(['--lr', '0.1', '--num-epochs', '2', '--warmup-epochs', '0'])
     meta = {'loss_sum': 0.0, 'loss_count': 0}
-    stop = type('Stop', (), {'requested': False, 'announce': lambda self: None})()
-    quiet = type('DLLogger', (), {'log': lambda self, *args, **kwargs: None})()
-    next_batch, _, stopped = fit.train_epoch(args, step, RecordingLoader(batches, events), 0, 0, meta, quiet,
-                                             stop, schedule.Schedule.of(args), 'model_last.state')
+    next_batch, _, stopped = fit.train_epoch(epochs_of(args, step, RecordingLoader(batches, events)), 0, 0, meta)
     assert (next_batch, stopped) == (3, False)
     assert events == [('fetch', 0), ('fetch', 1), ('sync', 0), ('fetch', 2), ('sync', 1), ('sync', 2)]
     mx.random.seed(0)
@@ -283,10 +289,7 @@ def test_the_host_reads_each_loss_at_once_on_the_cpu_and_one_step_late_on_a_gpu(
     step.run = recorded_run
     args = resolved(['--lr', '0.1', '--num-epochs', '2', '--warmup-epochs', '0'])
     meta = {'loss_sum': 0.0, 'loss_count': 0}
-    stop = type('Stop', (), {'requested': False, 'announce': lambda self: None})()
-    quiet = type('DLLogger', (), {'log': lambda self, *args, **kwargs: None})()
-    fit.train_epoch(args, step, RecordingLoader(batches, []), 0, 0, meta, quiet, stop, schedule.Schedule.of(args),
-                    'model_last.state')
+    fit.train_epoch(epochs_of(args, step, RecordingLoader(batches, [])), 0, 0, meta)
     assert [f'{what} {index}' for what, index in events] == order
     assert meta['loss_count'] == 3
 
