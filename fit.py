@@ -4,9 +4,9 @@ Policy, Averaging, Validation, Run) and hands them to rn50/.
 
 train.py builds everything this needs and calls, for --mode train and train_val:
 
-    meta = fit.train(args, fit.TrainingRun(net, world, seed, dataset, loaders, build_network, dllogger, stop,
-                                           workspace))
-    # meta["history"]; loaders: train.Loaders, dataset: contract.Dataset, workspace: its Workspace
+    progress = fit.train(args, fit.TrainingRun(net, world, seed, dataset, loaders, build_network, dllogger, stop,
+                                               workspace))
+    # progress.history; loaders: train.Loaders, dataset: contract.Dataset, workspace: its Workspace
 
 What happens, in order:
 1. The state to start from (the Saver's start, rn50/checkpoints/saver.py and resume.py): --load FILE (a
@@ -31,7 +31,7 @@ import numpy as np
 
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
-from rn50.checkpoints.saver import Policy, Saver
+from rn50.checkpoints.saver import Policy, Progress, Saver
 from rn50 import flags
 from rn50.data import classes
 from rn50.data.contract import batches, device_slices
@@ -172,9 +172,9 @@ class Epochs:
     last_state: str
 
 
-def train_epoch(epochs, epoch, start_batch, meta, show_first=None):
+def train_epoch(epochs, epoch, start_batch, progress, show_first=None):
     """Run the iterations of epoch `epoch` from `start_batch` as `epochs` (an Epochs) says, its loss summed into
-    `meta`; returns (next batch index, durations, stopped). `show_first(images, labels)` (the review's
+    `progress` (the run's saver.Progress); returns (next batch index, durations, stopped). `show_first(images, labels)` (the review's
     TrainingBatchPicture, or None) is shown the first batch, as the loader gives it.
 
     On a GPU the host reads the loss of the previous iteration while the current one runs: that one-step lag
@@ -183,7 +183,7 @@ def train_epoch(epochs, epoch, start_batch, meta, show_first=None):
     (docs/performance.md), so the host reads each loss at once there."""
     step, iterations, every, dllogger = epochs.step, epochs.iterations, epochs.log_every, epochs.dllogger
     global_batch = epochs.loader.batch_size * step.world.size
-    durations, epoch_loss, previous = [], EpochLoss(meta, epochs.last_state), None
+    durations, epoch_loss, previous = [], EpochLoss(progress, epochs.last_state), None
     bar = logs.progress_bar(iterations - start_batch, f'Epoch {epoch}', step.world.rank == 0)
     step.accumulation.start_epoch(iterations)
     tick = window_start = time.time()
@@ -270,7 +270,7 @@ class TrainingRun:
 
 def train(args, run):
     """--mode train / train_val of `run` (a TrainingRun): the epoch loop with validation and checkpoints; returns
-    the checkpoint meta (its 'history' holds the metrics of every epoch). The library gets the flags as records,
+    the run's saver.Progress (its `history` holds the metrics of every epoch). The library gets the flags as records,
     made here once."""
     net, world, dataset, workspace, stop = run.net, run.world, run.dataset, run.workspace, run.stop
     check_training_flags(args)
@@ -286,17 +286,15 @@ def train(args, run):
     if state is None:
         if args.seed is None:   # said here, not when drawn: a resumed run takes its own seed instead
             log.info('No --seed given: using seed %d', seed)
-        meta = {'epoch': args.begin_epoch or 0, 'iteration': 0, 'best_accuracy': None, 'history': [],
-                'loss_sum': 0.0, 'loss_count': 0}
+        progress = Progress(epoch=args.begin_epoch or 0)
         if getattr(run.dllogger, 'appending', False):
             # A restart without a state (the earlier run was killed before writing one): its records, now
             # redone, are superseded like those of a resumed run.
-            run.dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': 0})
+            run.dllogger.log('RESUME', {'epoch': progress.epoch, 'iteration': 0})
     else:
-        meta = state.meta
-        saver.resume(net, step, state)
-        run.dllogger.log('RESUME', {'epoch': meta['epoch'], 'iteration': meta['iteration']})
-    meta['seed'] = seed   # as every state records it; report.json too
+        progress = saver.resume(net, step, state)
+        run.dllogger.log('RESUME', {'epoch': progress.epoch, 'iteration': progress.iteration})
+    progress.seed = seed   # as every state records it; report.json too
     # run_start: before the loaders touch the data
     mlperf = mlperf_log.start(mlperf_log.Run.of(args, workspace), world, seed, resumed=state is not None)
     train_loader, val_loader = run.loaders(dataset, world.rank, world.size, train=True, val=args.mode == 'train_val',
@@ -305,45 +303,46 @@ def train(args, run):
         raise RecipeError('--mode train_val needs validation data (--data-val); use --mode train to skip it')
     mlperf.data(train_loader, val_loader)
     last_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs,
-                                                                 meta['epoch'] + args.run_epochs)
-    if target_reached(args.target_accuracy, meta):   # an earlier run stopped at --target-accuracy
-        last_epoch = meta['epoch']
-    if state is not None and meta['epoch'] >= last_epoch:
+                                                                 progress.epoch + args.run_epochs)
+    if target_reached(args.target_accuracy, progress.history):   # an earlier run stopped at --target-accuracy
+        last_epoch = progress.epoch
+    if state is not None and progress.epoch >= last_epoch:
         log.info('This run is finished (%d of %d epochs): its results are in %s (report.json, model_best.params); '
-                 'give a new --workspace to train again', meta['epoch'], args.num_epochs,
+                 'give a new --workspace to train again', progress.epoch, args.num_epochs,
                  os.path.abspath(workspace.folder))
     events = None if args.tensorboard is None else workspace.place(args.tensorboard)
     iterations = args.benchmark_iters or train_loader.num_batches
-    dllogger = tensorboard_log.teed(events, world, run.dllogger, iterations, meta)
-    clock = WallClock(meta, world.start_time)
+    dllogger = tensorboard_log.teed(events, world, run.dllogger, iterations,
+                                    progress.epoch * iterations + progress.iteration)
+    clock = WallClock(progress, world.start_time)
     validation = inference.Validation.of(args)
     show_first = examples.TrainingBatchPicture(workspace.training_batch, dataset.images, names,
                                                args.data_backend) if world.rank == 0 else None
     with checkpoint.BackgroundWriter() as writer:   # the files of an epoch are written while the next one trains
         epochs = Epochs(step, train_loader, schedule.Schedule.of(args), iterations, args.disp_batches, dllogger, stop,
                         writer, workspace.last_state)
-        for epoch in range(meta['epoch'], last_epoch):
-            start_batch = meta['iteration'] if epoch == meta['epoch'] else 0
+        for epoch in range(progress.epoch, last_epoch):
+            start_batch = progress.iteration
             if start_batch == 0:
-                meta['loss_sum'], meta['loss_count'] = 0.0, 0
+                progress.loss_sum, progress.loss_count = 0.0, 0
             log.info('Starting epoch %d%s', epoch, '' if args.progressive_size is None else
                      ' (training at %dx%d)' % dataset.preset.training_shape(epoch)[1:])
             mlperf.epoch_start(epoch)
-            next_batch, durations, stopped = train_epoch(epochs, epoch, start_batch, meta, show_first)
+            next_batch, durations, stopped = train_epoch(epochs, epoch, start_batch, progress, show_first)
             show_first = None
             trained = time.time()
             writer.wait_agreed(world.comm)   # the epoch before's files, written meanwhile: an error stops all
             check_parameters(net, world, epoch, next_batch, workspace.last_state)
-            loss_sum, loss_count = world.comm.allreduce_sum([meta['loss_sum'], meta['loss_count']])
+            loss_sum, loss_count = world.comm.allreduce_sum([progress.loss_sum, progress.loss_count])
             if stopped:
                 # The state holds the sums of every worker; rank 0 alone takes them back on resume.
-                meta.update(epoch=epoch, iteration=next_batch, loss_sum=float(loss_sum), loss_count=int(loss_count))
-                clock.record(meta)
-                write_state(saver, net, step, meta, world, writer)
+                progress.iteration, progress.loss_sum, progress.loss_count = next_batch, float(loss_sum), int(loss_count)
+                clock.record(progress)
+                write_state(saver, net, step, progress, world, writer)
                 writer.wait_agreed(world.comm)
                 log.info('Stopped at epoch %d iteration %d%s', epoch, next_batch, saver.resume_note())
                 mlperf.run_stop()
-                return meta
+                return progress
             world.comm.average_copies([p.list_data() for p in net.collect_params().values() if p.grad_req == 'null'])
             mlperf.epoch_stop(epoch)
             steady = logs.steady_durations(durations)
@@ -356,31 +355,30 @@ def train(args, run):
                 val_metrics, _ = inference.validate(validation, net, val_loader, world)
                 mlperf.eval_stop(epoch, val_metrics)
                 metrics.update(val_metrics)
-                metrics.update(ema.validate_average(net, step.average, val_loader, world, meta, epoch, saver,
+                metrics.update(ema.validate_average(net, step.average, val_loader, world, progress, epoch, saver,
                                                     validation, writer))
             validated = time.time()
-            meta['history'].append(dict(metrics, epoch=epoch))
-            clock.record(meta)
-            meta.update(epoch=epoch + 1, iteration=0, loss_sum=0.0, loss_count=0)
+            progress.finish_epoch(metrics)
+            clock.record(progress)
             # Host memory that grows epoch after epoch is a leak (MXNet 1.9.1's LAMB kernel on GPUs: docs/training.md).
             log.info('[Epoch %d] Peak resident host memory of this worker: %.0f MiB', epoch, logs.peak_memory_mb())
-            saver.save_epoch(net, epoch, metrics, meta, writer)
-            write_state(saver, net, step, meta, world, writer)
+            saver.save_epoch(net, epoch, metrics, progress, writer)
+            write_state(saver, net, step, progress, world, writer)
             optimizer_state.check_replicas(net, step.gluon_trainer, world, epoch)
-            logs.write_report(workspace.report(args.mode), vars(args), world, meta['history'],
-                              duration=meta['wall_seconds'], seed=seed)
+            logs.write_report(workspace.report(args.mode), vars(args), world, progress.history,
+                              duration=progress.wall_seconds, seed=seed)
             log_epoch(dllogger, epoch, metrics, time.time() - trained - (validated - validating),
                       validated - validating)
-            if target_reached(args.target_accuracy, meta):
+            if target_reached(args.target_accuracy, progress.history):
                 break
             if stop_agreed(stop, world, 0, 1, writer):
                 log.info('Stopped after epoch %d%s', epoch, saver.resume_note())
                 break
         writer.wait_agreed(world.comm)   # the last files, before the collectives that may follow the run
-    clock.record(meta)   # report.json's total_duration: the training's wall time over all its resumes
+    clock.record(progress)   # report.json's total_duration: the training's wall time over all its resumes
     mlperf.run_stop()
-    note_inherited_epochs(meta['history'])   # which epochs the summary leaves out
-    return meta
+    note_inherited_epochs(progress.history)   # which epochs the summary leaves out
+    return progress
 
 
 def log_epoch(dllogger, epoch, metrics, gap, validation):
@@ -422,7 +420,7 @@ def check_parameters(net, world, epoch, iteration, last_state):
                       f'{last_state} (if it exists); lower --lr or add --warmup-epochs')
 
 
-def write_state(saver, net, step, meta, world, writer=None):
+def write_state(saver, net, step, progress, world, writer=None):
     """<prefix>_last.state by `saver` (checkpoints/saver.py: rank 0 writes it), with every worker's batchnorm
     statistics and the weight average's: collectives, every worker gathers them. A --benchmark-iters run is a
     measurement: it writes no state (and so never replaces a training run's), and it resumes none."""
@@ -430,7 +428,7 @@ def write_state(saver, net, step, meta, world, writer=None):
         return
     statistics = checkpoint.worker_statistics(net, world)
     average = ema.average_state(step.average, net, world)   # a collective too
-    saver.write_state(net, step, meta, statistics, average, writer)
+    saver.write_state(net, step, progress, statistics, average, writer)
 
 
 def training_summary(history, target_accuracy=None):
@@ -463,15 +461,16 @@ class WallClock:
     """Training wall time over every run of a workspace: the time the resumed state had, plus this process's
     since it started (`start`, time.time()); what a kill -9 interrupts after the last state is not counted."""
 
-    def __init__(self, meta, start):
-        self.before = meta.get('wall_seconds', 0.0)
+    def __init__(self, progress, start):
+        self.before = progress.wall_seconds or 0.0
         self.start = start
 
-    def record(self, meta):
-        """Store the time so far in `meta` (and so in the state) and in the newest history entry."""
-        meta['wall_seconds'] = self.before + time.time() - self.start
-        if meta['history']:
-            meta['history'][-1].setdefault('wall_seconds', meta['wall_seconds'])
+    def record(self, progress):
+        """Store the time so far in `progress` (a saver.Progress, and so in the state) and in the newest history
+        entry."""
+        progress.wall_seconds = self.before + time.time() - self.start
+        if progress.history:
+            progress.history[-1].setdefault('wall_seconds', progress.wall_seconds)
 
 
 def target_epoch(history, target):
@@ -481,11 +480,11 @@ def target_epoch(history, target):
     return next((m for m in history if m.get('val.accuracy') is not None and m['val.accuracy'] >= target), None)
 
 
-def target_reached(target, meta):
-    """Whether the run stops here (`target`, --target-accuracy, reached by this epoch or an earlier one); logs it
-    once."""
-    reached = target_epoch(meta['history'], target)
-    if reached is not None and reached is meta['history'][-1]:
+def target_reached(target, history):
+    """Whether the run stops here (`target`, --target-accuracy, reached by this epoch or an earlier one of the
+    run's `history`); logs it once."""
+    reached = target_epoch(history, target)
+    if reached is not None and reached is history[-1]:
         log.info('Target accuracy %.4f reached at epoch %d (top-1 %.4f) after %.1f s: stopping', target,
                  reached['epoch'], reached['val.accuracy'], reached.get('wall_seconds', float('nan')))
     return reached is not None

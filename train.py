@@ -172,9 +172,9 @@ def run_mode(args, net, world, seed, dllogger, stop, workspace, dataset):
                             resume.describe_weights(resume.find_weights(workspace, args.load))) if reviewed else None
     else:
         teacher_network = functools.partial(models.build, args, world.devices.kind)   # for a --teacher
-        meta = fit.train(args, fit.TrainingRun(net, world, seed, dataset, loaders, teacher_network, dllogger, stop,
-                                               workspace))
-        history, duration, seed = meta['history'], meta['wall_seconds'], meta['seed']
+        progress = fit.train(args, fit.TrainingRun(net, world, seed, dataset, loaders, teacher_network, dllogger,
+                                                   stop, workspace))
+        history, duration, seed = progress.history, progress.wall_seconds, progress.seed
         summary = fit.training_summary(history, args.target_accuracy)
         # the MLPerf result log's status and time to train
         summary.update(mlperf_log.summary(mlperf_log.log_path(args.mlperf_log, workspace)))

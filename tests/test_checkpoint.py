@@ -452,3 +452,24 @@ def test_the_replica_fingerprint_tells_workers_apart(on_gpu):
     net, trainer = replica()
     trainer._optimizer._all_index_update_counts[0][0] += 1
     assert not np.array_equal(optimizer_state.replica_fingerprint(net, trainer, on_gpu), reference)
+
+
+@pytest.mark.unit
+def test_a_states_progress_is_one_record_written_and_read_back_as_before():
+    """saver.Progress is what a state's meta records of where the run stands (the keys the states held when the
+    epoch loop wrote a dict): written and read back unchanged; the measures not taken yet left out; a state
+    of an earlier version that lacks a key reads as a new run's value for it."""
+    from rn50.checkpoints.saver import Progress
+    progress = Progress(epoch=3)
+    assert progress.meta() == {'epoch': 3, 'iteration': 0, 'best_accuracy': None, 'history': [], 'loss_sum': 0.0,
+                               'loss_count': 0, 'seed': None}
+    progress.loss_sum, progress.loss_count, progress.seed, progress.wall_seconds = 2.5, 5, 7, 12.0
+    progress.finish_epoch({'val.accuracy': 0.5})
+    assert (progress.epoch, progress.iteration, progress.loss_sum, progress.loss_count) == (4, 0, 0.0, 0)
+    progress.ema_best_accuracy = 0.25
+    meta = json.loads(json.dumps(progress.meta()))
+    assert meta == {'epoch': 4, 'iteration': 0, 'best_accuracy': None, 'history': [{'val.accuracy': 0.5, 'epoch': 3}],
+                    'loss_sum': 0.0, 'loss_count': 0, 'seed': 7, 'wall_seconds': 12.0, 'ema_best_accuracy': 0.25}
+    assert Progress.of_meta(dict(meta, workers=2, global_batch=64)) == progress
+    assert Progress.of_meta({'epoch': 1, 'iteration': 5, 'best_accuracy': 0.1, 'history': [], 'loss_sum': 1.0,
+                             'loss_count': 2}).seed is None

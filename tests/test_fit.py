@@ -17,6 +17,7 @@ from rn50.optim import schedule
 from rn50.training import losses
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
+from rn50.checkpoints.saver import Progress
 from rn50.world import workers
 from conftest import digits_flags, gloo_workers, resolved, scalars
 from float16_twin import Float16Net, batch_of, step_for
@@ -160,8 +161,8 @@ def test_float16_step_fetches_the_next_batch_before_its_host_synchronisation():
         return read_flag(finite)
     step.loss_scale.overflowed = overflowed
     args = resolved(['--lr', '0.1', '--num-epochs', '2', '--warmup-epochs', '0'])
-    meta = {'loss_sum': 0.0, 'loss_count': 0}
-    next_batch, _, stopped = fit.train_epoch(epochs_of(args, step, RecordingLoader(batches, events)), 0, 0, meta)
+    next_batch, _, stopped = fit.train_epoch(epochs_of(args, step, RecordingLoader(batches, events)), 0, 0,
+                                             Progress())
     assert (next_batch, stopped) == (3, False)
     assert events == [('fetch', 0), ('fetch', 1), ('sync', 0), ('fetch', 2), ('sync', 1), ('sync', 2)]
     mx.random.seed(0)
@@ -288,10 +289,10 @@ def test_the_host_reads_each_loss_at_once_on_the_cpu_and_one_step_late_on_a_gpu(
         return RecordedLoss(run(batch, epoch, iteration, lr, before_sync), iteration, events)
     step.run = recorded_run
     args = resolved(['--lr', '0.1', '--num-epochs', '2', '--warmup-epochs', '0'])
-    meta = {'loss_sum': 0.0, 'loss_count': 0}
-    fit.train_epoch(epochs_of(args, step, RecordingLoader(batches, [])), 0, 0, meta)
+    progress = Progress()
+    fit.train_epoch(epochs_of(args, step, RecordingLoader(batches, [])), 0, 0, progress)
     assert [f'{what} {index}' for what, index in events] == order
-    assert meta['loss_count'] == 3
+    assert progress.loss_count == 3
 
 
 @pytest.mark.unit

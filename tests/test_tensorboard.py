@@ -29,7 +29,7 @@ def test_tensorboard_says_where_its_files_go(tmp_path, caplog):
     args = SimpleNamespace(tensorboard='tb', workspace=str(tmp_path), model_prefix='model')
     with caplog.at_level(logging.INFO, logger='rn50.reports.tensorboard_log'):
         tensorboard_log.teed(Workspace.of(args).place(args.tensorboard), workers.World(), SimpleNamespace(), 4,
-                             {'epoch': 0, 'iteration': 0})
+                             0)
     folder = tmp_path / 'tb'
     assert f'--tensorboard: event files in {folder} (view them with: tensorboard --logdir {folder})' in caplog.text
     assert os.listdir(folder)
@@ -76,7 +76,7 @@ def test_tensorboard_scalars_are_on_disk_when_the_record_is_logged(tmp_path):
     threads = set(threading.enumerate())
     dllogger = RecordsOnly()
     logger = tensorboard_log.teed(Workspace.of(args).place(args.tensorboard), workers.World(), dllogger, 4,
-                                  {'epoch': 0, 'iteration': 0})
+                                  0)
     logger.log((0, 2), {'train.loss': 1.5, 'train.lr': 0.1})
     logger.log((0,), {'val.accuracy': 0.5, 'val.ips': 900.0})
     assert set(threading.enumerate()) <= threads      # no thread started (others' may have ended)

@@ -4,10 +4,15 @@ written and which of them are kept, and how a run starts from a state and contin
 
     saver = Saver(workspace, world, Policy.of(args))               # fit.train, once
     state = saver.start(net)                     # the State to resume (its weights in `net`) or None, agreed
-    saver.resume(net, step, state)               # its optimizer state, loss scaler, statistics and position
-    saver.save_epoch(net, epoch, metrics, meta, writer)            # <prefix>_NNNN.params, <prefix>_best.params
-    saver.save_best_average(net, epoch, accuracy, meta, writer)    # <prefix>_ema_best.params (--model-ema)
-    saver.write_state(net, step, meta, statistics, average, writer)   # <prefix>_last.state, the previous kept
+    progress = saver.resume(net, step, state)    # its optimizer state, loss scaler, statistics; its Progress
+    progress = Progress(epoch=0)                 # ... or that of a new run
+    saver.save_epoch(net, epoch, metrics, progress, writer)        # <prefix>_NNNN.params, <prefix>_best.params
+    saver.save_best_average(net, epoch, accuracy, progress, writer)   # <prefix>_ema_best.params (--model-ema)
+    saver.write_state(net, step, progress, statistics, average, writer)   # <prefix>_last.state, the previous kept
+
+A state holds the arrays (checkpoint.py's format) and a 'meta' dictionary: the run's Progress, the record of
+where it stands, which the epoch loop advances, and what the Saver adds as it writes (the step's seed and loss
+scaler, the global batch, the number of workers, the run's settings, its preprocessing).
 
 `step` is the training step (rn50/training/step.py): its `gluon_trainer`, `seed`, `scaler_state()` and
 `restore_scaler(state)`. What else a state holds comes in as values: the workers' batchnorm statistics
@@ -24,6 +29,40 @@ from rn50.checkpoints import optimizer_state
 from rn50.checkpoints import resume
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where a training run stands, as its states record it in their 'meta': in epoch `epoch`, `iteration`
+    batches into it (0: not started); the best top-1 validated (`best_accuracy`; `ema_best_accuracy` of
+    --model-ema's average, None until one); every finished epoch's metrics (`history`, dicts with 'epoch'); the
+    sum and count of the epoch's finite losses so far (`loss_sum`, `loss_count`: rank 0's hold every worker's once
+    written); the run's `seed`; its training wall time over all its resumes (`wall_seconds`, None until
+    measured). The epoch loop advances it; the Saver writes it (meta) and reads it back (of_meta)."""
+    epoch: int = 0
+    iteration: int = 0
+    best_accuracy: float = None
+    history: list = dataclasses.field(default_factory=list)
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    seed: int = None
+    wall_seconds: float = None
+    ema_best_accuracy: float = None
+
+    @classmethod
+    def of_meta(cls, meta):
+        """The Progress a state's `meta` records (what it lacks, a state of an earlier version, as a new run's)."""
+        return cls(**{field.name: meta[field.name] for field in dataclasses.fields(cls) if field.name in meta})
+
+    def meta(self):
+        """The fields as a state's meta records them (the measures not taken yet left out)."""
+        return {name: value for name, value in dataclasses.asdict(self).items()
+                if value is not None or name not in ('wall_seconds', 'ema_best_accuracy')}
+
+    def finish_epoch(self, metrics):
+        """The epoch done: its `metrics` in the history, the position at the start of the next one."""
+        self.history.append(dict(metrics, epoch=self.epoch))
+        self.epoch, self.iteration, self.loss_sum, self.loss_count = self.epoch + 1, 0, 0.0, 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +116,10 @@ class Saver:
 
     def resume(self, net, step, state):
         """Continue a saved run (a checkpoint.State): its optimizer state (with this run's --wd and --mom), loss
-        scaler, this worker's batchnorm statistics and loss sums, and its position in images seen (its seed:
-        fit.resumed_seed)."""
+        scaler, this worker's batchnorm statistics; returns its Progress, with the loss sums (rank 0's) and the
+        position in images seen (its seed: fit.resumed_seed)."""
         meta, start = state.meta, self.policy.start
+        progress = Progress.of_meta(meta)
         if start.load and start.load.endswith('.state') and not start.finetune and \
                 os.path.dirname(os.path.abspath(start.load)) != os.path.abspath(self.workspace.folder):
             # A run continued from another workspace's state: its best weights stay there, and this workspace
@@ -87,9 +127,8 @@ class Saver:
             log.info('Continuing the run of %s in this workspace: the best checkpoint here is that of the epochs '
                      'trained here (the earlier best, top-1 %s, stays in %s)', start.load, meta.get('best_accuracy'),
                      os.path.dirname(os.path.abspath(start.load)))
-            meta['best_accuracy'] = None
-            meta.pop('ema_best_accuracy', None)
-            for entry in meta['history']:   # the summary leaves them out (fit.training_summary)
+            progress.best_accuracy = progress.ema_best_accuracy = None
+            for entry in progress.history:   # the summary leaves them out (fit.training_summary)
                 entry.setdefault('inherited_from', os.path.dirname(os.path.abspath(start.load)))
         optimizer_state.restore_trainer_state(step.gluon_trainer, state.trainer)
         optimizer_state.take_flags(step.gluon_trainer._optimizer, wd=self.policy.weight_decay,
@@ -97,24 +136,25 @@ class Saver:
         step.restore_scaler(meta.get('loss_scaler'))
         checkpoint.restore_worker_statistics(net, self.world, state.worker_statistics, meta.get('workers', 1))
         if self.world.rank != 0:
-            meta['loss_sum'], meta['loss_count'] = 0.0, 0
+            progress.loss_sum, progress.loss_count = 0.0, 0
         batch = self.policy.global_batch
         saved_batch = meta.get('global_batch', batch)
-        if saved_batch != batch and meta['iteration']:
-            images = meta['iteration'] * saved_batch
-            meta['iteration'] = images // batch
+        if saved_batch != batch and progress.iteration:
+            images = progress.iteration * saved_batch
+            progress.iteration = images // batch
             log.warning('Resuming with a global batch of %d (the state was written with %d): continuing at '
                         'iteration %d of epoch %d, after the same %d images; the batches differ from an '
-                        'uninterrupted run', batch, saved_batch, meta['iteration'], meta['epoch'],
-                        meta['iteration'] * batch)
+                        'uninterrupted run', batch, saved_batch, progress.iteration, progress.epoch,
+                        progress.iteration * batch)
+        return progress
 
     # ------------------------------------------------------------------------------------------------------
     # Writing
 
-    def save_epoch(self, net, epoch, metrics, meta, writer=None):
+    def save_epoch(self, net, epoch, metrics, progress, writer=None):
         """<prefix>_NNNN.params every --save-frequency epochs (the newest --keep-checkpoints kept) and
-        <prefix>_best.params on a new best top-1 (meta['best_accuracy']), written by `writer` from copies made now;
-        none for a --benchmark-iters measurement."""
+        <prefix>_best.params on a new best top-1 (progress.best_accuracy), written by `writer` from copies made
+        now; none for a --benchmark-iters measurement."""
         if self.world.rank != 0 or self.policy.save_frequency == 0 or self.measuring:
             return
         workspace, frequency = self.workspace, self.policy.save_frequency
@@ -124,31 +164,31 @@ class Saver:
             checkpoint.run_or_submit(lambda: workspace.prune_epoch_params(self.policy.keep), writer)
             log.info('[Epoch %d] Saving %s', epoch, path)
         accuracy = metrics.get('val.accuracy')
-        if accuracy is not None and (meta['best_accuracy'] is None or accuracy > meta['best_accuracy']):
-            meta['best_accuracy'] = accuracy
+        if accuracy is not None and (progress.best_accuracy is None or accuracy > progress.best_accuracy):
+            progress.best_accuracy = accuracy
             path = workspace.best_params
             checkpoint.save_params(net, path, writer)
             log.info('[Epoch %d] Saving %s with accuracy %.4f', epoch, path, accuracy)
 
-    def save_best_average(self, net, epoch, accuracy, meta, writer=None):
+    def save_best_average(self, net, epoch, accuracy, progress, writer=None):
         """<prefix>_ema_best.params (rank 0) when the weight average, swapped into `net` now, reaches a new best
-        top-1 (`accuracy`; meta['ema_best_accuracy'] on every worker)."""
-        best = meta.get('ema_best_accuracy')
+        top-1 (`accuracy`; progress.ema_best_accuracy on every worker)."""
+        best = progress.ema_best_accuracy
         if accuracy is not None and (best is None or accuracy > best):
-            meta['ema_best_accuracy'] = accuracy
+            progress.ema_best_accuracy = accuracy
             if self.world.rank == 0 and self.policy.save_frequency != 0:
                 path = self.workspace.ema_best_params
                 checkpoint.save_params(net, path, writer)
                 log.info('[Epoch %d] Saving %s with accuracy %.4f', epoch, path, accuracy)
 
-    def write_state(self, net, step, meta, statistics=None, average=None, writer=None):
+    def write_state(self, net, step, progress, statistics=None, average=None, writer=None):
         """<prefix>_last.state (rank 0 writes it, with every worker's batchnorm `statistics` and the weight
         `average`'s arrays, by `writer` from copies made now), the one it replaces kept as <prefix>_prev.state:
-        `meta` with the step's seed and loss scaler, the global batch, the workers, the run's settings and its
-        preprocessing."""
+        `progress` (a Progress) with the step's seed and loss scaler, the global batch, the workers, the run's
+        settings and its preprocessing."""
         if self.world.rank != 0:
             return
-        meta = dict(meta, seed=step.seed, loss_scaler=step.scaler_state(), global_batch=self.policy.global_batch,
+        meta = dict(progress.meta(), seed=step.seed, loss_scaler=step.scaler_state(), global_batch=self.policy.global_batch,
                     workers=self.world.size, settings=self.policy.start.settings,
                     preprocessing=self.policy.preprocessing)
         checkpoint.save_state(self.workspace.last_state, net, step.gluon_trainer, meta,

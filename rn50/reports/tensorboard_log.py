@@ -1,6 +1,6 @@
 """--tensorboard [DIR]: the DLLogger records of training also as TensorBoard event files (tensorboardX).
 
-    dllogger = tensorboard_log.teed(folder, world, dllogger, iterations, meta)   # in fit.train, rank 0 only
+    dllogger = tensorboard_log.teed(folder, world, dllogger, iterations, position)   # fit.train, rank 0 only
 
 The returned logger writes every record to the DLLogger as before, and the scalars to DIR (relative: in the
 workspace) on the global step, the batches trained since the run began (epoch * iterations + iteration):
@@ -32,12 +32,12 @@ def add_args(group):
                             'tensorboard)')
 
 
-def teed(folder, world, dllogger, iterations, meta):
+def teed(folder, world, dllogger, iterations, position):
     """`dllogger`, or with --tensorboard (`folder`: where its event files go, relative ones in the workspace:
-    Workspace.place; None: no --tensorboard) on rank 0 a TeeLogger in front of it."""
+    Workspace.place; None: no --tensorboard) on rank 0 a TeeLogger in front of it, for a run of `iterations`
+    batches an epoch that starts after `position` of them (epoch * iterations + iteration)."""
     if folder is None or world.rank != 0:
         return dllogger
-    position = meta['epoch'] * iterations + meta['iteration']
     folder = os.path.abspath(folder)
     log.info('--tensorboard: event files in %s (view them with: tensorboard --logdir %s)', folder, folder)
     # Also at position 0: a run killed before its first state may have left events to supersede.

@@ -7,7 +7,7 @@ in the state).
     average = ema.start_average(averaging, net, world, state)   # fit.train: resumed from the state, or fresh
     average.update(step, steps_per_epoch)   # the training step, after optimizer step `step` (1, 2, ...): every
                                             # --model-ema-steps, a = d * a + (1 - d) * w
-    metrics = ema.validate_average(net, average, val_loader, world, meta, epoch, saver, validation)   # val.ema.*
+    metrics = ema.validate_average(net, average, val_loader, world, progress, epoch, saver, validation)   # val.ema.*
     arrays = ema.average_state(average, net, world)        # for the .state file (a collective)
 
     average = ema.WeightAverage(net, decay=0.9999, ctx=world.devices.contexts[0], every=32)   # float32 copies
@@ -315,10 +315,11 @@ def average_state(average, net, world):
     return average.state_arrays(statistics)
 
 
-def validate_average(net, average, val_loader, world, meta, epoch, saver, validation, writer=None):
+def validate_average(net, average, val_loader, world, progress, epoch, saver, validation, writer=None):
     """`val.ema.*` metrics of the weight average (inference.validate's, by `validation`), and
-    `<prefix>_ema_best.params` on its best top-1 (by `saver`, the run's checkpoints.saver.Saver; written by
-    `writer`, checkpoint.BackgroundWriter, from copies made while the average is swapped in)."""
+    `<prefix>_ema_best.params` on its best top-1 (by `saver`, the run's checkpoints.saver.Saver, which keeps it
+    in `progress`, the run's Progress; written by `writer`, checkpoint.BackgroundWriter, from copies made while
+    the average is swapped in)."""
     if average is None or val_loader is None:
         return {}
     if not average.updates:   # the same on every worker: all return before the collective below
@@ -330,5 +331,5 @@ def validate_average(net, average, val_loader, world, meta, epoch, saver, valida
     world.comm.average_copies([[average.average[name]] for name, p in average.params.items() if p.grad_req == 'null'])
     with average.swapped_in():
         metrics, _ = inference.validate(validation, net, val_loader, world, passes_label=' of the weight average')
-        saver.save_best_average(net, epoch, metrics.get('val.accuracy'), meta, writer)
+        saver.save_best_average(net, epoch, metrics.get('val.accuracy'), progress, writer)
     return {'val.ema.' + key[len('val.'):]: metrics[key] for key in EMA_METRICS if key in metrics}

@@ -1,6 +1,6 @@
 """The training loss of an epoch, as fit.py's epoch loop keeps it:
 
-    epoch_loss = EpochLoss(meta, last_state)       # meta: the checkpoint meta ('loss_sum', 'loss_count')
+    epoch_loss = EpochLoss(progress, last_state)   # the run's checkpoints.saver.Progress (its loss sums)
     epoch_loss.add(loss, epoch, iteration, step)   # each iteration's loss (on a GPU one iteration late)
     epoch_loss.window_mean()                       # the --disp-batches window's mean, for the progress line
 
@@ -12,12 +12,12 @@ from rn50.errors import RecipeError
 
 
 class EpochLoss:
-    """The sum and count of the finite iteration losses of an epoch (stored in the checkpoint meta, so a
-    resumed epoch reports the loss over all its iterations), and of the current --disp-batches window.
-    `last_state`: the path of the run's last state, which a non-finite loss's error names."""
+    """The sum and count of the finite iteration losses of an epoch (in the run's Progress, which its states
+    record, so a resumed epoch reports the loss over all its iterations), and of the current --disp-batches
+    window. `last_state`: the path of the run's last state, which a non-finite loss's error names."""
 
-    def __init__(self, meta, last_state):
-        self.meta, self.last_state = meta, last_state
+    def __init__(self, progress, last_state):
+        self.progress, self.last_state = progress, last_state
         self.window_sum, self.window_count = 0.0, 0
 
     def add(self, value, epoch, iteration, step):
@@ -26,8 +26,8 @@ class EpochLoss:
                               f'training stopped. The last good state is {self.last_state} '
                               '(if it exists); lower --lr, add --warmup-epochs, or check the data')
         if math.isfinite(value):
-            self.meta['loss_sum'] += value
-            self.meta['loss_count'] += 1
+            self.progress.loss_sum += value
+            self.progress.loss_count += 1
             self.window_sum += value
             self.window_count += 1
 
