@@ -4,8 +4,9 @@ Policy, Averaging, Validation, Run) and hands them to rn50/.
 
 train.py builds everything this needs and calls, for --mode train and train_val:
 
-    meta = fit.train(args, net, world, seed, loaders, dataset, build_network, dllogger, stop, workspace)
-    # meta["history"]; loaders: train.Loaders, dataset: contract.Dataset, workspace: its Workspace
+    meta = fit.train(args, net, world, seed, loaders, dataset, network, build_network, dllogger, stop, workspace)
+    # meta["history"]; loaders: train.Loaders, dataset: contract.Dataset, network: the nets.network.Network of
+    # net, build_network: models.build on the worker's kind of device (a --teacher), workspace: its Workspace
 
 What happens, in order:
 1. The state to start from (the Saver's start, rn50/checkpoints/saver.py and resume.py): --load FILE (a
@@ -230,12 +231,13 @@ def stop_agreed(stop, world, done, every, writer=None):
 # The run
 
 
-def train(args, net, world, seed, loaders, dataset, build_network, dllogger, stop, workspace):
+def train(args, net, world, seed, loaders, dataset, network, build_network, dllogger, stop, workspace):
     """--mode train / train_val: the epoch loop with validation and checkpoints; returns the checkpoint
     meta (its 'history' holds the metrics of every epoch). `seed`: the run's (workers.resolve_seed), unless the
     state it resumes has its own. The loaders of `dataset` (the run's contract.Dataset) come from `loaders(dataset,
     rank, workers, train=..., val=..., contexts=..., seed=...)` (train.Loaders) once the state to start from, and
-    so the seed that orders the data, is known. `build_network(**overrides)` builds a --teacher. `stop`
+    so the seed that orders the data, is known. `net` is `network` (its nets.network.Network), and
+    `build_network(network)` builds a --teacher (a `dataclasses.replace` of it) on the worker's devices. `stop`
     (rn50.launch.stop's StopRequest) says when a signal asked the run to stop. `workspace`: the run's Workspace,
     its checkpoints written by a Saver. The library gets the flags as records, made here once."""
     check_training_flags(args)
@@ -245,7 +247,7 @@ def train(args, net, world, seed, loaders, dataset, build_network, dllogger, sto
     saver = Saver(workspace, world, Policy.of(args))
     state = saver.start(net)
     seed = resumed_seed(state, seed)   # the run's from here on (report.json and its states record it)
-    step = TrainingStep(net, world, StepSettings.of(args), seed, build_network)
+    step = TrainingStep(net, world, StepSettings.of(args), seed, network, build_network)
     world.comm.broadcast_parameters(step.params)
     step.average = ema.start_average(ema.Averaging.of(args), net, world, state)
     if state is None:

@@ -4,7 +4,8 @@ the update through a gluon.Trainer (Horovod's DistributedTrainer with several wo
 calls
 
     settings = StepSettings.of(args)                              # the flags as values, once
-    step = TrainingStep(net, world, settings, seed, build_network)   # build_network: models.build for a --teacher
+    step = TrainingStep(net, world, settings, seed, network, build_network)   # network, build_network: the
+    # nets.network.Network of `net` and models.build on the worker's kind of device, for a --teacher
     loss = step.run(batch, epoch, iteration, lr, before_sync=fetch_next_batch)   # an NDArray, not synchronised
 """
 import dataclasses
@@ -175,9 +176,10 @@ class TrainingStep:
     """The training step of one worker: forward and backward on each of its devices, loss scaling, and the
     update through `gluon_trainer` (a gluon.Trainer, or Horovod's DistributedTrainer)."""
 
-    def __init__(self, net, world, settings, seed=0, build_network=None):
+    def __init__(self, net, world, settings, seed=0, network=None, build_network=None):
         """`world.devices`: where and in which AMP dtype to run; `settings`: a StepSettings; `seed`: the run's, for
-        mixup and CutMix draws; `build_network(**overrides)`: models.build for a --teacher."""
+        mixup and CutMix draws; for a --teacher, `network`: the nets.network.Network of `net`, and
+        `build_network(network)`: models.build on the worker's kind of device."""
         self.net, self.world, self.settings, self.seed = net, world, settings, seed
         self.targets = targets = settings.targets
         self.contexts = list(world.devices.contexts)
@@ -216,7 +218,8 @@ class TrainingStep:
             if self.loss_scale is not None and order == 'after-update' else None
         self.accumulation = Accumulation(settings.accumulation, self.params)
         self.average = None   # --model-ema's ema.WeightAverage, set by train() once the weights are final
-        self.teacher = distill.Teacher(settings.teacher, build_network, self.contexts) if settings.teacher else None
+        self.teacher = distill.Teacher(settings.teacher, network, build_network, self.contexts) \
+            if settings.teacher else None
 
     def inputs_and_targets(self, images, labels, epoch, iteration, part):
         """(images, targets) as the loss wants them: the labels sparse or as smoothed one-hot vectors, and
