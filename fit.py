@@ -4,9 +4,10 @@ Policy, Averaging, Validation, Run) and hands them to rn50/.
 
 train.py builds everything this needs and calls, for --mode train and train_val:
 
-    progress = fit.train(args, fit.TrainingRun(net, world, seed, dataset, loaders, build_network, dllogger, stop,
-                                               workspace))
-    # progress.history; loaders: train.Loaders, dataset: contract.Dataset, workspace: its Workspace
+    progress = fit.train(args, fit.TrainingRun(net, world, seed, dataset, loaders, network, build_network,
+                                               dllogger, stop, workspace))
+    # progress.history; loaders: train.Loaders, dataset: contract.Dataset, network: the nets.network.Network of
+    # net, build_network: models.build on the worker's kind of device (a --teacher), workspace: its Workspace
 
 What happens, in order:
 1. The state to start from (the Saver's start, rn50/checkpoints/saver.py and resume.py): --load FILE (a
@@ -174,8 +175,8 @@ class Epochs:
 
 def train_epoch(epochs, epoch, start_batch, progress, show_first=None):
     """Run the iterations of epoch `epoch` from `start_batch` as `epochs` (an Epochs) says, its loss summed into
-    `progress` (the run's saver.Progress); returns (next batch index, durations, stopped). `show_first(images, labels)` (the review's
-    TrainingBatchPicture, or None) is shown the first batch, as the loader gives it.
+    `progress` (the run's saver.Progress); returns (next batch index, durations, stopped). `show_first(images,
+    labels)` (the review's TrainingBatchPicture, or None) is shown the first batch, as the loader gives it.
 
     On a GPU the host reads the loss of the previous iteration while the current one runs: that one-step lag
     keeps the device busy (no per-iteration sync) yet catches a NaN within an iteration. On the CPU the host's
@@ -254,7 +255,8 @@ class TrainingRun:
     the run's (workers.resolve_seed), unless the state it resumes has its own; `dataset`, the run's
     contract.Dataset, whose loaders come from `loaders(dataset, rank, workers, train=..., val=..., contexts=...,
     seed=...)` (train.Loaders) once the state to start from, and so the seed that orders the data, is known;
-    `build_network(**overrides)`, which builds a --teacher; `dllogger`, the run's DLLogger; `stop` (rn50.launch.
+    `network`, the nets.network.Network of `net`, and `build_network(network)`, which builds a --teacher (a
+    `dataclasses.replace` of it) on the worker's devices; `dllogger`, the run's DLLogger; `stop` (rn50.launch.
     stop's StopRequest), which says when a signal asked the run to stop; `workspace`, the run's Workspace, its
     checkpoints written by a Saver."""
     net: object
@@ -262,6 +264,7 @@ class TrainingRun:
     seed: int
     dataset: object
     loaders: object
+    network: object
     build_network: object
     dllogger: object
     stop: object
@@ -270,8 +273,8 @@ class TrainingRun:
 
 def train(args, run):
     """--mode train / train_val of `run` (a TrainingRun): the epoch loop with validation and checkpoints; returns
-    the run's saver.Progress (its `history` holds the metrics of every epoch). The library gets the flags as records,
-    made here once."""
+    the run's saver.Progress (its `history` holds the metrics of every epoch). The library gets the flags as
+    records, made here once."""
     net, world, dataset, workspace, stop = run.net, run.world, run.dataset, run.workspace, run.stop
     check_training_flags(args)
     names = prediction.class_names_of(args)   # kept in the workspace for val, pred, export and the review
@@ -282,7 +285,10 @@ def train(args, run):
     seed = resumed_seed(state, run.seed)   # the run's from here on (report.json and its states record it)
     world.comm.broadcast_parameters(net.collect_params())
     average = ema.start_average(ema.Averaging.of(args), net, world, state)   # of the weights all workers start from
-    step = TrainingStep(net, world, StepSettings.of(args), seed, run.build_network, average)
+    settings = StepSettings.of(args)
+    teacher = distill.Teacher(settings.teacher, run.network, run.build_network, world.devices.contexts) \
+        if settings.teacher else None
+    step = TrainingStep(net, world, settings, seed, teacher, average)
     if state is None:
         if args.seed is None:   # said here, not when drawn: a resumed run takes its own seed instead
             log.info('No --seed given: using seed %d', seed)
@@ -336,7 +342,8 @@ def train(args, run):
             loss_sum, loss_count = world.comm.allreduce_sum([progress.loss_sum, progress.loss_count])
             if stopped:
                 # The state holds the sums of every worker; rank 0 alone takes them back on resume.
-                progress.iteration, progress.loss_sum, progress.loss_count = next_batch, float(loss_sum), int(loss_count)
+                progress.iteration = next_batch
+                progress.loss_sum, progress.loss_count = float(loss_sum), int(loss_count)
                 clock.record(progress)
                 write_state(saver, net, step, progress, world, writer)
                 writer.wait_agreed(world.comm)

@@ -9,7 +9,9 @@ Used by train.py through the Model flags (and by benchmark.py through train.py):
 and from Python:
 
     import models
-    net = models.get_model('resnetv1', num_layers=101, num_classes=10)
+    from rn50.nets.network import Network
+    net = models.build(Network.of(args), 'gpu')     # the resolved flags' network (train.py), on GPUs
+    net = models.get_model('resnetv1', num_layers=101, num_classes=10)   # by hand: build(Network(...), 'cpu')
     net.initialize()            # every parameter carries its own initializer (no argument needed)
     net.hybridize(static_alloc=True, static_shape=True)
 
@@ -39,6 +41,7 @@ from rn50.errors import RecipeError
 from rn50.nets import layers
 from rn50.nets.catalogue import ARCHITECTURES, RESNET_DEPTHS, RESNEXT_WIDTH_PER_GROUP
 from rn50.nets.layers import Builder, Stack
+from rn50.nets.network import Network
 
 log = logging.getLogger(__name__)
 
@@ -89,25 +92,6 @@ def add_model_args(parser):
                        help='have batchnorm kernel perform add followed by activation relu (GPU: needs '
                             'NVIDIA\'s MXNet build; CPU: no such kernel, composed in one block)')
     return group
-
-
-def model_options(args, device):
-    """get_model's keyword arguments from resolved flags, for `device` ('cpu' or 'gpu': which kernels)."""
-    return dict(arch=args.arch, num_layers=args.num_layers, num_classes=args.num_classes,
-                num_groups=args.num_groups, batchnorm_eps=args.batchnorm_eps, batchnorm_mom=args.batchnorm_mom,
-                fuse_bn_relu=bool(args.fuse_bn_relu), fuse_bn_add_relu=bool(args.fuse_bn_add_relu),
-                input_layout=args.input_layout, conv_layout=args.conv_layout,
-                batchnorm_layout=args.batchnorm_layout, pooling_layout=args.pooling_layout,
-                image_shape=tuple(args.image_shape), dtype=args.dtype, device=device,
-                drop_path=args.drop_path if args.mode in ('train', 'train_val') else 0.0, init=args.init,
-                zero_gamma=bool(args.zero_gamma))
-
-
-def build(args, device, **overrides):
-    """The network of the resolved flags on `device`, with `overrides` of get_model's keyword arguments
-    (export's portable form, distillation's teacher): the composer hands `functools.partial(models.build, args,
-    device)` to the code in rn50/ that builds a network of its own."""
-    return get_model(**dict(model_options(args, device), **overrides))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -418,59 +402,65 @@ def xception(num_classes=1000, in_channels=3, builder=None):
 # The entry point
 
 
-def check_options(arch, num_classes, batchnorm_eps, batchnorm_mom, layouts, image_shape, dtype, device):
+def check_network(network, device):
     """RecipeError for flag values no network can have; conv layout NHWC on the CPU is one of them."""
     if device not in ('cpu', 'gpu'):
         raise ValueError(f'device must be cpu or gpu, not {device!r}')
-    if arch not in ARCHITECTURES:
-        raise RecipeError(f'--arch {arch}: choose one of {", ".join(ARCHITECTURES)}')
-    if num_classes < 1:
-        raise RecipeError(f'--num-classes {num_classes}: need at least one class')
-    if batchnorm_eps <= 0 or not 0 <= batchnorm_mom <= 1:
-        raise RecipeError(f'--batchnorm-eps {batchnorm_eps} --batchnorm-mom {batchnorm_mom}: the epsilon must be '
-                          'positive and the momentum in [0, 1]')
+    if network.arch not in ARCHITECTURES:
+        raise RecipeError(f'--arch {network.arch}: choose one of {", ".join(ARCHITECTURES)}')
+    if network.num_classes < 1:
+        raise RecipeError(f'--num-classes {network.num_classes}: need at least one class')
+    if network.batchnorm_eps <= 0 or not 0 <= network.batchnorm_mom <= 1:
+        raise RecipeError(f'--batchnorm-eps {network.batchnorm_eps} --batchnorm-mom {network.batchnorm_mom}: the '
+                          'epsilon must be positive and the momentum in [0, 1]')
+    layouts = {'input-layout': network.input_layout, 'conv-layout': network.conv_layout,
+               'batchnorm-layout': network.batchnorm_layout, 'pooling-layout': network.pooling_layout}
     for flag, layout in layouts.items():
         if layout not in LAYOUTS:
             raise RecipeError(f'--{flag} {layout}: choose NCHW or NHWC')
-    if device == 'cpu' and layouts['conv-layout'] == 'NHWC':
+    if device == 'cpu' and network.conv_layout == 'NHWC':
         raise RecipeError('--conv-layout NHWC: MXNet 1.9.1 runs NHWC convolutions on GPU only (oneDNN refuses '
                           'them); use --conv-layout NCHW on the CPU (NHWC input, batchnorm and pooling work there)')
-    if len(image_shape) != 3 or image_shape[0] not in (3, 4):
-        raise RecipeError(f'--image-shape {",".join(map(str, image_shape))}: expected C,H,W with C = 3, or 4 for '
-                          'a zero 4th channel')
-    if dtype not in ('float32', 'float16'):
-        raise RecipeError(f'--dtype {dtype}: choose float32 or float16')
+    if len(network.image_shape) != 3 or network.image_shape[0] not in (3, 4):
+        raise RecipeError(f'--image-shape {",".join(map(str, network.image_shape))}: expected C,H,W with C = 3, or '
+                          '4 for a zero 4th channel')
+    if network.dtype not in ('float32', 'float16'):
+        raise RecipeError(f'--dtype {network.dtype}: choose float32 or float16')
 
 
-def get_model(arch='resnetv15', num_layers=50, num_classes=1000, num_groups=32, batchnorm_eps=1e-5,
-              batchnorm_mom=0.9, fuse_bn_relu=False, fuse_bn_add_relu=False, input_layout='NCHW',
-              conv_layout='NCHW', batchnorm_layout='NCHW', pooling_layout='NCHW', image_shape=(3, 224, 224),
-              dtype='float32', device='cpu', drop_path=0.0, init='nvidia', zero_gamma=True):
-    """An uninitialised network (HybridBlock) for the Model flags; the defaults make ResNet-50 v1.5.
+def build(network, device='cpu'):
+    """An uninitialised network (HybridBlock) of `network` (a nets.network.Network) on `device`.
 
-    It takes (N, C, H, W) or (N, H, W, C) input per `input_layout`, of `dtype`, with C = image_shape[0], and
-    returns float32 logits (N, num_classes). `num_layers` is for ResNet/ResNeXt, `num_groups` for ResNeXt.
-    `device` ('cpu' or 'gpu') decides which layouts and fused kernels exist; a request the installed MXNet
-    cannot honour on it is a RecipeError. float16 casts every parameter but the batchnorm ones. `drop_path`:
-    stochastic depth in training (ResNet and ResNeXt). `init`, `zero_gamma`: the initialisation (--init,
-    --zero-gamma)."""
-    layouts = {'input-layout': input_layout, 'conv-layout': conv_layout, 'batchnorm-layout': batchnorm_layout,
-               'pooling-layout': pooling_layout}
-    check_options(arch, num_classes, batchnorm_eps, batchnorm_mom, layouts, image_shape, dtype, device)
-    builder = Builder(input_layout, conv_layout, batchnorm_layout, pooling_layout, batchnorm_eps, batchnorm_mom,
-                      layers.bn_relu_kernel(fuse_bn_relu, device, batchnorm_layout),
-                      layers.bn_add_relu_kernel(fuse_bn_add_relu, device), init, zero_gamma)
-    common = dict(num_classes=num_classes, in_channels=image_shape[0], builder=builder)
-    if arch == 'xception':
-        if drop_path:
+    It takes (N, C, H, W) or (N, H, W, C) input per `network.input_layout`, of `network.dtype`, with
+    C = image_shape[0], and returns float32 logits (N, num_classes). `device` ('cpu' or 'gpu') decides which
+    layouts and fused kernels exist; a request the installed MXNet cannot honour on it is a RecipeError. float16
+    casts every parameter but the batchnorm ones. The composer hands `functools.partial(models.build,
+    device=...)` to the code in rn50/ that builds a network of its own (export's portable form, distillation's
+    teacher: `dataclasses.replace` of the run's Network)."""
+    check_network(network, device)
+    builder = Builder(network.input_layout, network.conv_layout, network.batchnorm_layout, network.pooling_layout,
+                      network.batchnorm_eps, network.batchnorm_mom,
+                      layers.bn_relu_kernel(network.fuse_bn_relu, device, network.batchnorm_layout),
+                      layers.bn_add_relu_kernel(network.fuse_bn_add_relu, device), network.init, network.zero_gamma)
+    common = dict(num_classes=network.num_classes, in_channels=network.image_shape[0], builder=builder)
+    if network.arch == 'xception':
+        if network.drop_path:
             raise RecipeError('--drop-path: stochastic depth is built for ResNet and ResNeXt, not --arch xception')
         net = xception(**common)
-    elif arch in ('resnextv1', 'resnextv15'):
-        factory = resnextv1 if arch == 'resnextv1' else resnextv15
-        net = factory(num_layers=num_layers, num_groups=num_groups, drop_path=drop_path, **common)
+    elif network.arch in ('resnextv1', 'resnextv15'):
+        factory = resnextv1 if network.arch == 'resnextv1' else resnextv15
+        net = factory(num_layers=network.num_layers, num_groups=network.num_groups, drop_path=network.drop_path,
+                      **common)
     else:
-        factory = resnetv1 if arch == 'resnetv1' else resnetv15
-        net = factory(num_layers=num_layers, drop_path=drop_path, **common)
-    if dtype == 'float16':
+        factory = resnetv1 if network.arch == 'resnetv1' else resnetv15
+        net = factory(num_layers=network.num_layers, drop_path=network.drop_path, **common)
+    if network.dtype == 'float16':
         net.cast('float16')     # Gluon keeps batchnorm parameters in float32
     return net
+
+
+def get_model(*settings, device='cpu', **named_settings):
+    """build's keyword form, for a network written out by hand: get_model('resnetv1', 101, num_classes=10,
+    device='gpu') is build(Network('resnetv1', 101, num_classes=10), 'gpu'); the defaults (Network's) make
+    ResNet-50 v1.5 on the CPU."""
+    return build(Network(*settings, **named_settings), device)

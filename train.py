@@ -14,12 +14,13 @@ or directly, with global values:
     python train.py --data-backend synthetic --test-io     # the data loader alone, images/s
 
 `python train.py --help` lists every flag, grouped as Run, Model, Training, Data, DALI data backend, MXNet data
-backend, Augmentation, Inference, Review, MLPerf. Only this module knows every other one: rn50/config/resolve.py (the flags,
-resolved once), rn50/world/workers.py (who runs where, on which devices, with which seed), models.py (the
-network), data.py / dali.py / rn50/data/synthetic.py (the loaders), fit.py (training), rn50/inference/
-(validation, prediction, INT8, export), rn50/checkpoints/ and rn50/reports/ (files). The library under rn50/
-never sees the flags' namespace: this module and fit.py hand it records made once from the resolved flags (the
-`of(args)` adapters beside the code they feed: contract.Dataset, inference.Setup, export.Export, ...). The modes:
+backend, Augmentation, Inference, Review, MLPerf. Only this module knows every other one: rn50/config/resolve.py
+(the flags, resolved once), rn50/world/workers.py (who runs where, on which devices, with which seed), models.py
+(the network, built of rn50/nets/network.py's record), data.py / dali.py / rn50/data/synthetic.py (the loaders),
+fit.py (training), rn50/inference/ (validation, prediction, INT8, export), rn50/checkpoints/ and rn50/reports/
+(files). The library under rn50/ never sees the flags' namespace: this module and fit.py hand it records made once
+from the resolved flags (the `of(args)` adapters beside the code they feed: contract.Dataset, Network,
+inference.Setup, export.Export, ...). The modes:
 
     train_val, train   fit.train              (validation every epoch in train_val)
     val                inference.evaluate
@@ -57,6 +58,7 @@ from rn50.data import augment, contract, synthetic  # noqa: E402
 from rn50.errors import RecipeError  # noqa: E402
 from rn50.inference import export, inference, prediction  # noqa: E402
 from rn50.launch.stop import StopRequest  # noqa: E402
+from rn50.nets.network import Network  # noqa: E402
 from rn50.reports import logs, mlperf_log, tensorboard_log  # noqa: E402
 from rn50.review import compose, outcomes  # noqa: E402
 from rn50.world import memory, workers  # noqa: E402
@@ -141,9 +143,9 @@ def check_inference_flags(args):
                           'to the runner)')
 
 
-def run_mode(args, net, world, seed, dllogger, stop, workspace, dataset):
-    """Run args.mode (or --test-io) on `net` with the run's `dataset` (a contract.Dataset), write its report (in
-    `workspace`) and the DLLogger summary."""
+def run_mode(args, network, net, world, seed, dllogger, stop, workspace, dataset):
+    """Run args.mode (or --test-io) on `net` (built of `network`, the run's nets.network.Network) with the run's
+    `dataset` (a contract.Dataset), write its report (in `workspace`) and the DLLogger summary."""
     loaders = Loaders.of(args)
     if args.test_io:
         pair = loaders(dataset, world.rank, world.size, train=args.test_io_mode == 'train',
@@ -151,8 +153,8 @@ def run_mode(args, net, world, seed, dllogger, stop, workspace, dataset):
         data.measure_loader(args, pair[args.test_io_mode == 'val'], world, dllogger)
         return
     if args.mode == 'export':
-        summary = export.export(export.Export.of(args), world, workspace, dataset, loaders,
-                                functools.partial(models.build, args, 'cpu'),
+        summary = export.export(export.Export.of(args), network, world, workspace, dataset, loaders,
+                                functools.partial(models.build, device='cpu'),
                                 functools.partial(dali.serialize_preprocessing, dataset.images,
                                                   args.dali_validation_threads))
         logs.write_report(workspace.report(args.mode), vars(args), world, [], summary, seed=seed)
@@ -171,9 +173,9 @@ def run_mode(args, net, world, seed, dllogger, stop, workspace, dataset):
         review = review_run(args, world, dataset, workspace, table,
                             resume.describe_weights(resume.find_weights(workspace, args.load))) if reviewed else None
     else:
-        teacher_network = functools.partial(models.build, args, world.devices.kind)   # for a --teacher
-        progress = fit.train(args, fit.TrainingRun(net, world, seed, dataset, loaders, teacher_network, dllogger,
-                                                   stop, workspace))
+        build_network = functools.partial(models.build, device=world.devices.kind)   # for a --teacher
+        progress = fit.train(args, fit.TrainingRun(net, world, seed, dataset, loaders, network, build_network,
+                                                   dllogger, stop, workspace))
         history, duration, seed = progress.history, progress.wall_seconds, progress.seed
         summary = fit.training_summary(history, args.target_accuracy)
         # the MLPerf result log's status and time to train
@@ -249,7 +251,8 @@ def run(args, origin):
     data.check_backend(args, origin.given, on_gpu=world.devices.kind == 'gpu')
     check_inference_flags(args)
     dataset = contract.Dataset.of(args)   # the run's data, its images and training augmentation, made once
-    net = models.get_model(**models.model_options(args, world.devices.kind))
+    network = Network.of(args)    # the network's settings, made once
+    net = models.build(network, world.devices.kind)
     memory.check_batch_fits(net, world, args.batch_size, dataset.images, args.dtype, args.mode, args.test_io)
     dllogger_path = os.path.join(args.logdir or args.workspace, args.dllogger_log)
     dllogger = logs.DLLogger(dllogger_path if world.rank == 0 else None, echo=world.rank == 0,
@@ -259,7 +262,7 @@ def run(args, origin):
         seed = workers.resolve_seed(args.seed, world)
         net.initialize(ctx=list(world.devices.contexts))
         net.hybridize(static_alloc=True, static_shape=True)
-        run_mode(args, net, world, seed, dllogger, stop, workspace, dataset)
+        run_mode(args, network, net, world, seed, dllogger, stop, workspace, dataset)
     finally:
         dllogger.close()
 

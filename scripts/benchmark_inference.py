@@ -42,6 +42,7 @@ from rn50.data import contract  # noqa: E402
 from rn50.inference import export  # noqa: E402
 from rn50.inference import inference  # noqa: E402
 from rn50.inference.int8 import Calibration, int8_network  # noqa: E402
+from rn50.nets.network import Network  # noqa: E402
 from rn50.world import cpu  # noqa: E402
 from rn50.world import workers  # noqa: E402
 
@@ -114,7 +115,8 @@ def main():
     world = workers.World.of(comm, workers.resolve_devices(comm, workers.DeviceRequest.of(args)))
     data.check_backend(args, origin.given, on_gpu=mx.context.num_gpus() > 0)
     workers.resolve_seed(args.seed, world)
-    net = models.get_model(**models.model_options(args, world.devices.kind))
+    network = Network.of(args)
+    net = models.build(network, world.devices.kind)
     net.initialize(ctx=list(world.devices.contexts))
     net.hybridize(static_alloc=True, static_shape=True)
     batches = validation_batches(args, world)
@@ -123,8 +125,8 @@ def main():
 
     # In this order: INT8 calibration needs the unfused network, which float32 inference then fuses.
     workspace, dataset, loaders = Workspace.of(args), contract.Dataset.of(args), train.Loaders.of(args)
-    exported = export.export(export.Export.of(args), world, workspace, dataset, loaders,
-                             functools.partial(models.build, args, 'cpu'),
+    exported = export.export(export.Export.of(args), network, world, workspace, dataset, loaders,
+                             functools.partial(models.build, device='cpu'),
                              functools.partial(dali.serialize_preprocessing, dataset.images,
                                                args.dali_validation_threads))
     weight_files.load_weights(net, resume.find_weights(workspace, args.load), args.rgb_mean, args.rgb_std)

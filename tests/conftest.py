@@ -336,10 +336,11 @@ def exported(args, world=None):
     from rn50.checkpoints.workspace import Workspace
     from rn50.data import contract
     from rn50.inference import export
+    from rn50.nets.network import Network
     from rn50.world import workers
-    return export.export(export.Export.of(args), workers.World() if world is None else world, Workspace.of(args),
-                         contract.Dataset.of(args), train.Loaders.of(args),
-                         functools.partial(models.build, args, 'cpu'),
+    return export.export(export.Export.of(args), Network.of(args), workers.World() if world is None else world,
+                         Workspace.of(args), contract.Dataset.of(args), train.Loaders.of(args),
+                         functools.partial(models.build, device='cpu'),
                          functools.partial(dali.serialize_preprocessing, contract.Images.of(args),
                                            args.dali_validation_threads))
 

@@ -21,6 +21,7 @@ from rn50.errors import RecipeError
 from rn50.checkpoints.workspace import Workspace
 from rn50.data import contract
 from rn50.data import validation_resize
+from rn50.nets.network import Network
 
 MODEL = TRAINED_NET
 
@@ -103,10 +104,10 @@ def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_pat
     args = resolved(digits_flags(digits) + MODEL + ['--mode', 'val', '--load', str(model / 'model_best.params')])
     files = sorted((digits / 'images' / 'val' / 'digit_4').iterdir())[:8]
     images = mx.nd.concat(*[validation_resize.load_image(str(f), contract.Images.of(args)) for f in files], dim=0)
-    plain = models.get_model(**models.model_options(args, 'cpu'))
+    plain = models.build(Network.of(args))
     plain.load_parameters(str(model / 'model_best.params'))
     plain.hybridize(static_alloc=True, static_shape=True)
-    net = models.get_model(**models.model_options(args, 'cpu'))
+    net = models.build(Network.of(args))
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
     fused = inference.inference_network(net, workers.World(), inference.Setup.of(args), Workspace.of(args),
@@ -157,7 +158,7 @@ def test_bfloat16_inference_is_one_fused_bfloat16_graph(digits, model, tmp_path)
     the input's (AMP's casts between float32 fusions kept oneDNN from fusing the addition and the ReLU)."""
     import collections
     args = resolved(digits_flags(digits) + MODEL + ['--mode', 'val', '--amp', '--load', str(model / 'model_best.params')])
-    net = models.get_model(**models.model_options(args, 'cpu'))
+    net = models.build(Network.of(args))
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
     world = workers.World(devices=workers.Devices(amp_dtype='bfloat16'))
@@ -389,7 +390,7 @@ def test_flip_tta_prediction_gives_the_probabilities_of_the_mean_logits(digits, 
     (tmp_path / 'in').mkdir()
     for f in files:
         (tmp_path / 'in' / f.name).write_bytes(f.read_bytes())
-    plain = models.get_model(**models.model_options(args, 'cpu'))
+    plain = models.build(Network.of(args))
     plain.load_parameters(str(model / 'model_best.params'))
     images = mx.nd.concat(*[validation_resize.load_image(str(f), contract.Images.of(args)) for f in files], dim=0)
     outputs = (plain(images) + plain(mx.nd.flip(images, axis=3))).asnumpy() / 2

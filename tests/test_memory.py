@@ -17,6 +17,7 @@ from rn50.world import memory, workers
 import models
 from conftest import ROOT, resolved
 from rn50.errors import RecipeError
+from rn50.nets.network import Network
 
 GB = 1024 ** 3
 
@@ -57,7 +58,7 @@ def fits(args, net, world):
 def small_run(flags=()):
     args = resolved(['--num-layers', '50', '--num-classes', '10', '--image-shape', '3,32,32', '--mode', 'train']
                     + list(flags))
-    return args, models.get_model(**models.model_options(args, 'cpu'))
+    return args, models.build(Network.of(args))
 
 
 @pytest.mark.unit

@@ -5,6 +5,7 @@ Parameter counts come from the declared shapes, checked against MXNet's shape in
 (no big forward passes); the expected counts are computed here from the architecture tables, independently
 of models.py, and the well-known ones are also asserted literally."""
 import argparse
+import dataclasses
 
 import mxnet as mx
 import numpy as np
@@ -12,8 +13,9 @@ import pytest
 from mxnet import gluon
 
 from rn50.nets import layers
+from rn50.nets.network import Network
 import models
-from conftest import in_fresh_process, randomise_batchnorm, train_args
+from conftest import in_fresh_process, randomise_batchnorm, resolved, train_args
 from rn50.errors import RecipeError
 
 pytestmark = pytest.mark.unit
@@ -107,7 +109,7 @@ def assert_close(actual, expected, rtol=1e-4):
 # Flags
 
 
-def test_model_flags_and_options():
+def test_model_flags():
     parser = argparse.ArgumentParser()
     group = models.add_model_args(parser)
     assert group.title == 'Model'
@@ -115,15 +117,39 @@ def test_model_flags_and_options():
     # --num-classes: None until train.py's parser resolves it from the dataset (tests/test_classes.py)
     assert (args.arch, args.num_layers, args.num_groups, args.num_classes) == ('resnetv15', 50, 32, None)
     assert (args.batchnorm_eps, args.batchnorm_mom, args.fuse_bn_relu, args.fuse_bn_add_relu) == (1e-5, 0.9, 0, 0)
-    args = parser.parse_args(['--arch', 'resnextv1', '--num-layers', '101', '--fuse-bn-relu', '1'])
-    other_groups = dict(input_layout='NHWC', conv_layout='NCHW', batchnorm_layout='NCHW', pooling_layout='NCHW',
-                        image_shape=[4, 64, 64], dtype='float32', mode='train')
-    options = models.model_options(argparse.Namespace(**vars(args), **other_groups), 'cpu')
-    assert options['fuse_bn_relu'] is True and options['fuse_bn_add_relu'] is False
-    assert options['image_shape'] == (4, 64, 64) and options['arch'] == 'resnextv1'
-    assert set(options) == set(models.get_model.__code__.co_varnames[:models.get_model.__code__.co_argcount])
     with pytest.raises(SystemExit):
         parser.parse_args(['--fuse-bn-relu', '2'])
+
+
+def test_the_network_record_holds_the_resolved_flags():
+    """Network.of: every Model flag, the layouts, the input shape and the dtype of the resolved flags, as values
+    (booleans, a tuple); a teacher's or export's `dataclasses.replace` changes only what it names."""
+    args = resolved(['--data-backend', 'synthetic', '--arch', 'resnextv1', '--num-layers', '101', '--num-groups', '8',
+                     '--num-classes', '7', '--fuse-bn-relu', '1', '--batchnorm-eps', '2e-5', '--batchnorm-mom', '0.8',
+                     '--input-layout', 'NHWC', '--batchnorm-layout', 'NHWC', '--image-shape', '4,64,64',
+                     '--dtype', 'float32', '--drop-path', '0.1', '--init', 'mlperf', '--zero-gamma', '0',
+                     '--mode', 'train'])
+    network = Network.of(args)
+    assert network == Network(arch='resnextv1', num_layers=101, num_classes=7, num_groups=8, batchnorm_eps=2e-5,
+                              batchnorm_mom=0.8, fuse_bn_relu=True, fuse_bn_add_relu=False, input_layout='NHWC',
+                              conv_layout='NCHW', batchnorm_layout='NHWC', pooling_layout='NCHW',
+                              image_shape=(4, 64, 64), dtype='float32', drop_path=0.1, init='mlperf',
+                              zero_gamma=False)
+    assert type(network.fuse_bn_relu) is bool and type(network.zero_gamma) is bool
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        network.arch = 'resnetv1'
+    teacher = dataclasses.replace(network, arch='resnetv15', num_layers=18, drop_path=0.0)
+    portable = dataclasses.replace(network, dtype='float32', conv_layout='NCHW', batchnorm_layout='NCHW',
+                                   pooling_layout='NCHW', fuse_bn_relu=False, fuse_bn_add_relu=False,
+                                   image_shape=(3, 64, 64))
+    for other, named in ((teacher, {'arch', 'num_layers', 'drop_path'}),
+                         (portable, {'fuse_bn_relu', 'batchnorm_layout', 'image_shape'})):   # the others: as given
+        changed = {field.name for field in dataclasses.fields(Network)
+                   if getattr(other, field.name) != getattr(network, field.name)}
+        assert changed == named
+    # What a resume must keep are fields, under the flags' names (resume.RUN_SETTINGS takes them)
+    assert set(Network.RESUMED) <= {field.name for field in dataclasses.fields(Network)} <= set(vars(args))
+    assert Network() == Network.of(resolved(['--data-backend', 'synthetic', '--mode', 'val', '--drop-path', '0.1']))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -582,6 +608,6 @@ def test_stochastic_depth_rises_linearly_over_the_units_and_leaves_inference_net
     assert [b.drop_rate for b in blocks_of(resnext, layers.BatchNormAddReLU)][-1] == pytest.approx(0.2)
     for mode, expected in (('train', 0.1), ('train_val', 0.1), ('val', 0.0), ('pred', 0.0), ('export', 0.0)):
         args = train_args(['--drop-path', '0.1', '--mode', mode])
-        assert models.model_options(args, 'cpu')['drop_path'] == expected, mode
+        assert Network.of(args).drop_path == expected, mode
     with pytest.raises(RecipeError, match='not --arch xception'):
         models.get_model('xception', drop_path=0.1)

@@ -24,6 +24,7 @@ from rn50.errors import RecipeError
 from test_readme import README, code_blocks
 from rn50.data import contract
 from rn50.data import validation_resize
+from rn50.nets.network import Network
 
 # conftest's TRAINED_NET but for its backend: the runs here are of both; [--num-layers 10, --seed 4, --image-shape
 # 3,24,24, --data-val-resize 28]
@@ -80,7 +81,7 @@ def validation_probabilities(digits, workspace, backend):
     """{file: probabilities} of the trained network on the validation loader's images of `backend` (the .rec
     records matched to the files of images/val by their bytes: prepare_dataset.py stores JPEGs unchanged)."""
     args = resolved(digits_flags(digits, batch=64) + MODEL + ['--data-backend', backend])
-    net = models.get_model(**models.model_options(args, 'cpu'))
+    net = models.build(Network.of(args))
     net.load_parameters(str(workspace / 'model_best.params'))
     _, loader = train.get_loaders(args, train=False)
     outputs = []

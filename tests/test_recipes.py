@@ -2,6 +2,7 @@
 batch (--mixup-mode), MLPerf's crop area and initialisation (--init, --zero-gamma), torchvision's copy of the
 weights into the average during the warm-up, timm's cosine over all epochs (--warmup-prefix 0), and the
 square-root scaling of rsb-a3's learning rate with the batch; each recipe sets what its source does."""
+import dataclasses
 import math
 
 import mxnet as mx
@@ -10,6 +11,7 @@ import pytest
 
 from rn50.training import ema
 from rn50.nets import layers
+from rn50.nets.network import Network
 from rn50.training import losses
 import models
 from rn50.config import recipes
@@ -97,10 +99,10 @@ def test_the_training_step_mixes_per_mixup_mode_and_the_torchvision_and_timm_rec
 # ---- 11, 12. MLPerf's crop and initialisation; zero gamma -------------------------------------------------------
 
 def initialised(args, arch='resnetv15', depth=50):
-    options = models.model_options(args, 'cpu')
-    options.update(arch=arch, num_layers=depth, num_classes=1000, image_shape=(3, 32, 32), dtype='float32')
+    network = dataclasses.replace(Network.of(args), arch=arch, num_layers=depth, num_classes=1000,
+                                  image_shape=(3, 32, 32), dtype='float32')
     mx.random.seed(0)
-    net = models.get_model(**options)
+    net = models.build(network)
     net.initialize()
     return net._collect_params_with_prefix()
 

@@ -28,6 +28,7 @@ from rn50.checkpoints import weight_files
 from rn50.checkpoints import weights
 from rn50.data import contract
 from rn50.errors import RecipeError
+from rn50.nets.network import Network
 
 log = logging.getLogger(__name__)
 
@@ -220,16 +221,16 @@ def start_fingerprint(state):
 
 
 # What changes a run's result, recorded in its state: a resume must have the same (the global batch and the
-# worker count may change, as Saver.resume says; --wd and --mom too, the flags win). The learning rate is compared
-# only at the same global batch, since the runner scales it with the batch.
-RUN_SETTINGS = ('data_train', 'num_classes', 'arch', 'num_layers', 'image_shape', 'num_epochs', 'lr_schedule',
-                'lr_steps', 'lr_factor', 'warmup_epochs', 'optimizer', 'dtype', 'amp', 'label_smoothing', 'mixup',
-                'cutmix', 'mixup_switch_prob', 'grad_accum_steps', 'lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps',
-                'eval_period', 'eval_offset', 'drop_path', 'bce_loss', 'bce_target_thresh', 'auto_augment',
-                'ra_magnitude', 'ra_num_ops', 'random_erase', 'random_erase_mode', 'aug_repeats', 'progressive_size',
-                'progressive_epochs', 'progressive_step', 'mixup_mode', 'warmup_prefix', 'ra_magnitude_scale',
-                'ra_magnitude_std', 'ra_prob', 'ra_ops', 'auto_augment_fill', 'batchnorm_eps', 'batchnorm_mom',
-                'num_groups')
+# worker count may change, as Saver.resume says; --wd and --mom too, the flags win): the data, the network's
+# (Network.RESUMED) and the training's. The learning rate is compared only at the same global batch, since the
+# runner scales it with the batch.
+RUN_SETTINGS = ('data_train',) + Network.RESUMED + (
+    'num_epochs', 'lr_schedule', 'lr_steps', 'lr_factor', 'warmup_epochs', 'optimizer', 'amp', 'label_smoothing',
+    'mixup', 'cutmix', 'mixup_switch_prob', 'grad_accum_steps', 'lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps',
+    'eval_period', 'eval_offset', 'bce_loss', 'bce_target_thresh', 'auto_augment', 'ra_magnitude', 'ra_num_ops',
+    'random_erase', 'random_erase_mode', 'aug_repeats', 'progressive_size', 'progressive_epochs', 'progressive_step',
+    'mixup_mode', 'warmup_prefix', 'ra_magnitude_scale', 'ra_magnitude_std', 'ra_prob', 'ra_ops',
+    'auto_augment_fill')
 
 
 # The backends whose validation resize has each interpolation (rn50/data/validation_resize.py)

@@ -37,18 +37,11 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Export:
-    """--mode export's values (`of`): the files' `prefix` (--model-prefix), the network (`arch`, `num_layers`,
-    `num_groups`, `num_classes`, batchnorm's `eps` and `momentum`, for torchvision's twin), Triton's repository
-    folder (`triton`) and its largest batch (`batch_size`), INT8 (`int8`: refused), the weights (`load`; else the
-    workspace's), the class `names` (prediction.class_names_of: a class-name file naming another number of classes
-    is an error there) and whether onnxruntime is checked on validation images (`check`: there are some)."""
+    """--mode export's values (`of`): the files' `prefix` (--model-prefix), Triton's repository folder (`triton`)
+    and its largest batch (`batch_size`), INT8 (`int8`: refused), the weights (`load`; else the workspace's), the
+    class `names` (prediction.class_names_of: a class-name file naming another number of classes is an error
+    there) and whether onnxruntime is checked on validation images (`check`: there are some)."""
     prefix: str = 'model'
-    arch: str = 'resnetv15'
-    num_layers: int = 50
-    num_groups: int = 32
-    num_classes: int = 1000
-    eps: float = 1e-5
-    momentum: float = 0.9
     triton: str = None
     batch_size: int = 192
     int8: bool = False
@@ -58,15 +51,15 @@ class Export:
 
     @classmethod
     def of(cls, args):
-        return cls(prefix=args.model_prefix, arch=args.arch, num_layers=args.num_layers, num_groups=args.num_groups,
-                   num_classes=args.num_classes, eps=args.batchnorm_eps, momentum=args.batchnorm_mom,
-                   triton=args.triton, batch_size=args.batch_size, int8=bool(args.quantize), load=args.load,
-                   names=tuple(class_names_of(args)), check=bool(args.data_val or args.data_backend == 'synthetic'))
+        return cls(prefix=args.model_prefix, triton=args.triton, batch_size=args.batch_size, int8=bool(args.quantize),
+                   load=args.load, names=tuple(class_names_of(args)),
+                   check=bool(args.data_val or args.data_backend == 'synthetic'))
 
 
-def export(settings, world, workspace, dataset, loaders, build_network, serialize_preprocessing):
-    """--mode export (`settings`, an Export): symbol+params, ONNX and the torchvision weights of the trained
-    weights in the `workspace`'s export/ (rank 0 only), as the portable network, and with --triton a Triton model
+def export(settings, network, world, workspace, dataset, loaders, build_network, serialize_preprocessing):
+    """--mode export (`settings`, an Export) of the run's `network` (a nets.network.Network; `build_network`: the
+    composer's models.build on the CPU, which builds its portable form): symbol+params, ONNX and the torchvision
+    weights of the trained weights in the `workspace`'s export/ (rank 0 only), and with --triton a Triton model
     repository whose preprocessing model `serialize_preprocessing(path, input_name, max_batch_size)` writes (the
     composer's dali.serialize_preprocessing). `dataset`: the run's contract.Dataset (its Images; its validation
     images, read through `loaders`, check onnxruntime). Every file is written under a temporary name and renamed
@@ -79,7 +72,7 @@ def export(settings, world, workspace, dataset, loaders, build_network, serializ
         triton.check_folder(settings.triton)
     source = resume.inference_weights(workspace, settings.load)
     images = dataset.images
-    net, shape = portable_network(images, build_network)
+    net, shape = portable_network(network, images, build_network)
     weight_files.load_weights(net, source, images.mean, images.std)
     if world.rank != 0:
         return {}
@@ -92,7 +85,7 @@ def export(settings, world, workspace, dataset, loaders, build_network, serializ
     os.makedirs(folder, exist_ok=True)
     prefix = os.path.join(folder, settings.prefix)
     partial = os.path.join(folder, f'.{settings.prefix}.partial')
-    twin = catalogue.torchvision_twin(settings.arch, settings.num_layers, settings.num_groups)
+    twin = catalogue.torchvision_twin(network.arch, network.num_layers, network.num_groups)
     files = {'-symbol.json': prefix + '-symbol.json', '-0000.params': prefix + '-0000.params',
              '.onnx': prefix + '.onnx', '.preprocessing.json': prefix + '.preprocessing.json'}
     if twin:
@@ -105,8 +98,7 @@ def export(settings, world, workspace, dataset, loaders, build_network, serializ
         write_onnx(partial + '-symbol.json', partial + '-0000.params', shape, partial + '.onnx')
         write_json(partial + '.preprocessing.json', expects)
         if twin:
-            torchvision_weights.write(partial + '.torchvision.safetensors', net, twin, settings.num_classes,
-                                      settings.eps, settings.momentum)
+            torchvision_weights.write(partial + '.torchvision.safetensors', net, twin, network)
         if settings.triton:
             repository = triton.Repository(settings.prefix, shape, tuple(names), settings.batch_size)
             triton.write(settings.triton, repository, partial + '.onnx', serialize_preprocessing)
@@ -127,7 +119,7 @@ def export(settings, world, workspace, dataset, loaders, build_network, serializ
     outputs = {'symbol': files['-symbol.json'], 'params': files['-0000.params'], 'onnx': files['.onnx'],
                'weights': source, 'trained': resume.describe_weights(source).record(),
                'preprocessing_file': files['.preprocessing.json'], 'preprocessing': expects,
-               'torchvision': pytorch_summary(settings, twin, files.get('.torchvision.safetensors')),
+               'torchvision': pytorch_summary(settings.prefix, network, twin, files.get('.torchvision.safetensors')),
                'triton': os.path.abspath(settings.triton) if settings.triton else None, 'tensorrt': tensorrt,
                'replaced': replaced}
     if settings.triton:
@@ -168,14 +160,14 @@ def trtexec_command(onnx_path, shape, max_batch):
             f'--optShapes=data:{max_batch}x{dims} --maxShapes=data:{max_batch}x{dims}')
 
 
-def pytorch_summary(settings, twin, path):
+def pytorch_summary(prefix, network, twin, path):
     """How PyTorch loads the torchvision weights at `path` (logged; for report_export.json), or None, said, for a
-    network torchvision does not build."""
+    `network` torchvision does not build (`prefix`: --model-prefix)."""
     if twin is None:
         log.info('No %s.torchvision.safetensors: torchvision builds no twin of --arch %s --num-layers %d (its '
-                 'twins: %s)', settings.prefix, settings.arch, settings.num_layers, catalogue.describe_twins())
+                 'twins: %s)', prefix, network.arch, network.num_layers, catalogue.describe_twins())
         return None
-    loading = torchvision_weights.how_to_load(twin, settings.num_classes, settings.eps, settings.momentum, path)
+    loading = torchvision_weights.how_to_load(twin, network, path)
     log.info('PyTorch: %s.load_state_dict(safetensors.torch.load_file(%r)); timm: %s', loading['torchvision'], path,
              loading['timm'])
     return dict(loading, file=path)
@@ -195,16 +187,17 @@ def preprocessing(images):
                 f'float32 tensor ({layout}) named data; output: logits (N, classes)']}
 
 
-def portable_network(images, build_network):
-    """(network, input shape) of what export writes (`build_network`: the composer's models.build for the CPU):
-    the run's architecture in float32 with NCHW layers, 3 input channels and no fused kernels, on the CPU: what
-    ONNX and every runtime take, whatever layouts, precision, stem width and kernels the weights were trained
-    with (weight_files.load_weights converts them). The input stays in --input-layout; a 4th input channel,
-    zeros in this recipe's data, is dropped. `images`: the run's contract.Images."""
-    options = dict(dtype='float32', conv_layout='NCHW', batchnorm_layout='NCHW',
-                   pooling_layout='NCHW', fuse_bn_relu=False, fuse_bn_add_relu=False,
-                   image_shape=(3,) + images.shape_of(training=False)[1:])
-    net = build_network(**options)
+def portable_network(network, images, build_network):
+    """(network, input shape) of what export writes of the run's `network` (a nets.network.Network;
+    `build_network`: the composer's models.build for the CPU): its architecture in float32 with NCHW layers,
+    3 input channels and no fused kernels, on the CPU: what ONNX and every runtime take, whatever layouts,
+    precision, stem width and kernels the weights were trained with (weight_files.load_weights converts them).
+    The input stays in --input-layout; a 4th input channel, zeros in this recipe's data, is dropped. `images`:
+    the run's contract.Images."""
+    portable = dataclasses.replace(network, dtype='float32', conv_layout='NCHW', batchnorm_layout='NCHW',
+                                   pooling_layout='NCHW', fuse_bn_relu=False, fuse_bn_add_relu=False,
+                                   image_shape=(3,) + images.shape_of(training=False)[1:])
+    net = build_network(portable)
     net.initialize(ctx=mx.cpu())
     net.hybridize(static_alloc=True, static_shape=True)
     return net, input_shape(images, channels=3)

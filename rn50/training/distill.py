@@ -69,23 +69,25 @@ class Distillation:
 class Teacher:
     """The teacher network on the worker's devices, with its weights, forward only."""
 
-    def __init__(self, distillation, build_network, contexts):
-        """`distillation`: a Distillation; `build_network(**overrides)`: the composer's models.build for the
-        parsed flags; `contexts`: the worker's devices."""
-        options = dict(arch=distillation.arch, num_layers=distillation.num_layers, drop_path=0.0)
-        self.net = build_network(**options)
+    def __init__(self, distillation, network, build_network, contexts):
+        """`distillation`: a Distillation; `network`: the student's nets.network.Network, which the teacher's is
+        but for its architecture and depth, without stochastic depth; `build_network(network)`: the composer's
+        models.build on the worker's kind of device; `contexts`: the worker's devices."""
+        teacher = dataclasses.replace(network, arch=distillation.arch, num_layers=distillation.num_layers,
+                                      drop_path=0.0)
+        self.net = build_network(teacher)
         self.net.initialize(ctx=list(contexts))
         try:
             weight_files.load_weights(self.net, distillation.weights, distillation.mean, distillation.std)
         except (RecipeError, ValueError, KeyError) as e:
-            raise RecipeError(f'--teacher {distillation.weights}: these weights are not a {options["arch"]} of '
-                              f'{options["num_layers"]} layers with {distillation.num_classes} classes ({e}); give '
+            raise RecipeError(f'--teacher {distillation.weights}: these weights are not a {teacher.arch} of '
+                              f'{teacher.num_layers} layers with {distillation.num_classes} classes ({e}); give '
                               '--teacher-arch and --teacher-num-layers') from e
         self.net.collect_params().setattr('grad_req', 'null')
         self.net.hybridize(static_alloc=True, static_shape=True)
         self.temperature, self.alpha = distillation.temperature, distillation.alpha
         log.info('Distilling from %s (%s, %d layers): alpha %g, temperature %g', distillation.weights,
-                 options['arch'], options['num_layers'], self.alpha, self.temperature)
+                 teacher.arch, teacher.num_layers, self.alpha, self.temperature)
 
     def loss(self, images, student_logits, label_loss):
         """Per-image loss: (1 - alpha) x `label_loss` + alpha x T^2 x KL(teacher || student) at temperature T."""

@@ -4,8 +4,8 @@ the update through a gluon.Trainer (Horovod's DistributedTrainer with several wo
 calls
 
     settings = StepSettings.of(args)                              # the flags as values, once
-    step = TrainingStep(net, world, settings, seed, build_network, average)
-    # build_network: models.build for a --teacher; average: ema.start_average's WeightAverage, or None
+    step = TrainingStep(net, world, settings, seed, teacher, average)
+    # teacher: distill.Teacher for a --teacher; average: ema.start_average's WeightAverage; or None
     loss = step.run(batch, epoch, iteration, lr, before_sync=fetch_next_batch)   # an NDArray, not synchronised
 """
 import dataclasses
@@ -176,10 +176,10 @@ class TrainingStep:
     """The training step of one worker: forward and backward on each of its devices, loss scaling, and the
     update through `gluon_trainer` (a gluon.Trainer, or Horovod's DistributedTrainer)."""
 
-    def __init__(self, net, world, settings, seed=0, build_network=None, average=None):
+    def __init__(self, net, world, settings, seed=0, teacher=None, average=None):
         """`world.devices`: where and in which AMP dtype to run; `settings`: a StepSettings; `seed`: the run's, for
-        mixup and CutMix draws; `build_network(**overrides)`: models.build for a --teacher; `average`: --model-ema's
-        ema.WeightAverage (ema.start_average), updated after each optimizer step, or None."""
+        mixup and CutMix draws; `teacher`: --teacher's distill.Teacher, whose loss the step's becomes, or None;
+        `average`: --model-ema's ema.WeightAverage (ema.start_average), updated after each optimizer step, or None."""
         self.net, self.world, self.settings, self.seed = net, world, settings, seed
         self.targets = targets = settings.targets
         self.contexts = list(world.devices.contexts)
@@ -217,8 +217,7 @@ class TrainingStep:
         self.undo = UpdateUndo(self.gluon_trainer, self.params) \
             if self.loss_scale is not None and order == 'after-update' else None
         self.accumulation = Accumulation(settings.accumulation, self.params)
-        self.average = average
-        self.teacher = distill.Teacher(settings.teacher, build_network, self.contexts) if settings.teacher else None
+        self.average, self.teacher = average, teacher
 
     def inputs_and_targets(self, images, labels, epoch, iteration, part):
         """(images, targets) as the loss wants them: the labels sparse or as smoothed one-hot vectors, and
