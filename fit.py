@@ -35,9 +35,12 @@ from rn50.checkpoints import optimizer_state
 from rn50.checkpoints.saver import Policy, Progress, Saver
 from rn50 import flags
 from rn50.data import classes
+from rn50.data import contract
 from rn50.data.contract import batches, device_slices
+from rn50.data.preset import TrainingPreset
 from rn50.errors import RecipeError
 from rn50.inference import inference, prediction
+from rn50.nets.network import Network
 from rn50.optim import factory
 from rn50.optim import lars
 from rn50.optim import schedule
@@ -53,6 +56,14 @@ from rn50.training.epoch_loss import EpochLoss
 from rn50.training.step import StepSettings, TrainingStep
 
 log = logging.getLogger(__name__)
+
+# When train_val validates (evaluated): a resume must keep it, the best epoch being chosen among those validated.
+EVALUATION = ('eval_period', 'eval_offset')
+# What changes a run's result, as each concern's record names it: a resumed run must have these flags as its state
+# recorded them (resume.check_same_run), so a new flag of one concern is added to that concern's RESUMED alone.
+# The global batch and the worker count may change (Saver.resume), --wd and --mom too (the command's win).
+RESUMED_SETTINGS = (contract.Dataset.RESUMED + Network.RESUMED + schedule.Schedule.RESUMED + StepSettings.RESUMED +
+                    TrainingPreset.RESUMED + EVALUATION)
 
 
 def add_fit_args(parser):
@@ -280,7 +291,7 @@ def train(args, run):
     names = prediction.class_names_of(args)   # kept in the workspace for val, pred, export and the review
     classes.keep_with_run(workspace.classes, names, args.classes or classes.dataset_file(args.data_train,
                                                                                           args.data_val) or 'this run')
-    saver = Saver(workspace, world, Policy.of(args))
+    saver = Saver(workspace, world, Policy.of(args, RESUMED_SETTINGS))
     state = saver.start(net)
     seed = resumed_seed(state, run.seed)   # the run's from here on (report.json and its states record it)
     world.comm.broadcast_parameters(net.collect_params())

@@ -18,6 +18,7 @@ from rn50.checkpoints import resume
 from rn50.checkpoints import weight_files
 from rn50.checkpoints.workspace import Workspace
 from rn50 import files
+import fit
 import models
 from conftest import ROOT
 from rn50.errors import RecipeError
@@ -294,27 +295,27 @@ def test_a_state_that_does_not_record_a_setting_resumes_and_one_that_does_is_che
     today's default silently); a state that records them refuses a command that changes one."""
     from conftest import resolved
     args = resolved(['--lr-schedule', 'poly', '--optimizer', 'lars'])
-    old = {name: value for name, value in resume.run_settings(args).items()
+    old = {name: value for name, value in resume.run_settings(args, fit.RESUMED_SETTINGS).items()
            if name not in ('lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps', 'eval_period', 'eval_offset',
                            'mixup_mode', 'auto_augment_fill')}
     with caplog.at_level('INFO'):
-        resume.check_same_run(resume.Start.of(args), {'settings': old}, 'old.state')
-    assert ('old.state does not record --lr-poly-power, --end-lr, --lars-eta, --lars-eps, --eval-period, '
-            '--eval-offset, --mixup-mode, --auto-augment-fill (written before the recipe recorded them): the run goes '
+        resume.check_same_run(resume.Start.of(args, fit.RESUMED_SETTINGS), {'settings': old}, 'old.state')
+    assert ('old.state does not record --lr-poly-power, --end-lr, --lars-eta, --lars-eps, --mixup-mode, '
+            '--auto-augment-fill, --eval-period, --eval-offset (written before the recipe recorded them): the run goes '
             'on with this command\'s, as if the run had them: --lr-poly-power 2.0, --end-lr 0.0001, --lars-eta 0.001, '
-            '--lars-eps 0.0, --eval-period 1, --eval-offset 0, --mixup-mode elem, --auto-augment-fill 0') in caplog.text
-    recorded = resume.run_settings(args)
+            '--lars-eps 0.0, --mixup-mode elem, --auto-augment-fill 0.0, --eval-period 1, --eval-offset 0') in caplog.text
+    recorded = resume.run_settings(args, fit.RESUMED_SETTINGS)
     for flag, value in (('lars_eta', 0.002), ('lr_poly_power', 1.0), ('eval_period', 4), ('mixup_mode', 'batch'),
                         ('warmup_prefix', 0), ('ra_prob', 0.5), ('auto_augment_fill', '1.0,2.0,3.0'),
                         ('batchnorm_eps', 0.001), ('batchnorm_mom', 0.99), ('num_groups', 16)):
         changed = resolved(['--lr-schedule', 'poly', '--optimizer', 'lars', f'--{flag.replace("_", "-")}', str(value)])
         with pytest.raises(RecipeError, match=f'--{flag.replace("_", "-")} .* in the saved run, '):
-            resume.check_same_run(resume.Start.of(changed), {'settings': recorded}, 'new.state')
+            resume.check_same_run(resume.Start.of(changed, fit.RESUMED_SETTINGS), {'settings': recorded}, 'new.state')
     # a per-channel fill recorded as JSON (a list) is the same setting as the flag's (a tuple)
     import json
     fill = resolved(['--auto-augment-fill', '124,116,104'])
-    resume.check_same_run(resume.Start.of(fill), {'settings': json.loads(json.dumps(resume.run_settings(fill)))},
-                          'fill.state')
+    recorded = json.loads(json.dumps(resume.run_settings(fill, fit.RESUMED_SETTINGS)))
+    resume.check_same_run(resume.Start.of(fill, fit.RESUMED_SETTINGS), {'settings': recorded}, 'fill.state')
 
 
 def test_a_resume_on_a_backend_that_resizes_otherwise_for_validation_is_refused():
@@ -322,18 +323,18 @@ def test_a_resume_on_a_backend_that_resizes_otherwise_for_validation_is_refused(
     validate its remaining epochs, and choose its best, on other images: refused, naming the backends that
     resize as the run did. Another DALI backend (dali-gpu's run resumed on a CPU with dali-cpu) resumes."""
     from conftest import resolved
-    dali = resume.run_settings(resolved(['--data-backend', 'dali-gpu']))
-    resume.check_same_run(resume.Start.of(resolved(['--data-backend', 'dali-cpu'])), {'settings': dali}, 'gpu.state')
+    def start(backend):
+        return resume.Start.of(resolved(['--data-backend', backend]), fit.RESUMED_SETTINGS)
+    dali = start('dali-gpu').settings
+    resume.check_same_run(start('dali-cpu'), {'settings': dali}, 'gpu.state')
     with pytest.raises(RecipeError, match=r'validation resized with linear-antialias interpolation in the saved run, '
                                           r'linear now \(--data-backend mxnet; --data-backend dali-cpu or dali-gpu'):
-        resume.check_same_run(resume.Start.of(resolved(['--data-backend', 'mxnet'])), {'settings': dali}, 'dali.state')
-    imagerecorditer = resume.run_settings(resolved(['--data-backend', 'mxnet']))
+        resume.check_same_run(start('mxnet'), {'settings': dali}, 'dali.state')
+    imagerecorditer = dict(start('mxnet').settings)
     with pytest.raises(RecipeError, match=r'linear interpolation in the saved run, linear-antialias now'):
-        resume.check_same_run(resume.Start.of(resolved(['--data-backend', 'dali-cpu'])), {'settings': imagerecorditer},
-                              'mx.state')
+        resume.check_same_run(start('dali-cpu'), {'settings': imagerecorditer}, 'mx.state')
     del imagerecorditer['val_interpolation']           # a state from before the interpolation was recorded
-    resume.check_same_run(resume.Start.of(resolved(['--data-backend', 'dali-cpu'])), {'settings': imagerecorditer},
-                          'old.state')
+    resume.check_same_run(start('dali-cpu'), {'settings': imagerecorditer}, 'old.state')
 
 
 def step_once(net, trainer):

@@ -147,7 +147,7 @@ def test_the_network_record_holds_the_resolved_flags():
         changed = {field.name for field in dataclasses.fields(Network)
                    if getattr(other, field.name) != getattr(network, field.name)}
         assert changed == named
-    # What a resume must keep are fields, under the flags' names (resume.RUN_SETTINGS takes them)
+    # What a resume must keep are fields, under the flags' names (fit.RESUMED_SETTINGS takes them)
     assert set(Network.RESUMED) <= {field.name for field in dataclasses.fields(Network)} <= set(vars(args))
     assert Network() == Network.of(resolved(['--data-backend', 'synthetic', '--mode', 'val', '--drop-path', '0.1']))
 

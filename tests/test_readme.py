@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+import fit
+
 from conftest import ROOT, report_gpus, runner_module, runner_runs
 
 README = os.path.join(ROOT, 'README.md')
@@ -99,7 +101,7 @@ def training_settings(argv, multi_node):
     if targs.mode not in ('train', 'train_val'):
         return None
     targs = resolve.for_run(targs, origin, on_gpu=bool(gpus))[0]
-    return os.path.normpath(targs.workspace), resume.run_settings(targs)
+    return os.path.normpath(targs.workspace), resume.run_settings(targs, fit.RESUMED_SETTINGS)
 
 
 @pytest.mark.unit

@@ -12,6 +12,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+import fit
+
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import resume
 from rn50.checkpoints.workspace import Workspace
@@ -154,7 +156,7 @@ def rank1_of_2(rank0_contributions):
 def fresh_start(workspace):
     """(Workspace, resume.Start) of a new run in `workspace`."""
     args = train_args(['--workspace', str(workspace)])
-    return Workspace.of(args), resume.Start.of(args)
+    return Workspace.of(args), resume.Start.of(args, fit.RESUMED_SETTINGS)
 
 
 @pytest.mark.unit

@@ -5,10 +5,10 @@ run with it.
     resume.check_weights_source('val', workspace, load, finetune, teacher)   # train.py, before anything is written
     path = resume.find_weights(workspace, load)       # --load, else the best, else the last state
     path = resume.inference_weights(workspace, load)  # the same, logged with why: val, pred, INT8, export
-    start = resume.Start.of(args)                     # what a training run starts from, as the flags say
+    start = resume.Start.of(args, resumed)            # what a training run starts from, as the flags say
     state = resume.agreed_training_start(workspace, start, net, world)   # the State to resume (its weights
                                                       # already in `net`) or None, the same on every worker
-    settings = resume.run_settings(args)              # what a state records of its run (meta['settings'])
+    settings = resume.run_settings(args, resumed)     # what a state records of its run (meta['settings'])
     resume.check_same_run(start, state.meta, path)    # RecipeError when the command's settings differ
 
 One rule (training_start): the workspace's last state is resumed when it exists, whatever --load names; only
@@ -28,7 +28,6 @@ from rn50.checkpoints import weight_files
 from rn50.checkpoints import weights
 from rn50.data import contract
 from rn50.errors import RecipeError
-from rn50.nets.network import Network
 
 log = logging.getLogger(__name__)
 
@@ -158,22 +157,24 @@ def set_aside_if_damaged(path):
 @dataclasses.dataclass(frozen=True)
 class Start:
     """What a training run starts from, as the flags say (`of`): `load` (--load: weights, or a state to resume),
-    `finetune`, `measuring` (a --benchmark-iters run resumes nothing), the run's `settings` (run_settings: a
-    resumed state must have the same), its data `backend`, and the input normalisation (`mean`, `std`) loaded
-    weights are compared with."""
+    `finetune`, `measuring` (a --benchmark-iters run resumes nothing), the run's `settings` (run_settings of the
+    flags `resumed` names: a resumed state must have the same), its data `backend`, and the input normalisation
+    (`mean`, `std`) loaded weights are compared with."""
     load: object = None
     finetune: bool = False
     measuring: bool = False
     settings: dict = None
+    resumed: tuple = ()
     backend: str = None
     mean: tuple = (123.68, 116.779, 103.939)
     std: tuple = (58.393, 57.12, 57.375)
 
     @classmethod
-    def of(cls, args):
+    def of(cls, args, resumed):
+        """`resumed`: the flags that change a run's result (fit.RESUMED_SETTINGS)."""
         return cls(load=args.load, finetune=args.finetune, measuring=bool(args.benchmark_iters),
-                   settings=run_settings(args), backend=args.data_backend, mean=tuple(args.rgb_mean),
-                   std=tuple(args.rgb_std))
+                   settings=run_settings(args, resumed), resumed=tuple(resumed), backend=args.data_backend,
+                   mean=tuple(args.rgb_mean), std=tuple(args.rgb_std))
 
 
 def agreed_training_start(workspace, start, net, world):
@@ -220,33 +221,19 @@ def start_fingerprint(state):
             int(state.checksum[:13], 16)]
 
 
-# What changes a run's result, recorded in its state: a resume must have the same (the global batch and the
-# worker count may change, as Saver.resume says; --wd and --mom too, the flags win): the data, the network's
-# (Network.RESUMED) and the training's. The learning rate is compared only at the same global batch, since the
-# runner scales it with the batch.
-RUN_SETTINGS = ('data_train',) + Network.RESUMED + (
-    'num_epochs', 'lr_schedule', 'lr_steps', 'lr_factor', 'warmup_epochs', 'optimizer', 'amp', 'label_smoothing',
-    'mixup', 'cutmix', 'mixup_switch_prob', 'grad_accum_steps', 'lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps',
-    'eval_period', 'eval_offset', 'bce_loss', 'bce_target_thresh', 'auto_augment', 'ra_magnitude', 'ra_num_ops',
-    'random_erase', 'random_erase_mode', 'aug_repeats', 'progressive_size', 'progressive_epochs', 'progressive_step',
-    'mixup_mode', 'warmup_prefix', 'ra_magnitude_scale', 'ra_magnitude_std', 'ra_prob', 'ra_ops',
-    'auto_augment_fill')
-
-
 # The backends whose validation resize has each interpolation (rn50/data/validation_resize.py)
 BACKENDS_OF = {'linear': '--data-backend mxnet', 'linear-antialias': '--data-backend dali-cpu or dali-gpu'}
 
 
-def run_settings(args):
-    """The settings of RUN_SETTINGS as the state records them (JSON values; the data file as an absolute path)."""
-    settings = {name: getattr(args, name, None) for name in RUN_SETTINGS}
-    settings['data_train'] = None if args.data_backend == 'synthetic' or not args.data_train else \
-        os.path.abspath(args.data_train)
-    settings['image_shape'] = list(args.image_shape)
-    settings['lr_steps'] = list(args.lr_steps)
-    settings['progressive_epochs'] = list(args.progressive_epochs) if args.progressive_epochs else None
-    fill = getattr(args, 'auto_augment_fill', None)
-    settings['auto_augment_fill'] = list(fill) if isinstance(fill, tuple) else fill
+def run_settings(args, resumed):
+    """What a state records of its run (meta['settings']): the flags `resumed` names (what changes a run's result,
+    as each concern's record names it: fit.RESUMED_SETTINGS), as JSON values (tuples as lists; the training data
+    as an absolute path), the rate and global batch, and the validation's resize."""
+    settings = {name: getattr(args, name, None) for name in resumed}
+    settings = {name: list(value) if isinstance(value, tuple) else value for name, value in settings.items()}
+    if 'data_train' in settings:
+        settings['data_train'] = None if args.data_backend == 'synthetic' or not args.data_train else \
+            os.path.abspath(args.data_train)
     settings['lr'], settings['global_batch'] = args.lr, args.batch_size
     settings['data_val_resize'] = args.data_val_resize     # what val, pred and export take (trained_settings.py)
     settings['val_image_shape'] = list(args.val_image_shape) if args.val_image_shape else None
@@ -263,12 +250,12 @@ def check_same_run(start, meta, path):
     saved, now = meta.get('settings'), start.settings
     if saved is None:
         return
-    unrecorded = [name for name in RUN_SETTINGS if name not in saved]
+    unrecorded = [name for name in start.resumed if name not in saved]
     if unrecorded:   # a state of a version that did not record them yet (--mixup-mode, --auto-augment-fill, ...)
         log.info('%s does not record %s (written before the recipe recorded them): the run goes on with this '
                  'command\'s, as if the run had them: %s', path, ', '.join('--' + n.replace('_', '-') for n in unrecorded),
                  ', '.join(f'--{n.replace("_", "-")} {now[n]}' for n in unrecorded))
-    names = [name for name in RUN_SETTINGS if name in saved and saved[name] != now[name]]
+    names = [name for name in start.resumed if name in saved and saved[name] != now[name]]
     if saved.get('global_batch') == now['global_batch'] and saved.get('lr') != now['lr']:
         names.append('lr')
     differences = [f'--{name.replace("_", "-")} {saved.get(name)} in the saved run, {now[name]} now' for name in names]

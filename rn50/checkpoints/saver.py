@@ -2,7 +2,7 @@
 written and which of them are kept, and how a run starts from a state and continues it. Over the workspace's files
 (workspace.py), their formats (checkpoint.py) and the resume policy (resume.py):
 
-    saver = Saver(workspace, world, Policy.of(args))               # fit.train, once
+    saver = Saver(workspace, world, Policy.of(args, resumed))      # fit.train, once; resumed: what a resume keeps
     state = saver.start(net)                     # the State to resume (its weights in `net`) or None, agreed
     progress = saver.resume(net, step, state)    # its optimizer state, loss scaler, statistics; its Progress
     progress = Progress(epoch=0)                 # ... or that of a new run
@@ -79,12 +79,13 @@ class Policy:
     preprocessing: dict = None
 
     @classmethod
-    def of(cls, args):
+    def of(cls, args, resumed):
+        """`resumed`: the flags a resumed run must keep (fit.RESUMED_SETTINGS: each concern's record names its)."""
         preprocessing = {'rgb_mean': list(args.rgb_mean), 'rgb_std': list(args.rgb_std),
                          'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
                          'data_val_resize': args.data_val_resize,
                          'val_image_shape': list(args.val_image_shape or args.image_shape)}
-        return cls(start=resume.Start.of(args), save_frequency=args.save_frequency, keep=args.keep_checkpoints,
+        return cls(start=resume.Start.of(args, resumed), save_frequency=args.save_frequency, keep=args.keep_checkpoints,
                    global_batch=args.batch_size, weight_decay=args.wd, momentum=args.mom, preprocessing=preprocessing)
 
 
@@ -188,9 +189,9 @@ class Saver:
         settings and its preprocessing."""
         if self.world.rank != 0:
             return
-        meta = dict(progress.meta(), seed=step.seed, loss_scaler=step.scaler_state(), global_batch=self.policy.global_batch,
-                    workers=self.world.size, settings=self.policy.start.settings,
-                    preprocessing=self.policy.preprocessing)
+        meta = dict(progress.meta(), seed=step.seed, loss_scaler=step.scaler_state(),
+                    global_batch=self.policy.global_batch, workers=self.world.size,
+                    settings=self.policy.start.settings, preprocessing=self.policy.preprocessing)
         checkpoint.save_state(self.workspace.last_state, net, step.gluon_trainer, meta,
                               previous=self.workspace.previous_state, worker_statistics=statistics, extra=average,
                               writer=writer)

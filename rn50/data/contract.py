@@ -114,6 +114,10 @@ class Dataset:
     images: Images = Images()
     preset: TrainingPreset = TrainingPreset()
 
+    # The flags a resumed run must keep as its state recorded them (fit.RESUMED_SETTINGS): the training data (as
+    # an absolute path; none for synthetic data, resume.run_settings); the batch may change (Saver.resume).
+    RESUMED = ('data_train',)
+
     @classmethod
     def of(cls, args):
         return cls(train=(args.data_train, args.data_train_idx), val=(args.data_val, args.data_val_idx),

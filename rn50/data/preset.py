@@ -78,6 +78,12 @@ class TrainingPreset:
     repeats: int = 1
     native: tuple = ()
 
+    # The flags a resumed run must keep as its state recorded them (fit.RESUMED_SETTINGS); the shape is the
+    # network's (Network.RESUMED), the epochs the schedule's.
+    RESUMED = ('auto_augment', 'ra_magnitude', 'ra_num_ops', 'random_erase', 'random_erase_mode', 'aug_repeats',
+               'progressive_size', 'progressive_epochs', 'progressive_step', 'ra_magnitude_scale', 'ra_magnitude_std',
+               'ra_prob', 'ra_ops', 'auto_augment_fill')
+
     @classmethod
     def of(cls, args):
         progressive = None if args.progressive_size is None else (

@@ -39,7 +39,7 @@ class Network:
     init: str = 'nvidia'
     zero_gamma: bool = True
 
-    # The fields that a resumed training run must keep (checkpoints/resume.py's RUN_SETTINGS, under the flags'
+    # The fields that a resumed training run must keep (fit.RESUMED_SETTINGS, under the flags'
     # names): the others (kernels, layouts, initialisation) change how it runs, not what it learns.
     RESUMED = ('num_classes', 'arch', 'num_layers', 'image_shape', 'dtype', 'drop_path', 'batchnorm_eps',
                'batchnorm_mom', 'num_groups')

@@ -93,6 +93,11 @@ class Schedule:
     end_lr: float = 0.0001
     warmup_prefix: bool = True
 
+    # The flags a resumed run must keep as its state recorded them (fit.RESUMED_SETTINGS): the whole schedule but
+    # the rate, which the runner scales with the global batch (resume.check_same_run compares it at the same one).
+    RESUMED = ('num_epochs', 'lr_schedule', 'lr_steps', 'lr_factor', 'warmup_epochs', 'lr_poly_power', 'end_lr',
+               'warmup_prefix')
+
     @classmethod
     def of(cls, args):
         return cls(base_lr=args.lr, num_epochs=args.num_epochs, warmup_epochs=args.warmup_epochs,

@@ -74,6 +74,11 @@ class Targets:
     bce_threshold: float = None
     layout: str = 'NCHW'
 
+    # The flags a resumed run must keep as its state recorded them (through StepSettings.RESUMED); the classes are
+    # the network's (Network.RESUMED), the layout changes no number.
+    RESUMED = ('label_smoothing', 'mixup', 'cutmix', 'mixup_switch_prob', 'mixup_mode', 'bce_loss',
+               'bce_target_thresh')
+
     @classmethod
     def of(cls, args):
         return cls(num_classes=args.num_classes, smoothing=args.label_smoothing, mixup=args.mixup,

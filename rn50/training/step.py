@@ -64,6 +64,12 @@ class StepSettings:
     teacher: distill.Distillation = None
     overflow_check: str = None
 
+    # The flags a resumed run must keep as its state recorded them (fit.RESUMED_SETTINGS): the optimizer (--wd and
+    # --mom aside: a resume takes the command's), AMP, the accumulation and the targets; the dtype is the network's
+    # (Network.RESUMED). The kvstore, the backbone's rate multiplier of a fine-tuning, the teacher and the overflow
+    # check's order are not recorded.
+    RESUMED = ('optimizer', 'lars_eta', 'lars_eps', 'amp', 'grad_accum_steps') + losses.Targets.RESUMED
+
     @classmethod
     def of(cls, args):
         return cls(optimizer=factory.optimizer_kwargs(args), targets=losses.Targets.of(args), dtype=args.dtype,
