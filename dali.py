@@ -360,7 +360,8 @@ class DaliLoader:
             raise RecipeError(f'the per-worker batch {self.batch_size} is not divisible by the '
                               f'{len(self.contexts)} devices')
         self.feeds = [Feed(self, d, len(self.contexts)) for d in range(len(self.contexts))]
-        self.policy = augment.Policy(self.preset.auto_augment) if training and self.preset.auto_augment else None
+        self.policy = augment.AutoAugmentPolicy(self.preset.auto_augment) \
+            if training and self.preset.auto_augment else None
         # Built now, not at the first epoch: a validation pipeline first built after a training epoch (decode
         # buffers, nvJPEG padding, prefetched batches: 0.5-1.5 GB on a GPU) would meet MXNet's memory pool at
         # its training peak, an out-of-memory about an epoch in on 16 GB cards.

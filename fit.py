@@ -1,6 +1,6 @@
 """Training: the Training flags, the epoch loop, validation, checkpoint cadence, divergence checks, stopping. A
 composer, like train.py: it turns the resolved flags into the library's records once (StepSettings, Schedule,
-Policy, Averaging, Validation, Run) and hands them to rn50/.
+CheckpointPolicy, AverageSettings, Validation, Run) and hands them to rn50/.
 
 train.py builds everything this needs and calls, for --mode train and train_val:
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
-from rn50.checkpoints.saver import Policy, Progress, Saver
+from rn50.checkpoints.saver import CheckpointPolicy, Progress, Saver
 from rn50 import flags
 from rn50.data import classes
 from rn50.data import contract
@@ -131,7 +131,7 @@ def evaluated(args, epoch):
 def check_schedule_flags(args, origin):
     """RecipeError for a schedule that cannot be what was meant (train.py and the runner call it before anything
     starts, the flags resolved or not): schedule.check's, and the MLPerf result log's rules. `origin`:
-    resolve.Origin, which flags the command gave and which the recipe set."""
+    resolve.FlagSources, which flags the command gave and which the recipe set."""
     # MLPerf's log's rules (val modes too: its flags alone are an error)
     mlperf_log.check_flags(mlperf_log.Run.of(args), origin.given)
     if args.mode not in ('train', 'train_val') or args.test_io:
@@ -291,11 +291,11 @@ def train(args, run):
     names = prediction.class_names_of(args)   # kept in the workspace for val, pred, export and the review
     classes.keep_with_run(workspace.classes, names, args.classes or classes.dataset_file(args.data_train,
                                                                                           args.data_val) or 'this run')
-    saver = Saver(workspace, world, Policy.of(args, RESUMED_SETTINGS))
+    saver = Saver(workspace, world, CheckpointPolicy.of(args, RESUMED_SETTINGS))
     state = saver.start(net)
     seed = resumed_seed(state, run.seed)   # the run's from here on (report.json and its states record it)
     world.comm.broadcast_parameters(net.collect_params())
-    average = ema.start_average(ema.Averaging.of(args), net, world, state)   # of the weights all workers start from
+    average = ema.start_average(ema.AverageSettings.of(args), net, world, state)   # of the weights all start from
     settings = StepSettings.of(args)
     teacher = distill.Teacher(settings.teacher, run.network, run.build_network, world.devices.contexts) \
         if settings.teacher else None

@@ -20,7 +20,7 @@ backend, Augmentation, Inference, Review, MLPerf. Only this module knows every o
 fit.py (training), rn50/inference/ (validation, prediction, INT8, export), rn50/checkpoints/ and rn50/reports/
 (files). The library under rn50/ never sees the flags' namespace: this module and fit.py hand it records made once
 from the resolved flags (the `of(args)` adapters beside the code they feed: contract.Dataset, Network,
-inference.Setup, export.Export, ...). The modes:
+inference.InferenceSetup, export.Export, ...). The modes:
 
     train_val, train   fit.train              (validation every epoch in train_val)
     val                inference.evaluate
@@ -161,7 +161,7 @@ def run_mode(args, network, net, world, seed, dllogger, stop, workspace, dataset
         return
     validation = inference.Validation.of(args)
     if args.mode in ('val', 'pred'):
-        net = inference.inference_network(net, world, inference.Setup.of(args), workspace, dataset, loaders)
+        net = inference.inference_network(net, world, inference.InferenceSetup.of(args), workspace, dataset, loaders)
     if args.mode == 'pred':
         prediction.predict(net, world, prediction.Prediction.of(args), validation, dataset.images, workspace,
                           dali.PredictionImages)

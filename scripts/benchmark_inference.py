@@ -59,8 +59,8 @@ def parse_args():
 def validation_batches(args, world):
     """The whole validation set as (images, labels, real sample count) batches in memory."""
     _, loader = train.get_loaders(args, 0, 1, train=False, val=True)
-    return [(contract.whole(batch.data[0]).copyto(mx.cpu()), contract.whole(batch.label[0]).asnumpy(),
-             len(contract.whole(batch.label[0])) - batch.pad) for batch in loader.epoch(0)]
+    return [(contract.joined(batch.data[0]).copyto(mx.cpu()), contract.joined(batch.label[0]).asnumpy(),
+             len(contract.joined(batch.label[0])) - batch.pad) for batch in loader.epoch(0)]
 
 
 def top1(run, batches):
@@ -147,7 +147,7 @@ def main():
         engines['bfloat16'] = lambda x: bfloat16(x).astype('float32').asnumpy()
     else:
         results['bfloat16'] = 'this CPU has neither avx512_bf16 nor AMX'
-    float32 = inference.inference_network(net, world, inference.Setup.of(args), workspace, dataset, loaders)
+    float32 = inference.inference_network(net, world, inference.InferenceSetup.of(args), workspace, dataset, loaders)
     engines['float32'] = lambda x: float32(x).asnumpy()
     results.update(compare(engines, batches, options.rounds))
     results['int8_speedup'] = round(results['int8'][0] / results['float32'][0], 2)

@@ -325,7 +325,7 @@ def resolved(flags, **values):
         args.dtype = None
         values = dict({'dtype': 'float16'}, **values)
     args = resolve.for_run(args, origin, on_gpu=False)[0]
-    return resolve.replaced(args, **values) if values else args
+    return resolve.with_values(args, **values) if values else args
 
 
 def exported(args, world=None):

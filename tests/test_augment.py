@@ -31,7 +31,7 @@ def within_binomial(count, total, probability, sigmas=5):
 
 
 def draws(policy_flags):
-    policy = augment.Policy(preset.TrainingPreset.of(resolved(policy_flags)).auto_augment)
+    policy = augment.AutoAugmentPolicy(preset.TrainingPreset.of(resolved(policy_flags)).auto_augment)
     return policy, policy.draw(np.random.default_rng(0), IMAGES)
 
 

@@ -299,23 +299,25 @@ def test_a_state_that_does_not_record_a_setting_resumes_and_one_that_does_is_che
            if name not in ('lr_poly_power', 'end_lr', 'lars_eta', 'lars_eps', 'eval_period', 'eval_offset',
                            'mixup_mode', 'auto_augment_fill')}
     with caplog.at_level('INFO'):
-        resume.check_same_run(resume.Start.of(args, fit.RESUMED_SETTINGS), {'settings': old}, 'old.state')
+        resume.check_same_run(resume.TrainingStart.of(args, fit.RESUMED_SETTINGS), {'settings': old}, 'old.state')
     assert ('old.state does not record --lr-poly-power, --end-lr, --lars-eta, --lars-eps, --mixup-mode, '
             '--auto-augment-fill, --eval-period, --eval-offset (written before the recipe recorded them): the run goes '
             'on with this command\'s, as if the run had them: --lr-poly-power 2.0, --end-lr 0.0001, --lars-eta 0.001, '
-            '--lars-eps 0.0, --mixup-mode elem, --auto-augment-fill 0.0, --eval-period 1, --eval-offset 0') in caplog.text
+            '--lars-eps 0.0, --mixup-mode elem, --auto-augment-fill 0.0, --eval-period 1, --eval-offset 0') \
+        in caplog.text
     recorded = resume.run_settings(args, fit.RESUMED_SETTINGS)
     for flag, value in (('lars_eta', 0.002), ('lr_poly_power', 1.0), ('eval_period', 4), ('mixup_mode', 'batch'),
                         ('warmup_prefix', 0), ('ra_prob', 0.5), ('auto_augment_fill', '1.0,2.0,3.0'),
                         ('batchnorm_eps', 0.001), ('batchnorm_mom', 0.99), ('num_groups', 16)):
         changed = resolved(['--lr-schedule', 'poly', '--optimizer', 'lars', f'--{flag.replace("_", "-")}', str(value)])
         with pytest.raises(RecipeError, match=f'--{flag.replace("_", "-")} .* in the saved run, '):
-            resume.check_same_run(resume.Start.of(changed, fit.RESUMED_SETTINGS), {'settings': recorded}, 'new.state')
+            resume.check_same_run(resume.TrainingStart.of(changed, fit.RESUMED_SETTINGS), {'settings': recorded},
+                                  'new.state')
     # a per-channel fill recorded as JSON (a list) is the same setting as the flag's (a tuple)
     import json
     fill = resolved(['--auto-augment-fill', '124,116,104'])
     recorded = json.loads(json.dumps(resume.run_settings(fill, fit.RESUMED_SETTINGS)))
-    resume.check_same_run(resume.Start.of(fill, fit.RESUMED_SETTINGS), {'settings': recorded}, 'fill.state')
+    resume.check_same_run(resume.TrainingStart.of(fill, fit.RESUMED_SETTINGS), {'settings': recorded}, 'fill.state')
 
 
 def test_a_resume_on_a_backend_that_resizes_otherwise_for_validation_is_refused():
@@ -324,7 +326,7 @@ def test_a_resume_on_a_backend_that_resizes_otherwise_for_validation_is_refused(
     resize as the run did. Another DALI backend (dali-gpu's run resumed on a CPU with dali-cpu) resumes."""
     from conftest import resolved
     def start(backend):
-        return resume.Start.of(resolved(['--data-backend', backend]), fit.RESUMED_SETTINGS)
+        return resume.TrainingStart.of(resolved(['--data-backend', backend]), fit.RESUMED_SETTINGS)
     dali = start('dali-gpu').settings
     resume.check_same_run(start('dali-cpu'), {'settings': dali}, 'gpu.state')
     with pytest.raises(RecipeError, match=r'validation resized with linear-antialias interpolation in the saved run, '

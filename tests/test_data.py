@@ -265,8 +265,8 @@ def test_synthetic_batches_live_on_the_workers_devices():
     batch = next(synthetic.SyntheticLoader(contract.Dataset.of(resolved(flags)), 0, 1, True,
                                            contexts=[mx.cpu(1), mx.cpu(2)]).epoch(0))
     assert [p.context for p in batch.data[0]] == [mx.cpu(1), mx.cpu(2)] == [p.context for p in batch.label[0]]
-    np.testing.assert_array_equal(contract.whole(batch.data[0]).asnumpy(), reference.data[0].asnumpy())
-    np.testing.assert_array_equal(contract.whole(batch.label[0]).asnumpy(), reference.label[0].asnumpy())
+    np.testing.assert_array_equal(contract.joined(batch.data[0]).asnumpy(), reference.data[0].asnumpy())
+    np.testing.assert_array_equal(contract.joined(batch.label[0]).asnumpy(), reference.label[0].asnumpy())
 
 
 def test_native_float16_batches_are_cast_on_their_device(digits, monkeypatch):
@@ -330,5 +330,5 @@ def test_training_and_validation_images_have_their_own_shapes(digits, backend):
     assert next(val.epoch(0)).data[0].shape[1:] == (3, 40, 40)
     image = next((digits / 'images' / 'val' / 'digit_1').iterdir())
     assert validation_resize.load_image(str(image), contract.Images.of(args)).shape == (1, 3, 40, 40)
-    args = resolve.replaced(args, val_image_shape=(4, 40, 40))   # channels: --image-shape's (the runner's 4 on GPUs)
+    args = resolve.with_values(args, val_image_shape=(4, 40, 40))   # channels: --image-shape's (the runner's 4 on GPUs)
     assert contract.Images.of(args).shape_of(training=False) == (3, 40, 40)

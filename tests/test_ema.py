@@ -69,9 +69,9 @@ def test_torchvisions_adjusted_decay():
     args = train.build_parser().parse_args(['--model-ema', '--model-ema-decay', '0.99998', '--model-ema-steps',
                                             '32', '--model-ema-adjust', '--batch-size', '1024', '--num-epochs',
                                             '600'])
-    assert ema.Averaging.of(args).adjusted_decay() == pytest.approx(1 - 2e-5 * 1024 * 32 / 600)
+    assert ema.AverageSettings.of(args).adjusted_decay() == pytest.approx(1 - 2e-5 * 1024 * 32 / 600)
     args.model_ema_decay, args.num_epochs = 0.9998, 1
-    assert ema.Averaging.of(args).adjusted_decay() == 0       # alpha capped at 1: the average is the weights
+    assert ema.AverageSettings.of(args).adjusted_decay() == 0       # alpha capped at 1: the average is the weights
 
 
 class TwoWorkers(workers.Communicator):

@@ -322,7 +322,7 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
     slices = [batch for _, batch in zip(range(3), loader.epoch(0))]
     for batch in slices:
         assert [p.context for p in batch.data[0]] == contexts == [p.context for p in batch.label[0]]
-    joined = [mx.io.DataBatch(data=[contract.whole(b.data[0])], label=[contract.whole(b.label[0])]) for b in slices]
+    joined = [mx.io.DataBatch(data=[contract.joined(b.data[0])], label=[contract.joined(b.label[0])]) for b in slices]
     weights, inputs = [], []
     for batches in (slices, joined):
         mx.random.seed(5)

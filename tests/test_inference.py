@@ -110,7 +110,7 @@ def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_pat
     net = models.build(Network.of(args))
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
-    fused = inference.inference_network(net, workers.World(), inference.Setup.of(args), Workspace.of(args),
+    fused = inference.inference_network(net, workers.World(), inference.InferenceSetup.of(args), Workspace.of(args),
                                         contract.Dataset.of(args), train.Loaders.of(args))
     fused_logits = fused(images).asnumpy()
     np.testing.assert_allclose(fused_logits, plain(images).asnumpy(), atol=1e-4)
@@ -162,7 +162,7 @@ def test_bfloat16_inference_is_one_fused_bfloat16_graph(digits, model, tmp_path)
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
     world = workers.World(devices=workers.Devices(amp_dtype='bfloat16'))
-    fused = inference.inference_network(net, world, inference.Setup.of(args), Workspace.of(args),
+    fused = inference.inference_network(net, world, inference.InferenceSetup.of(args), Workspace.of(args),
                                         contract.Dataset.of(args), train.Loaders.of(args))
     fused.export(str(tmp_path / 'bf16'))
     nodes = json.loads((tmp_path / 'bf16-symbol.json').read_text())['nodes']

@@ -70,7 +70,7 @@ def test_the_estimate_grows_with_the_batch_and_the_image_area():
     # The fixed part: ResNet-50's 23.5 M parameters (10 classes), weights + gradients + momentum in float32; in
     # float16 also the float32 master weights and the undoable update's copies (22 bytes a parameter).
     assert need_8 - 8 * per_image == pytest.approx(23.6e6 * 4 * 3, rel=0.02)
-    half = resolve.replaced(args, dtype='float16')
+    half = resolve.with_values(args, dtype='float16')
     need_half, per_half = need_of(half, net, 8)
     assert need_half - 8 * per_half == pytest.approx(23.6e6 * 22, rel=0.02) and per_half == pytest.approx(per_image / 2)
     # The calibration runs (memory.py): 1.86 MB per image measured at 3x32x32, 7.98 MB at 3x64x64.
@@ -89,7 +89,7 @@ def test_a_batch_that_fits_passes_and_pred_is_not_checked(monkeypatch):
     monkeypatch.setattr(memory, 'host_available', lambda: 10 ** 6)
     with pytest.raises(RecipeError, match='needs about 0.4 GB of memory, and this machine has 0.0 GB available'):
         fits(args, net, world)
-    fits(resolve.replaced(args, mode='pred'), net, world)
+    fits(resolve.with_values(args, mode='pred'), net, world)
 
 
 @pytest.mark.unit

@@ -380,7 +380,7 @@ def test_a_resumed_run_or_weights_to_start_from_write_no_log(tmp_path, caplog):
     result.epoch_start(5)
     result.run_stop()
     assert not (tmp_path / 'mlperf.log').exists() and 'writes no MLPerf result log' in caplog.text
-    args = resolve.replaced(args, load=str(tmp_path / 'weights.params'))
+    args = resolve.with_values(args, load=str(tmp_path / 'weights.params'))
     with pytest.raises(RecipeError, match='allow no pre-training'):
         mlperf_log.start(mlperf_log.Run.of(args, Workspace.of(args)), one_worker(), 3, resumed=False)
 

@@ -86,7 +86,7 @@ def test_an_average_that_would_only_copy_the_weights_is_warned(caplog):
     """--model-ema-adjust copies the weights at every update made within the warm-up (torchvision's rule): with 4
     steps, an update every 2 and 1 warm-up epoch of 2 steps, the last update (step 4) follows one at step 2,
     within the warm-up, so every update copies; with half an epoch of warm-up the update at step 4 averages."""
-    args = ema.Averaging(every=2, num_epochs=2, adjust=True, warmup_epochs=1)
+    args = ema.AverageSettings(every=2, num_epochs=2, adjust=True, warmup_epochs=1)
     with caplog.at_level(logging.INFO, logger='rn50.training.ema'):
         ema.check_average_schedule(args, 1, 2)
     assert 'every update of the weight average (every 2 steps) comes within or right after the 1 warm-up' in caplog.text
@@ -102,7 +102,7 @@ def test_an_average_that_would_stay_mostly_its_starting_weights_is_warned(caplog
     """A constant decay of 0.9998 spans about 5,000 steps: over a run of 4 the average keeps 99.9% of its starting
     weights, which val.ema.* would report as the average's: warned, with the decay that leaves at most 10%
     (0.1 ** (1/4) = 0.5623). Decay 0.5 keeps 6% (no warning); timm's warm-up of the decay needs none."""
-    args = ema.Averaging(every=1, num_epochs=2, adjust=False, warmup=False, decay=0.9998, warmup_epochs=0)
+    args = ema.AverageSettings(every=1, num_epochs=2, adjust=False, warmup=False, decay=0.9998, warmup_epochs=0)
     with caplog.at_level(logging.INFO, logger='rn50.training.ema'):
         ema.check_average_schedule(args, 1, 2)
     assert ('--model-ema-decay 0.9998 spans about 5000 optimizer steps and this run has 4 optimizer steps in all '

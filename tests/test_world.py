@@ -154,9 +154,9 @@ def rank1_of_2(rank0_contributions):
 
 
 def fresh_start(workspace):
-    """(Workspace, resume.Start) of a new run in `workspace`."""
+    """(Workspace, resume.TrainingStart) of a new run in `workspace`."""
     args = train_args(['--workspace', str(workspace)])
-    return Workspace.of(args), resume.Start.of(args, fit.RESUMED_SETTINGS)
+    return Workspace.of(args), resume.TrainingStart.of(args, fit.RESUMED_SETTINGS)
 
 
 @pytest.mark.unit

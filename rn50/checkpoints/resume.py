@@ -5,7 +5,7 @@ run with it.
     resume.check_weights_source('val', workspace, load, finetune, teacher)   # train.py, before anything is written
     path = resume.find_weights(workspace, load)       # --load, else the best, else the last state
     path = resume.inference_weights(workspace, load)  # the same, logged with why: val, pred, INT8, export
-    start = resume.Start.of(args, resumed)            # what a training run starts from, as the flags say
+    start = resume.TrainingStart.of(args, resumed)    # what a training run starts from, as the flags say
     state = resume.agreed_training_start(workspace, start, net, world)   # the State to resume (its weights
                                                       # already in `net`) or None, the same on every worker
     settings = resume.run_settings(args, resumed)     # what a state records of its run (meta['settings'])
@@ -155,7 +155,7 @@ def set_aside_if_damaged(path):
 
 
 @dataclasses.dataclass(frozen=True)
-class Start:
+class TrainingStart:
     """What a training run starts from, as the flags say (`of`): `load` (--load: weights, or a state to resume),
     `finetune`, `measuring` (a --benchmark-iters run resumes nothing), the run's `settings` (run_settings of the
     flags `resumed` names: a resumed state must have the same), its data `backend`, and the input normalisation
@@ -243,7 +243,7 @@ def run_settings(args, resumed):
 
 
 def check_same_run(start, meta, path):
-    """RecipeError listing every setting in which this command (`start`, a Start) differs from the run whose
+    """RecipeError listing every setting in which this command (`start`, a TrainingStart) differs from the run whose
     state `path` is (a workspace holds one run: resuming another's state would train it with the wrong settings,
     or not at all). A setting a state does not record (one written before the recipe recorded it) is not
     checked."""
@@ -279,7 +279,7 @@ def training_start(workspace, start, net, set_aside=True):
     file (without --finetune) resumes that state instead. Else --load gives the weights of a new run (with
     --finetune every layer but a classifier of another width); else the fresh initialisation stays.
     `set_aside`: whether this process may set a damaged last state aside (one worker of a run does it).
-    `workspace`: the run's Workspace; `start`: a Start."""
+    `workspace`: the run's Workspace; `start`: a TrainingStart."""
     last = workspace.last_state
     explicit_state = bool(start.load and start.load.endswith('.state') and not start.finetune)
     # A --benchmark-iters run measures afresh every time: a finished state in its workspace would leave it

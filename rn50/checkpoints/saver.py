@@ -2,7 +2,7 @@
 written and which of them are kept, and how a run starts from a state and continues it. Over the workspace's files
 (workspace.py), their formats (checkpoint.py) and the resume policy (resume.py):
 
-    saver = Saver(workspace, world, Policy.of(args, resumed))      # fit.train, once; resumed: what a resume keeps
+    saver = Saver(workspace, world, CheckpointPolicy.of(args, resumed))   # fit.train, once; resumed: what a resume keeps
     state = saver.start(net)                     # the State to resume (its weights in `net`) or None, agreed
     progress = saver.resume(net, step, state)    # its optimizer state, loss scaler, statistics; its Progress
     progress = Progress(epoch=0)                 # ... or that of a new run
@@ -66,11 +66,12 @@ class Progress:
 
 
 @dataclasses.dataclass(frozen=True)
-class Policy:
-    """What the flags say of a training run's checkpoints (`of`): where it starts from (`start`, a resume.Start),
-    --save-frequency, --keep-checkpoints (`keep`), the global batch and the --wd and --mom a resume takes (the
-    flags win over the state's), and the input preprocessing its states record for val, pred and export."""
-    start: resume.Start
+class CheckpointPolicy:
+    """What the flags say of a training run's checkpoints (`of`): where it starts from (`start`, a
+    resume.TrainingStart), --save-frequency, --keep-checkpoints (`keep`), the global batch and the --wd and --mom
+    a resume takes (the flags win over the state's), and the input preprocessing its states record for val, pred
+    and export."""
+    start: resume.TrainingStart
     save_frequency: int = -1
     keep: int = 0
     global_batch: int = 192
@@ -85,13 +86,14 @@ class Policy:
                          'image_shape': list(args.image_shape), 'input_layout': args.input_layout,
                          'data_val_resize': args.data_val_resize,
                          'val_image_shape': list(args.val_image_shape or args.image_shape)}
-        return cls(start=resume.Start.of(args, resumed), save_frequency=args.save_frequency, keep=args.keep_checkpoints,
+        return cls(start=resume.TrainingStart.of(args, resumed), save_frequency=args.save_frequency,
+                   keep=args.keep_checkpoints,
                    global_batch=args.batch_size, weight_decay=args.wd, momentum=args.mom, preprocessing=preprocessing)
 
 
 class Saver:
     """The checkpoints of one training run in `workspace` (a Workspace), for this worker of `world`, by `policy`
-    (a Policy)."""
+    (a CheckpointPolicy)."""
 
     def __init__(self, workspace, world, policy):
         self.workspace, self.world, self.policy = workspace, world, policy

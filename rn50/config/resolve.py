@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class Origin:
+class FlagSources:
     """Where the resolved values came from: `given`, the destinations of the flags the command line names;
     `from_recipe`, those --recipe set; `num_classes_source`, '--num-classes', a classes.json, the weights' run,
     or 'the default'."""
@@ -52,7 +52,7 @@ class Resolved(argparse.Namespace):
 
     def __setattr__(self, name, value):
         raise AttributeError(f'args.{name}: the flags are resolved once (rn50/config/resolve.py) and read-only '
-                             'after; pass a value of the run as an argument, or use resolve.replaced')
+                             'after; pass a value of the run as an argument, or use resolve.with_values')
 
     __delattr__ = __setattr__
 
@@ -64,7 +64,7 @@ def given_flags(parser, argv):
 
 
 def from_command(parser, argv=None):
-    """(args, Origin) of a train.py command line: parsed by `parser` (argparse's `error:` and exit 2 for a bad
+    """(args, FlagSources) of a train.py command line: parsed by `parser` (argparse's `error:` and exit 2 for a bad
     flag, and for a class count the data contradicts), then what the command alone settles."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
@@ -84,7 +84,7 @@ def from_command(parser, argv=None):
     args.val_interpolation = None    # the backend's, or (for_run) the trained run's
     if beside_the_weights(args, given):
         args.workspace = os.path.dirname(os.path.abspath(args.load))
-    return args, Origin(given, tuple(from_recipe), num_classes_source)
+    return args, FlagSources(given, tuple(from_recipe), num_classes_source)
 
 
 def beside_the_weights(args, given):
@@ -101,11 +101,11 @@ def workspace_flag(args, origin):
 
 
 def for_run(args, origin, on_gpu):
-    """(Resolved args, Origin) for this run on this machine (`on_gpu`: it has GPUs), the rest of what the
+    """(Resolved args, FlagSources) for this run on this machine (`on_gpu`: it has GPUs), the rest of what the
     module docstring lists; logs what a user should know. RecipeError for a precision the machine lacks."""
     args = argparse.Namespace(**vars(args))
     on_gpu = on_gpu and not int8_on_cpu(args)
-    values, num_classes_source = trained_settings.inherited(args, origin.given, origin.num_classes_source)
+    values, num_classes_source = trained_settings.taken_from_trained_run(args, origin.given, origin.num_classes_source)
     for name, value in values.items():
         setattr(args, name, value)
     origin = dataclasses.replace(origin, num_classes_source=num_classes_source)
@@ -184,7 +184,7 @@ def log_derived(args, origin):
                  origin.num_classes_source)
 
 
-def replaced(args, **values):
+def with_values(args, **values):
     """A Resolved copy of `args` with `values` instead (the flags themselves stay as they are)."""
     copy = Resolved()
     vars(copy).update(vars(args), **values)

@@ -5,7 +5,8 @@ validation resize and class count, so that a ResNet-18 trained at 128x128 is val
 one, at 128x128, and one trained at 176 and tested at 224 at 224; asked to test at 64, that one resizes to 66
 (the run's 232 at 224, same ratio) unless told another.
 
-    values, source = trained_settings.inherited(args, given, num_classes_source)   # resolve.for_run applies them
+    values, source = trained_settings.taken_from_trained_run(args, given, num_classes_source)
+    # resolve.for_run applies them
 
 The training run records them in its state (`meta['settings']`, resume.run_settings). The weights
 (resume.find_weights) name their run: a `.state` is its own run; a `<prefix>_*.params` file belongs to the
@@ -64,7 +65,7 @@ def another_test_size(args, settings, given):
     return resize
 
 
-def inherited(args, given, num_classes_source):
+def taken_from_trained_run(args, given, num_classes_source):
     """({flag destination: value} to take from the weights' run, where the class count now comes from): its
     --arch, --num-layers, --num-groups, --batchnorm-eps (the network's own: another epsilon would normalise
     every layer otherwise), --image-shape (height and width), --val-image-shape, --data-val-resize, class count and

@@ -210,7 +210,7 @@ def ra_suite(ops):
     return suite + [dali['identity']], len(suite)
 
 
-class Policy:
+class AutoAugmentPolicy:
     """One --auto-augment policy (`auto`, the training preset's AutoAugment): `suite` (DALI augmentations),
     `stages` (operations applied in turn), `num_bins`, and draw(), which says per image and stage which operation,
     bin and sign."""

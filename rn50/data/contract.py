@@ -153,7 +153,7 @@ def device_slices(array, contexts):
     return mx.gluon.utils.split_and_load(array, contexts, even_split=True)
 
 
-def whole(array):
+def joined(array):
     """A batch's images or labels as one array (per-device slices joined on the first one's device)."""
     if not isinstance(array, list):
         return array

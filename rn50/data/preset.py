@@ -44,9 +44,9 @@ def aspect_ratio_range(low, high):
 
 @dataclasses.dataclass(frozen=True)
 class AutoAugment:
-    """--auto-augment's policy and options (augment.py's Policy applies them): `policy` (ta_wide, ra, imagenet),
-    RandAugment's operations (`ra_ops`), their number, magnitude, its scale and noise and the probability of each,
-    and the `fill` of uncovered pixels (fill_value: one number, or R,G,B)."""
+    """--auto-augment's policy and options (augment.py's AutoAugmentPolicy applies them): `policy` (ta_wide, ra,
+    imagenet), RandAugment's operations (`ra_ops`), their number, magnitude, its scale and noise and the
+    probability of each, and the `fill` of uncovered pixels (fill_value: one number, or R,G,B)."""
     policy: str
     ra_ops: str = 'torchvision'
     ra_num_ops: int = 2

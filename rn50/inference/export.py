@@ -25,7 +25,7 @@ from rn50.files import write_json
 from rn50.checkpoints import weight_files
 from rn50.checkpoints import resume
 from rn50.data import validation_resize
-from rn50.data.contract import whole
+from rn50.data.contract import joined
 from rn50.errors import RecipeError, mxnet_message
 from rn50.inference import torchvision_weights, triton
 from rn50.inference.inference import input_shape
@@ -91,7 +91,7 @@ def export(settings, network, world, workspace, dataset, loaders, build_network,
     if twin:
         files['.torchvision.safetensors'] = prefix + '.torchvision.safetensors'
     expects = preprocessing(images)
-    replaced = replaced_export(files['.preprocessing.json'], expects)
+    replaced = earlier_export_of_another_size(files['.preprocessing.json'], expects)
     try:
         net(mx.nd.zeros((1,) + shape))            # the hybridized graph exists after one call
         net.export(partial, 0)
@@ -130,7 +130,7 @@ def export(settings, network, world, workspace, dataset, loaders, build_network,
     return outputs
 
 
-def replaced_export(preprocessing_file, expects):
+def earlier_export_of_another_size(preprocessing_file, expects):
     """What an earlier export in the same folder was made for when it differs from this one (`expects`: this
     one's preprocessing): its size and resize, said in a warning, since its files are about to be replaced
     (export again with another --workspace to keep both). None for a first export or the same model's."""
@@ -237,7 +237,7 @@ def validation_images(dataset, loaders):
     out: what check_onnx runs through both. RecipeError when the data cannot be read."""
     _, loader = loaders(dataset, 0, 1, train=False, val=True)   # on the CPU, as the portable network
     batch = next(iter(loader.epoch(0)))
-    images = whole(batch.data[0])
+    images = joined(batch.data[0])
     real = len(images) - batch.pad        # a small set's only batch is padded with repeated images
     return portable_images(images, dataset.images)[:real]
 

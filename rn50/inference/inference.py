@@ -81,7 +81,7 @@ class Validation:
 
 
 @dataclasses.dataclass(frozen=True)
-class Setup:
+class InferenceSetup:
     """How val and pred make the network ready, as values (`of`): its weights (`load`, --load, else the
     workspace's), `random` weights for a --mode val --no-metrics speed measurement without --load, the INT8
     `calibration` (a Calibration, or None), and the network's `dtype` and `amp` (oneDNN's float32 fusion is for
@@ -99,9 +99,9 @@ class Setup:
 
 
 def inference_network(net, world, setup, workspace, dataset, loaders):
-    """The network val and pred run: `net` with trained weights (`setup`, a Setup: --load, else `workspace`'s), or
-    its INT8 version (calibrated on `dataset`'s training images through `loaders`, the composer's loader factory:
-    loaders(dataset, rank, workers, train=..., val=..., contexts=..., seed=...))."""
+    """The network val and pred run: `net` with trained weights (`setup`, an InferenceSetup: --load, else
+    `workspace`'s), or its INT8 version (calibrated on `dataset`'s training images through `loaders`, the
+    composer's loader factory: loaders(dataset, rank, workers, train=..., val=..., contexts=..., seed=...))."""
     if setup.random:
         log.warning('--no-metrics: measuring validation speed; weights are random unless --load is given')
         source = None

@@ -16,7 +16,7 @@ import os
 import mxnet as mx
 
 from rn50 import files
-from rn50.data.contract import batches, whole
+from rn50.data.contract import batches, joined
 from rn50.errors import RecipeError, mxnet_message
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def calibrate(net, calibration, dataset, loaders):
     training_as_validation = dataclasses.replace(dataset, val=dataset.train, batch_size=CALIBRATION_BATCH)
     _, loader = loaders(training_as_validation, 0, 1, train=False, val=True)   # on the CPU: INT8's device
     count = min(calibration.batches, loader.num_batches)
-    images = [whole(batch.data[0]).copyto(mx.cpu()) for batch in batches(loader, 0, 0, count)]
+    images = [joined(batch.data[0]).copyto(mx.cpu()) for batch in batches(loader, 0, 0, count)]
     log.info('Calibrating INT8 ranges (%s) on %d batches of %d training images%s', calibration.mode, count,
              loader.batch_size, '' if count == calibration.batches else
              f' (the training set has only {count} batches, not --calib-batches {calibration.batches})')

@@ -3,7 +3,7 @@
 flags, the average itself, and what fit.py does with it (start or resume it, validate it, save its best, put it
 in the state).
 
-    averaging = ema.Averaging.of(args)                     # the flags as values; None without --model-ema
+    averaging = ema.AverageSettings.of(args)                     # the flags as values; None without --model-ema
     average = ema.start_average(averaging, net, world, state)   # fit.train: resumed from the state, or fresh
     average.update(step, steps_per_epoch)   # the training step, after optimizer step `step` (1, 2, ...): every
                                             # --model-ema-steps, a = d * a + (1 - d) * w
@@ -75,7 +75,7 @@ def add_args(group):
 
 
 @dataclasses.dataclass(frozen=True)
-class Averaging:
+class AverageSettings:
     """--model-ema's settings as values (`of`: None without --model-ema): the decay per optimizer step, an update
     every `every` steps (--model-ema-steps), timm's warm-up of the decay (`warmup`), torchvision's adjusted decay
     and copies during the learning-rate warm-up (`adjust`), and what those depend on: the batch (`batch_size`,
@@ -131,7 +131,7 @@ class WeightAverage:
     """A float32 exponential moving average of every array of `net` on the device `ctx`, moved towards the
     weights every `every` optimizer steps with the per-step decay raised to that power (the same horizon as
     updating every step, for 1/every of the host work), or with `decay_per_update` as it is (torchvision's
-    adjusted rule, Averaging.adjusted_decay); with `warmup`, timm's warm-up of the decay; with `copy_epochs`,
+    adjusted rule, AverageSettings.adjusted_decay); with `warmup`, timm's warm-up of the decay; with `copy_epochs`,
     torchvision's copy of the weights during the learning-rate warm-up (copies_weights). `updates` counts the
     updates over the run (kept in the state): an average with none is still the weights it started from.
     `on_first_step(step, steps_per_epoch)` is called at the first update() call, when the length of an epoch
@@ -253,7 +253,7 @@ class WeightAverage:
 
 
 def start_average(averaging, net, world, state):
-    """The WeightAverage of `averaging` (an Averaging; None without --model-ema: None): the resumed `state`'s
+    """The WeightAverage of `averaging` (an AverageSettings; None without --model-ema: None): the resumed `state`'s
     when it holds one (with this worker's own batchnorm statistics when the state was written by as many
     workers), else the current weights'."""
     if averaging is None:
@@ -278,7 +278,7 @@ def start_average(averaging, net, world, state):
 def check_average_schedule(averaging, step, steps_per_epoch):
     """At the run's first optimizer step, when the length of an epoch is known: a warning when the whole run
     (averaging.num_epochs epochs of `steps_per_epoch` optimizer steps) is too short for the average's schedule
-    (`averaging`, an Averaging): it ends before the first update (--model-ema-steps), or, with --model-ema-adjust,
+    (`averaging`, an AverageSettings): it ends before the first update (--model-ema-steps), or, with --model-ema-adjust,
     before the first update that averages instead of copying the weights (torchvision's warm-up), or, with a
     constant decay, so soon that the average is still mostly its starting weights. `step`, this process's first
     optimizer step, does not matter: the check is of the whole run, so a resumed run says it again."""
