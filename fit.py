@@ -14,7 +14,7 @@ What happens, in order:
    .params file or a .state file), else the workspace's `<prefix>_last.state` (automatic resume), else the
    fresh initialisation; every worker must find rank 0's, or all stop with one error.
 2. Per epoch: iterations with the learning rate of the run's schedule.Schedule, a pure function of (epoch,
-   iteration); validation (train_val, inference.validate); then checkpoints (the Saver): `<prefix>_NNNN.params`
+   iteration); validation (train_val, evaluation.validate); then checkpoints (the Saver): `<prefix>_NNNN.params`
    every --save-frequency epochs (the newest --keep-checkpoints kept), `<prefix>_best.params` on a new best
    top-1 (`<prefix>_ema_best.params` of --model-ema's average, ema.py), and always `<prefix>_last.state`,
    which holds everything an exact resume needs (parameters, optimizer state, loss scale, epoch and
@@ -39,7 +39,7 @@ from rn50.data import contract
 from rn50.data.contract import batches, device_slices
 from rn50.data.preset import TrainingPreset
 from rn50.errors import RecipeError
-from rn50.inference import inference, prediction
+from rn50.inference import evaluation, prediction
 from rn50.nets.network import Network
 from rn50.optim import factory
 from rn50.optim import lars
@@ -332,7 +332,7 @@ def train(args, run):
     dllogger = tensorboard_log.teed(events, world, run.dllogger, iterations,
                                     progress.epoch * iterations + progress.iteration)
     clock = WallClock(progress, world.start_time)
-    validation = inference.Validation.of(args)
+    validation = evaluation.Validation.of(args)
     show_first = examples.TrainingBatchPicture(workspace.training_batch, dataset.images, names,
                                                args.data_backend) if world.rank == 0 else None
     with checkpoint.BackgroundWriter() as writer:   # the files of an epoch are written while the next one trains
@@ -370,7 +370,7 @@ def train(args, run):
             if val_loader is not None and evaluated(args, epoch):
                 log.info('Validating epoch %d', epoch)
                 mlperf.eval_start(epoch)
-                val_metrics, _ = inference.validate(validation, net, val_loader, world)
+                val_metrics, _ = evaluation.validate(validation, net, val_loader, world)
                 mlperf.eval_stop(epoch, val_metrics)
                 metrics.update(val_metrics)
                 metrics.update(ema.validate_average(net, step.average, val_loader, world, progress, epoch, saver,

@@ -20,10 +20,10 @@ backend, Augmentation, Inference, Review, MLPerf. Only this module knows every o
 fit.py (training), rn50/inference/ (validation, prediction, INT8, export), rn50/checkpoints/ and rn50/reports/
 (files). The library under rn50/ never sees the flags' namespace: this module and fit.py hand it records made once
 from the resolved flags (the `of(args)` adapters beside the code they feed: contract.Dataset, Network,
-inference.InferenceSetup, export.Export, ...). The modes:
+evaluation.InferenceSetup, export.Export, ...). The modes:
 
     train_val, train   fit.train              (validation every epoch in train_val)
-    val                inference.evaluate
+    val                evaluation.evaluate
     pred               prediction.predict
     export             export.export
     --test-io          data.measure_loader    (reads the data alone)
@@ -56,7 +56,7 @@ from rn50 import flags  # noqa: E402
 from rn50.config import resolve, run_flags  # noqa: E402
 from rn50.data import augment, contract, synthetic  # noqa: E402
 from rn50.errors import RecipeError  # noqa: E402
-from rn50.inference import export, inference, prediction  # noqa: E402
+from rn50.inference import evaluation, export, prediction# noqa: E402
 from rn50.launch.stop import StopRequest  # noqa: E402
 from rn50.nets.network import Network  # noqa: E402
 from rn50.reports import logs, mlperf_log, tensorboard_log  # noqa: E402
@@ -75,7 +75,7 @@ def build_parser():
     dali.add_dali_args(parser)
     data.add_data_aug_args(parser)
     augment.add_args(parser)
-    inference.add_inference_args(parser)
+    evaluation.add_inference_args(parser)
     compose.add_args(parser)
     mlperf_log.add_args(parser)
     return parser
@@ -159,16 +159,16 @@ def run_mode(args, network, net, world, seed, dllogger, stop, workspace, dataset
                                                   args.dali_validation_threads))
         logs.write_report(workspace.report(args.mode), vars(args), world, [], summary, seed=seed)
         return
-    validation = inference.Validation.of(args)
+    validation = evaluation.Validation.of(args)
     if args.mode in ('val', 'pred'):
-        net = inference.inference_network(net, world, inference.InferenceSetup.of(args), workspace, dataset, loaders)
+        net = evaluation.inference_network(net, world, evaluation.InferenceSetup.of(args), workspace, dataset, loaders)
     if args.mode == 'pred':
         prediction.predict(net, world, prediction.Prediction.of(args), validation, dataset.images, workspace,
                           dali.PredictionImages)
         return
     reviewed = reviewing(args)
     if args.mode == 'val':
-        summary, history, table = inference.evaluate(net, world, seed, dataset, loaders, dllogger, validation,
+        summary, history, table = evaluation.evaluate(net, world, seed, dataset, loaders, dllogger, validation,
                                                      args.num_epochs, outcomes.OutcomeTable if reviewed else None)
         review = review_run(args, world, dataset, workspace, table,
                             resume.describe_weights(resume.find_weights(workspace, args.load))) if reviewed else None
@@ -211,7 +211,7 @@ def best_outcomes(net, world, seed, dataset, loaders, validation, workspace):
     _, val_loader = loaders(dataset, world.rank, world.size, train=False, val=True, contexts=world.devices.contexts,
                             seed=seed)
     table = outcomes.OutcomeTable(val_loader.num_examples)
-    inference.validate(validation, net, val_loader, world, f' of {os.path.basename(workspace.best_params)}', table)
+    evaluation.validate(validation, net, val_loader, world, f' of {os.path.basename(workspace.best_params)}', table)
     return table.gathered(world.comm)
 
 

@@ -13,7 +13,7 @@ After a warm-up pass each (which also measures top-1), the engines take turns, o
 per round, for `--rounds` rounds: a shared machine's slow spells then hit all of them, and the median
 round is reported. INT8 uses int8.py's cached calibration
 (--calib-batches, --calib-mode); onnxruntime runs the model `--mode export` writes; bfloat16 is --amp's
-network (converted to bfloat16, then fused: inference.fused_bfloat16), on CPUs with avx512_bf16 or AMX.
+network (converted to bfloat16, then fused: evaluation.fused_bfloat16), on CPUs with avx512_bf16 or AMX.
 OpenVINO, an optional benchmark extra (`pip install -r requirements-bench.txt`), compiles the same ONNX
 model for the CPU with INFERENCE_PRECISION_HINT f32, and bf16 where the CPU has avx512_bf16 or AMX.
 Prints one JSON object.
@@ -39,8 +39,8 @@ from rn50.checkpoints.workspace import Workspace  # noqa: E402
 from rn50.checkpoints import resume  # noqa: E402
 from rn50.config import resolve  # noqa: E402
 from rn50.data import contract  # noqa: E402
-from rn50.inference import export  # noqa: E402
-from rn50.inference import inference  # noqa: E402
+from rn50.inference import export# noqa: E402
+from rn50.inference import evaluation# noqa: E402
 from rn50.inference.int8 import Calibration, int8_network  # noqa: E402
 from rn50.nets.network import Network  # noqa: E402
 from rn50.world import cpu  # noqa: E402
@@ -143,11 +143,11 @@ def main():
                         dataset, loaders)
     engines['int8'] = lambda x: int8(x).asnumpy()
     if has_bfloat16:    # --amp's network: converted to bfloat16, then fused
-        bfloat16 = inference.fused_bfloat16(net, world.devices, dataset.images)
+        bfloat16 = evaluation.fused_bfloat16(net, world.devices, dataset.images)
         engines['bfloat16'] = lambda x: bfloat16(x).astype('float32').asnumpy()
     else:
         results['bfloat16'] = 'this CPU has neither avx512_bf16 nor AMX'
-    float32 = inference.inference_network(net, world, inference.InferenceSetup.of(args), workspace, dataset, loaders)
+    float32 = evaluation.inference_network(net, world, evaluation.InferenceSetup.of(args), workspace, dataset, loaders)
     engines['float32'] = lambda x: float32(x).asnumpy()
     results.update(compare(engines, batches, options.rounds))
     results['int8_speedup'] = round(results['int8'][0] / results['float32'][0], 2)

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 
 from rn50.data import contract, records  # noqa: E402
 from rn50.data.validation_resize import OpenCVImages  # noqa: E402
-from rn50.inference import inference  # noqa: E402
+from rn50.inference import evaluation# noqa: E402
 from rn50.review import compose, outcomes, page  # noqa: E402
 from rn50.world import cpu, workers  # noqa: E402
 
@@ -89,7 +89,7 @@ def main(argv=None):
     def record_pass():
         table = outcomes.OutcomeTable(args.images)
         for output, label, positions in batches:
-            inference.record_outcomes(table, [output], [label], len(positions), positions)
+            evaluation.record_outcomes(table, [output], [label], len(positions), positions)
         return table.gathered(world.comm)
     figures = {}
     figures[f'outcomes of a pass ({args.images} images, batches of {args.batch}), gathered'], table = timed(

@@ -1,4 +1,4 @@
-"""inference.py through train.py on a ResNet-10 trained on the digits: INT8 accuracy and its cached
+"""evaluation.py through train.py on a ResNet-10 trained on the digits: INT8 accuracy and its cached
 calibration, bfloat16 where the CPU has it, ONNX export checked with onnxruntime, and the clear errors."""
 import json
 import os
@@ -11,7 +11,7 @@ from rn50.checkpoints import weight_files
 from rn50.world import cpu
 import checkpoint_formats as formats
 from rn50.inference import export
-from rn50.inference import inference
+from rn50.inference import evaluation
 from rn50.reports import logs
 import models
 import train
@@ -110,7 +110,7 @@ def test_float32_inference_is_fused_and_computes_the_same(digits, model, tmp_pat
     net = models.build(Network.of(args))
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
-    fused = inference.inference_network(net, workers.World(), inference.InferenceSetup.of(args), Workspace.of(args),
+    fused = evaluation.inference_network(net, workers.World(), evaluation.InferenceSetup.of(args), Workspace.of(args),
                                         contract.Dataset.of(args), train.Loaders.of(args))
     fused_logits = fused(images).asnumpy()
     np.testing.assert_allclose(fused_logits, plain(images).asnumpy(), atol=1e-4)
@@ -162,7 +162,7 @@ def test_bfloat16_inference_is_one_fused_bfloat16_graph(digits, model, tmp_path)
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
     world = workers.World(devices=workers.Devices(amp_dtype='bfloat16'))
-    fused = inference.inference_network(net, world, inference.InferenceSetup.of(args), Workspace.of(args),
+    fused = evaluation.inference_network(net, world, evaluation.InferenceSetup.of(args), Workspace.of(args),
                                         contract.Dataset.of(args), train.Loaders.of(args))
     fused.export(str(tmp_path / 'bf16'))
     nodes = json.loads((tmp_path / 'bf16-symbol.json').read_text())['nodes']
@@ -340,12 +340,12 @@ def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images
     events = []
     net = mx.gluon.nn.Dense(5, in_units=3)
     net.initialize(mx.init.Normal(1))
-    real = inference.batch_metrics
+    real = evaluation.batch_metrics
     monkeypatch.setattr(inference, 'batch_metrics', lambda *a: events.append('wait') or real(*a))
     clock = itertools.count()
-    monkeypatch.setattr(inference.time, 'time', lambda: float(next(clock)))
-    validation = inference.Validation(num_classes=5, tta=None)
-    metrics, _ = inference.validate(validation, net, RecordingLoader(batches, events), workers.World())
+    monkeypatch.setattr(evaluation.time, 'time', lambda: float(next(clock)))
+    validation = evaluation.Validation(num_classes=5, tta=None)
+    metrics, _ = evaluation.validate(validation, net, RecordingLoader(batches, events), workers.World())
     assert events == [('fetch', 0), ('fetch', 1), 'wait', ('fetch', 2), 'wait', 'wait']
     logits = np.concatenate([net(b.data[0]).asnumpy() for b in batches])[:9]
     labels = np.concatenate([b.label[0].asnumpy() for b in batches])[:9]
@@ -369,8 +369,8 @@ def test_flip_tta_scores_the_mean_of_the_logits_of_each_image_and_its_mirror(lay
     width = layout.index('W')
     found = {}
     for tta in (None, 'flip'):
-        validation = inference.Validation(num_classes=4, tta=tta, layout=layout)
-        found[tta], _ = inference.validate(validation, net, RecordingLoader(batches, []), workers.World())
+        validation = evaluation.Validation(num_classes=4, tta=tta, layout=layout)
+        found[tta], _ = evaluation.validate(validation, net, RecordingLoader(batches, []), workers.World())
     images = np.concatenate([b.data[0].asnumpy() for b in batches])
     labels = np.concatenate([b.label[0].asnumpy() for b in batches]).astype(int)
     outputs = (net(mx.nd.array(images)).asnumpy() + net(mx.nd.array(np.flip(images, width).copy())).asnumpy()) / 2
@@ -417,7 +417,7 @@ def test_a_validation_of_two_batches_is_timed_whole(monkeypatch):
     net.initialize()
     world = workers.World()
     readings = iter([0.0, 1.0, 1.0, 2.0])    # start, first finish, second finish (no time at all), the end
-    monkeypatch.setattr(inference.time, 'time', lambda: next(readings, 2.0))
-    validation = inference.Validation(num_classes=5, tta=None)
-    metrics, durations = inference.validate(validation, net, RecordingLoader(batches, []), world)
+    monkeypatch.setattr(evaluation.time, 'time', lambda: next(readings, 2.0))
+    validation = evaluation.Validation(num_classes=5, tta=None)
+    metrics, durations = evaluation.validate(validation, net, RecordingLoader(batches, []), world)
     assert metrics['val.ips'] == pytest.approx(5 / 2) and durations == [1.0, 1.0]

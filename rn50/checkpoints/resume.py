@@ -309,7 +309,7 @@ def training_start(workspace, start, net, set_aside=True):
 def check_weights_source(mode, workspace, load=None, finetune=False, teacher=None, speed_only=False):
     """val, pred and export without --load take their weights from the `workspace` folder (--workspace): a
     mistyped one is an error, not a new empty folder (`speed_only`: a --mode val --no-metrics speed measurement,
-    which may run on random weights, see inference.py). `load`, `finetune`, `teacher`: --load, --finetune,
+    which may run on random weights, see evaluation.py). `load`, `finetune`, `teacher`: --load, --finetune,
     --teacher, checked too."""
     if mode in ('val', 'pred', 'export') and not (load or speed_only) and not os.path.isdir(workspace):
         raise RecipeError(f'--workspace {workspace} does not exist, and --mode {mode} takes its weights '

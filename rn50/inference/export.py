@@ -28,7 +28,7 @@ from rn50.data import validation_resize
 from rn50.data.contract import joined
 from rn50.errors import RecipeError, mxnet_message
 from rn50.inference import torchvision_weights, triton
-from rn50.inference.inference import input_shape
+from rn50.inference.evaluation import input_shape
 from rn50.inference.prediction import class_names_of
 from rn50.nets import catalogue
 

@@ -18,7 +18,7 @@ from rn50.checkpoints.workspace import Workspace
 from rn50.data import classes
 from rn50.data.validation_resize import OpenCVImages, describe_val_resize
 from rn50.errors import RecipeError
-from rn50.inference.inference import logits
+from rn50.inference.evaluation import logits
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ closed_resnet_lars.yaml / _sgd.yaml it reads; the Training rules' hyper-paramete
 are checked before anything starts (check_flags): a run the log could not record as asked is one error. A run that
 resumes a state writes no log (MLPerf times one run from initialisation; the first part's log, ending in run_stop
 aborted, stays), and one with a log evaluates at its --eval-period epochs only (fit.evaluated), every image of the
-validation set once (inference.validate).
+validation set once (evaluation.validate).
 """
 import argparse
 import dataclasses

@@ -3,7 +3,7 @@ precision, recall, F1, support, top-1 and top-5, the confusion counts, the most-
 (highest loss) and the calibration (expected calibration error, reliability bins, the confidence at which the
 model is right 95% of the time). numpy only: no MXNet, no pictures.
 
-    table = OutcomeTable(num_images)                       # inference.validate fills it during a pass
+    table = OutcomeTable(num_images)                       # evaluation.validate fills it during a pass
     table.add(record_indices, labels, log_probabilities)   # a batch's real images (padding removed)
     table = table.gathered(world.comm)                     # every worker's rows, each image once
     figures = review_figures(table, names, worst=16)       # report.json's "review"

@@ -12,7 +12,7 @@ in the state).
 
     average = ema.WeightAverage(net, decay=0.9999, ctx=world.devices.contexts[0], every=32)   # float32 copies
     with average.swapped_in():                            # the network computes with the average meanwhile
-        metrics, _ = inference.validate(validation, net, val_loader, world)
+        metrics, _ = evaluation.validate(validation, net, val_loader, world)
         checkpoint.save_params(net, path)                 # a .params file like any other (`--load` reads it)
 
 Every array of the network is averaged, batchnorm running statistics included, in float32 whatever the
@@ -35,7 +35,7 @@ import numpy as np
 
 from rn50 import flags
 from rn50.checkpoints import checkpoint
-from rn50.inference import inference
+from rn50.inference import evaluation
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ def average_state(average, net, world):
 
 
 def validate_average(net, average, val_loader, world, progress, epoch, saver, validation, writer=None):
-    """`val.ema.*` metrics of the weight average (inference.validate's, by `validation`), and
+    """`val.ema.*` metrics of the weight average (evaluation.validate's, by `validation`), and
     `<prefix>_ema_best.params` on its best top-1 (by `saver`, the run's checkpoints.saver.Saver, which keeps it
     in `progress`, the run's Progress; written by `writer`, checkpoint.BackgroundWriter, from copies made while
     the average is swapped in)."""
@@ -330,6 +330,6 @@ def validate_average(net, average, val_loader, world, progress, epoch, saver, va
     # The average's batchnorm statistics, like the network's, are the same on every worker before it is judged.
     world.comm.average_copies([[average.average[name]] for name, p in average.params.items() if p.grad_req == 'null'])
     with average.swapped_in():
-        metrics, _ = inference.validate(validation, net, val_loader, world, passes_label=' of the weight average')
+        metrics, _ = evaluation.validate(validation, net, val_loader, world, passes_label=' of the weight average')
         saver.save_best_average(net, epoch, metrics.get('val.accuracy'), progress, writer)
     return {'val.ema.' + key[len('val.'):]: metrics[key] for key in EMA_METRICS if key in metrics}
