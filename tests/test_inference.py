@@ -341,7 +341,7 @@ def test_validation_fetches_the_next_batch_before_waiting_and_counts_real_images
     net = mx.gluon.nn.Dense(5, in_units=3)
     net.initialize(mx.init.Normal(1))
     real = evaluation.batch_metrics
-    monkeypatch.setattr(inference, 'batch_metrics', lambda *a: events.append('wait') or real(*a))
+    monkeypatch.setattr(evaluation, 'batch_metrics', lambda *a: events.append('wait') or real(*a))
     clock = itertools.count()
     monkeypatch.setattr(evaluation.time, 'time', lambda: float(next(clock)))
     validation = evaluation.Validation(num_classes=5, tta=None)
