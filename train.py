@@ -242,7 +242,7 @@ def run(args, origin):
     if comm.rank == 0:
         workspace.clean()
     args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
-    world = workers.World.of(comm, workers.resolve_devices(comm, workers.DeviceRequest.of(args)), start_time)
+    world = workers.World(comm, workers.resolve_devices(comm, workers.DeviceRequest.of(args)), start_time)
     if world.devices.kind == 'cpu':
         log.info('CPU: %s; %s', cpu.identity(), cpu.describe())
     data.check_backend(args, origin.given, on_gpu=world.devices.kind == 'gpu')

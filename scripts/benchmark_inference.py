@@ -111,7 +111,7 @@ def main():
     options, (args, origin) = parse_args()
     comm = workers.Communicator.start(args.kv_store)
     args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
-    world = workers.World.of(comm, workers.resolve_devices(comm, workers.DeviceRequest.of(args)))
+    world = workers.World(comm, workers.resolve_devices(comm, workers.DeviceRequest.of(args)))
     data.check_backend(args, origin.given, on_gpu=mx.context.num_gpus() > 0)
     workers.resolve_seed(args.seed, world)
     net = models.get_model(**models.model_options(args, world.devices.kind))

@@ -193,7 +193,7 @@ def overflow_check_ms(args, order):
     net = ParameterAverage()
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
-    world = workers.World.of(workers.Communicator.start('device'), workers.Devices((mx.cpu(),), 'cpu'))
+    world = workers.World(workers.Communicator.start('device'), workers.Devices((mx.cpu(),), 'cpu'))
     step = TrainingStep(net, world, StepSettings.of(flags), seed=1)
     queued = {'update': [], 'copies': []}
     for what, owner, name in (('update', step.gluon_trainer, 'update'), ('copies', step.undo, 'keep')):

@@ -49,7 +49,7 @@ def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='devi
     net.initialize(ctx=list(contexts))
     if dtype == 'float16':
         net.cast('float16')
-    world = workers.World.of(workers.Communicator.start(kv_store), workers.Devices(tuple(contexts), kind))
+    world = workers.World(workers.Communicator.start(kv_store), workers.Devices(tuple(contexts), kind))
     return TrainingStep(net, world, StepSettings.of(args), seed=1)
 
 

@@ -96,9 +96,9 @@ def test_several_workers_of_a_node_share_its_memory(monkeypatch):
     args, net = small_run(['--batch-size', '64'])
     need, _ = need_of(args, net, 32)
     monkeypatch.setattr(memory, 'host_available', lambda: 1.5 * need)
-    alone = workers.World(size=2, local_size=1)
+    alone = workers.World(workers.Communicator(size=2, local_size=1))
     fits(args, net, alone)           # one worker of two on this node: 32 images fit
-    together = workers.World(size=2, local_size=2)
+    together = workers.World(workers.Communicator(size=2, local_size=2))
     with pytest.raises(RecipeError, match=r'of memory x 2 workers on this node'):
         fits(args, net, together)
 

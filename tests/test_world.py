@@ -148,7 +148,7 @@ def test_workers_sharing_one_gpu_are_refused(monkeypatch, environ):
 
 def rank1_of_2(rank0_contributions):
     """Rank 1 of a two-worker World whose all-reduces add rank 0's `rank0_contributions` (in call order)."""
-    return workers.World.of(workers.Communicator(TwoWorkerHorovod(rank0_contributions), 1, 2, 1, 2))
+    return workers.World(workers.Communicator(TwoWorkerHorovod(rank0_contributions), 1, 2, 1, 2))
 
 
 def fresh_start(workspace):

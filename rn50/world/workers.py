@@ -5,12 +5,13 @@ train.py calls, before the model exists:
 
     comm = workers.Communicator.start(args.kv_store)      # starts Horovod (rank, size, local rank), checked; or one
     devices = workers.resolve_devices(comm, workers.DeviceRequest.of(args))   # contexts, 'gpu' or 'cpu', AMP's dtype
-    world = workers.World.of(comm, devices, start_time)   # the frozen record the rest of the run is given
+    world = workers.World(comm, devices, start_time)      # the frozen record the rest of the run is given
     seed = workers.resolve_seed(args.seed, world)         # one seed for every worker, the RNGs seeded from it
 
-A World is a record (rank, size, local rank and size, the devices and their precision, the start time); its
-`comm`, the Communicator, does the collectives (world.comm.allreduce_sum(...)). A test builds the record itself,
-`workers.World(rank=1, size=2)`, whose Communicator is one worker's unless it is given one.
+A World is a record (its Communicator, the devices and their precision, the start time); its `comm` holds the
+worker's rank, size, local rank and size, which the World reads (world.rank), and does the collectives
+(world.comm.allreduce_sum(...)). A test builds the record itself, `workers.World(workers.Communicator(rank=1,
+size=2))`, or `workers.World()`: one worker, no collectives.
 
 The flags' defaults that depend on the machine (float32 and dali-cpu without a GPU) are resolve.py's; an
 explicit request this machine cannot honour (--gpus on a CPU machine, bfloat16 on a CPU without AVX-512) is a
@@ -68,8 +69,8 @@ class Devices:
 class Communicator:
     """The collectives the recipe needs among the workers (sum, gather, barrier, broadcasts, averaged copies),
     over `horovod` (horovod.mxnet, started) for this worker of rank `rank` among `size` (`local_rank` of
-    `local_size` on its node); with one worker none is needed, and each is the identity. `start` forms the world
-    of a run. `rendezvous`: task 0's rendezvous server under srun with a Gloo-only Horovod."""
+    `local_size` on its node: the one place these four are kept, World reads them here); with one worker none is
+    needed, and each is the identity. `start` forms the world of a run. `rendezvous`: task 0's rendezvous server under srun with a Gloo-only Horovod."""
 
     def __init__(self, horovod=None, rank=0, size=1, local_rank=0, local_size=1, rendezvous=None):
         self.horovod, self.rendezvous = horovod, rendezvous
@@ -195,33 +196,34 @@ class Communicator:
 
 @dataclasses.dataclass(frozen=True)
 class World:
-    """Who this worker is and what it runs on, a record: its `rank` among `size` workers and `local_rank` among
-    the `local_size` of its node, its `devices` (a Devices: contexts, kind and AMP's precision), when the process
-    started (`start_time`, time.time()), and `comm`, the Communicator of its collectives (by default one
-    worker's, which needs none). With --kv-store horovod there is one worker per device; otherwise one."""
-    rank: int = 0
-    size: int = 1
-    local_rank: int = 0
-    local_size: int = 1
+    """Who this worker is and what it runs on, a record: `comm`, the Communicator of its collectives (by default
+    one worker's, which needs none), which holds its rank among the workers and on its node (read here as
+    `rank`, `size`, `local_rank`, `local_size`); its `devices` (a Devices: contexts, kind and AMP's precision);
+    and when the process started (`start_time`, time.time()). With --kv-store horovod there is one worker per
+    device; otherwise one."""
+    comm: Communicator = dataclasses.field(default_factory=Communicator)
     devices: Devices = Devices()
     start_time: float = dataclasses.field(default_factory=time.time)
-    comm: Communicator = None
 
-    def __post_init__(self):
-        if self.comm is None:
-            object.__setattr__(self, 'comm', Communicator(None, self.rank, self.size, self.local_rank,
-                                                          self.local_size))
+    @property
+    def rank(self):
+        return self.comm.rank
 
-    @classmethod
-    def of(cls, comm, devices=Devices(), start_time=None):
-        """The World of the worker `comm` (a Communicator) found itself, on `devices`, started at `start_time`
-        (None: now)."""
-        return cls(comm.rank, comm.size, comm.local_rank, comm.local_size, devices,
-                   time.time() if start_time is None else start_time, comm)
+    @property
+    def size(self):
+        return self.comm.size
+
+    @property
+    def local_rank(self):
+        return self.comm.local_rank
+
+    @property
+    def local_size(self):
+        return self.comm.local_size
 
 
 # What the recipe calls in horovod.mxnet: present in every release from 0.20 (NVIDIA's MXNet containers 20.x
-# to 22.x) to 0.28; `op=`/`Sum` and `grouped_allreduce_` are used where they exist (horovod_sum, World).
+# to 22.x) to 0.28; `op=`/`Sum` and `grouped_allreduce_` are used where they exist (horovod_sum, Communicator).
 HOROVOD_API = ('init', 'rank', 'size', 'local_rank', 'local_size', 'mpi_built', 'allreduce', 'allreduce_',
                'allgather', 'DistributedTrainer')
 
