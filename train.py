@@ -15,7 +15,7 @@ or directly, with global values:
 
 `python train.py --help` lists every flag, grouped as Run, Model, Training, Data, DALI data backend, MXNet data
 backend, Augmentation, Inference, Review, MLPerf. Only this module knows every other one: rn50/config/resolve.py (the flags,
-resolved once), rn50/world/workers.py (who runs where, on which devices, with which seed), models.py (the
+resolved once), rn50/world/ (who runs where: workers.py; on which devices: devices.py; with which seed), models.py (the
 network), data.py / dali.py / rn50/data/synthetic.py (the loaders), fit.py (training), rn50/inference/
 (validation, prediction, INT8, export), rn50/checkpoints/ and rn50/reports/ (files). The library under rn50/
 never sees the flags' namespace: this module and fit.py hand it records made once from the resolved flags (the
@@ -59,7 +59,7 @@ from rn50.inference import export, inference, prediction  # noqa: E402
 from rn50.launch.stop import StopRequest  # noqa: E402
 from rn50.reports import logs, mlperf_log, tensorboard_log  # noqa: E402
 from rn50.review import compose, outcomes  # noqa: E402
-from rn50.world import memory, workers  # noqa: E402
+from rn50.world import devices, memory, workers  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def run(args, origin):
     if comm.rank == 0:
         workspace.clean()
     args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
-    world = workers.World(comm, workers.resolve_devices(comm, workers.DeviceRequest.of(args)), start_time)
+    world = workers.World(comm, devices.resolve_devices(comm, devices.DeviceRequest.of(args)), start_time)
     if world.devices.kind == 'cpu':
         log.info('CPU: %s; %s', cpu.identity(), cpu.describe())
     data.check_backend(args, origin.given, on_gpu=world.devices.kind == 'gpu')

@@ -43,7 +43,7 @@ from rn50.inference import export  # noqa: E402
 from rn50.inference import inference  # noqa: E402
 from rn50.inference.int8 import Calibration, int8_network  # noqa: E402
 from rn50.world import cpu  # noqa: E402
-from rn50.world import workers  # noqa: E402
+from rn50.world import devices, workers  # noqa: E402
 
 
 def parse_args():
@@ -111,7 +111,7 @@ def main():
     options, (args, origin) = parse_args()
     comm = workers.Communicator.start(args.kv_store)
     args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
-    world = workers.World(comm, workers.resolve_devices(comm, workers.DeviceRequest.of(args)))
+    world = workers.World(comm, devices.resolve_devices(comm, devices.DeviceRequest.of(args)))
     data.check_backend(args, origin.given, on_gpu=mx.context.num_gpus() > 0)
     workers.resolve_seed(args.seed, world)
     net = models.get_model(**models.model_options(args, world.devices.kind))

@@ -15,7 +15,7 @@ from rn50.inference import inference
 from rn50.reports import logs
 import models
 import train
-from rn50.world import workers
+from rn50.world import devices, workers
 from conftest import TRAINED_NET, copy_workspace, digits_flags, exported, resolved, run_mode, train_main
 from rn50.errors import RecipeError
 from rn50.checkpoints.workspace import Workspace
@@ -160,7 +160,7 @@ def test_bfloat16_inference_is_one_fused_bfloat16_graph(digits, model, tmp_path)
     net = models.get_model(**models.model_options(args, 'cpu'))
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
-    world = workers.World(devices=workers.Devices(amp_dtype='bfloat16'))
+    world = workers.World(devices=devices.Devices(amp_dtype='bfloat16'))
     fused = inference.inference_network(net, world, inference.Setup.of(args), Workspace.of(args),
                                         contract.Dataset.of(args), train.Loaders.of(args))
     fused.export(str(tmp_path / 'bf16'))
@@ -267,8 +267,8 @@ def test_int8_on_a_gpu_node_runs_on_its_cpu(monkeypatch, digits, tmp_path):
                                                '--quantize', 'int8', '--workspace', str(workspace)]),
                            on_gpu=True)[0]
     assert args.dtype == 'float32'   # the CPU's default, not a GPU node's float16
-    devices = workers.resolve_devices(workers.Communicator(), workers.DeviceRequest.of(args))
-    assert devices.kind == 'cpu' and devices.contexts == (mx.cpu(),)
+    found = devices.resolve_devices(workers.Communicator(), devices.DeviceRequest.of(args))
+    assert found.kind == 'cpu' and found.contexts == (mx.cpu(),)
     refused = train_main('--data-train', digits / 'rec' / 'train.rec', '--mode', 'val', '--quantize', 'int8',
                          '--gpus', '0', '--workspace', workspace)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (

@@ -11,7 +11,7 @@ prediction.py's, `--mode export` export.py's.
 * `--quantize int8`: post-training quantization with MXNet's oneDNN INT8 kernels (CPU only; int8.py), calibrated
   once on training images and cached in the workspace.
 * float32 on the CPU: oneDNN's graph fusion (`fused_float32`), about 12% faster. `--amp` (bfloat16 on CPU,
-  float16 on GPU): workers.resolve_devices switched AMP on before the network was built; nothing to do here.
+  float16 on GPU): devices.resolve_devices switched AMP on before the network was built; nothing to do here.
 """
 import dataclasses
 import logging
