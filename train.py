@@ -50,7 +50,7 @@ import fit  # noqa: E402
 import models  # noqa: E402
 from rn50 import files  # noqa: E402
 from rn50.checkpoints.workspace import Workspace  # noqa: E402
-from rn50.checkpoints import resume, weight_files  # noqa: E402
+from rn50.checkpoints import resume, weight_loading  # noqa: E402
 from rn50 import flags  # noqa: E402
 from rn50.config import resolve, run_flags  # noqa: E402
 from rn50.data import augment, contract, synthetic  # noqa: E402
@@ -204,7 +204,7 @@ def best_outcomes(net, world, seed, dataset, loaders, validation, workspace):
     if not os.path.exists(workspace.best_params):
         log.info('No %s: the review shows the curves alone', workspace.best_params)
         return None
-    weight_files.load_weights(net, workspace.best_params, dataset.images.mean, dataset.images.std)
+    weight_loading.load_weights(net, workspace.best_params, dataset.images.mean, dataset.images.std)
     _, val_loader = loaders(dataset, world.rank, world.size, train=False, val=True, contexts=world.devices.contexts,
                             seed=seed)
     table = outcomes.OutcomeTable(val_loader.num_examples)

@@ -34,7 +34,7 @@ import dali  # noqa: E402
 import data  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
-from rn50.checkpoints import weight_files  # noqa: E402
+from rn50.checkpoints import weight_loading  # noqa: E402
 from rn50.checkpoints.workspace import Workspace  # noqa: E402
 from rn50.checkpoints import resume  # noqa: E402
 from rn50.config import resolve  # noqa: E402
@@ -127,7 +127,7 @@ def main():
                              functools.partial(models.build, args, 'cpu'),
                              functools.partial(dali.serialize_preprocessing, dataset.images,
                                                args.dali_validation_threads))
-    weight_files.load_weights(net, resume.find_weights(workspace, args.load), args.rgb_mean, args.rgb_std)
+    weight_loading.load_weights(net, resume.find_weights(workspace, args.load), args.rgb_mean, args.rgb_std)
     engines = {}
     try:
         import onnxruntime

@@ -7,7 +7,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from rn50.checkpoints import weight_files
+from rn50.checkpoints import weight_loading
 from rn50.world import cpu
 import checkpoint_formats as formats
 from rn50.inference import export
@@ -305,7 +305,7 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
     cpu = models.get_model(num_layers=10, num_classes=10, image_shape=(3, 32, 32))
     cpu.initialize()
     args = resolved([])
-    weight_files.load_weights(cpu, str(tmp_path / 'model_best.params'), args.rgb_mean, args.rgb_std)
+    weight_loading.load_weights(cpu, str(tmp_path / 'model_best.params'), args.rgb_mean, args.rgb_std)
     x = np.random.default_rng(0).normal(size=(2, 3, 32, 32)).astype(np.float32)
     np.testing.assert_allclose(session.run(None, {'data': x})[0], cpu(mx.nd.array(x)).asnumpy(), atol=1e-4)
     assert sorted(os.listdir(tmp_path / 'export')) == ['model-0000.params', 'model-symbol.json', 'model.onnx',

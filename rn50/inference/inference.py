@@ -20,7 +20,7 @@ import time
 import mxnet as mx
 import numpy as np
 
-from rn50.checkpoints import weight_files
+from rn50.checkpoints import weight_loading
 from rn50.checkpoints import resume
 from rn50 import flags
 from rn50.data.contract import batches, device_slices
@@ -107,7 +107,7 @@ def inference_network(net, world, setup, workspace, dataset, loaders):
         source = None
     else:
         source = resume.inference_weights(workspace, setup.load)
-        weight_files.load_weights(net, source, dataset.images.mean, dataset.images.std)
+        weight_loading.load_weights(net, source, dataset.images.mean, dataset.images.std)
     if setup.calibration:
         return int8_network(net, source, world, setup.calibration, workspace, dataset, loaders)
     if world.devices.amp_dtype == 'bfloat16':
