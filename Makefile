@@ -58,7 +58,7 @@ $(VENV)/.requirements: requirements.txt requirements-dev.txt
 	# mxnet 1.9.1 cannot use; 1.16.3 runs fine on numpy 1.23.5, so it is installed without its declared
 	# dependencies (it needs none of them to run a model).
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps onnxruntime==1.16.3
-	# GluonCV's resnet*_v1b networks check weights.py's import of GluonCV checkpoints. The tests load
+	# GluonCV's resnet*_v1b networks check weight_origins.py's import of GluonCV checkpoints. The tests load
 	# model_zoo/resnetv1b.py by file path (it needs only MXNet), so none of the package's declared
 	# dependencies (opencv-python, pandas, autocfg, ...) is installed.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gluoncv==0.10.5.post0

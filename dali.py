@@ -12,10 +12,10 @@ in nearly the same order (docs/data.md, "Training order"), and it cannot start a
 views into an mmap of the .rec, or positioned reads with --dali-dont-use-mmap), checking each record's
 header and label, and draws the batch's augmentation.
 
-Augmentation: the random-resized-crop windows and mirror flags are drawn in numpy from (--seed, epoch, rank,
-batch), with the rule of DALI's random crop (area uniform in --min/max-random-area, aspect ratio
-log-uniform in the aspect range, 10 attempts, then the whole image clamped to the range and the largest
-area, each window placed at random), from the image size read from the JPEG header. So batch k of an epoch
+Augmentation: the random-resized-crop windows (rn50/data/crop_windows.py) and mirror flags are drawn in numpy
+from (--seed, epoch, rank, batch), with the rule of DALI's random crop (area uniform in --min/max-random-area,
+aspect ratio log-uniform in the aspect range, 10 attempts, then the whole image clamped to the range and the
+largest area, each window placed at random), from the image size read from the JPEG header. So batch k of an epoch
 is the same whether the epoch started at 0 or was resumed at k, and the pipeline can be kept: it is built
 once per loader and reset between epochs, not rebuilt. With --dali-fuse-decoder 1 only the crop window is
 decoded (decoders.image_slice); then resize to the image shape, mirror, normalisation and
@@ -33,7 +33,6 @@ import ctypes
 import dataclasses
 import logging
 import re
-import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import mxnet as mx
@@ -42,13 +41,13 @@ import numpy as np
 from rn50 import flags
 from rn50.data import augment
 from rn50.data import contract
+from rn50.data import crop_windows
 from rn50.data import records
 from rn50.data import validation_resize
 from rn50.errors import RecipeError
 
 log = logging.getLogger(__name__)
 
-CROP_ATTEMPTS = 10
 AUGMENT_STREAM = 0xa09   # keys the augmentation's random stream apart from the order's
 READ_AHEAD = 2           # batches read ahead of the pipeline's own prefetch, per pipeline
 
@@ -99,73 +98,6 @@ class Options:
                    nvjpeg_width_hint=args.dali_nvjpeg_width_hint, nvjpeg_height_hint=args.dali_nvjpeg_height_hint,
                    fuse_decoder=args.dali_fuse_decoder, use_mmap=not args.dali_dont_use_mmap,
                    separate_validation=args.dali_separ_val, on_gpu=args.data_backend == 'dali-gpu')
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Augmentation draws
-
-JPEG_SOF = {0xc0, 0xc1, 0xc2, 0xc3, 0xc5, 0xc6, 0xc7, 0xc9, 0xca, 0xcb, 0xcd, 0xce, 0xcf}
-
-
-def image_size(encoded):
-    """(height, width) from a JPEG's frame header or a PNG's IHDR, else None (the crop is then drawn for a
-    square image, in relative coordinates)."""
-    if encoded[:2] == b'\xff\xd8':
-        position, end = 2, len(encoded) - 9
-        while position < end:
-            if encoded[position] != 0xff:
-                position += 1
-                continue
-            marker = encoded[position + 1]
-            if marker in JPEG_SOF:
-                height, width = struct.unpack_from('>HH', encoded, position + 5)
-                return (height, width) if height and width else None
-            if marker == 0xff:
-                position += 1
-            elif marker in (0x01, 0xd8) or 0xd0 <= marker <= 0xd7:
-                position += 2
-            else:
-                position += 2 + struct.unpack_from('>H', encoded, position + 2)[0]
-        return None
-    if encoded[:8] == b'\x89PNG\r\n\x1a\n' and len(encoded) >= 24:
-        width, height = struct.unpack_from('>II', encoded, 16)
-        return height, width
-    return None
-
-
-def random_crops(sizes, rng, area_range, ratio_range):
-    """Relative (x, y) anchors and (w, h) shapes of random-resized-crop windows for images of `sizes`
-    ((height, width) rows), by the rule of DALI's RandomCropGenerator (dali/util/random_crop_generator.cc):
-    the area a uniform fraction of the image, the aspect ratio log-uniform, the first of CROP_ATTEMPTS
-    rounded draws that fits in pixels with its rounded aspect ratio in range; else the whole image with its
-    aspect ratio clamped to the range and shrunk to the largest allowed area. Either window is placed at a
-    uniformly drawn position (DALI places the fallback at random too, not centred). Always draws the same
-    amount of randomness per image."""
-    height, width = sizes[:, 0:1], sizes[:, 1:2]
-    low, high = ratio_range
-    area = rng.uniform(*area_range, (len(sizes), CROP_ATTEMPTS)) * height * width
-    ratio = np.exp(rng.uniform(np.log(low), np.log(high), (len(sizes), CROP_ATTEMPTS)))
-    crop_w = np.maximum(1, np.round(np.sqrt(area * ratio)))
-    crop_h = np.maximum(1, np.round(np.sqrt(area / ratio)))
-    drawn_ratio = crop_w / crop_h
-    fits = (crop_w <= width) & (crop_h <= height) & (drawn_ratio >= low) & (drawn_ratio <= high)
-    first = fits.argmax(axis=1)
-    rows = np.arange(len(sizes))
-    height, width = height[:, 0], width[:, 0]
-    aspect = width / height
-    whole_w = np.where(aspect > high, np.maximum(1, np.floor(height * high)), width)
-    whole_h = np.where(aspect < low, np.maximum(1, np.floor(width / low)), height)
-    shrink = np.sqrt(np.minimum(1, area_range[1] * height * width / (whole_w * whole_h)))
-    whole_w, whole_h = np.maximum(1, np.floor(whole_w * shrink)), np.maximum(1, np.floor(whole_h * shrink))
-    found = fits[rows, first]
-    crop_w = np.where(found, crop_w[rows, first], whole_w)
-    crop_h = np.where(found, crop_h[rows, first], whole_h)
-    position = rng.uniform(0, 1, (len(sizes), 2))
-    x = np.floor(position[:, 0] * (width - crop_w + 1))
-    y = np.floor(position[:, 1] * (height - crop_h + 1))
-    anchors = np.stack([x / width, y / height], axis=1).astype(np.float32)
-    shapes = np.stack([crop_w / width, crop_h / height], axis=1).astype(np.float32)
-    return anchors, shapes
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -384,9 +316,9 @@ class DaliLoader:
         inputs = [jpegs]
         if self.training:
             preset = self.preset
-            sizes = np.array([image_size(p) or (1000, 1000) for p in payloads], dtype=np.float64)
+            sizes = np.array([crop_windows.image_size(p) or (1000, 1000) for p in payloads], dtype=np.float64)
             rng = np.random.default_rng([self.seed, epoch, self.rank, index, device, AUGMENT_STREAM])
-            anchors, shapes = random_crops(sizes, rng, preset.area, preset.aspect_ratio)
+            anchors, shapes = crop_windows.random_crops(sizes, rng, preset.area, preset.aspect_ratio)
             mirror = rng.integers(0, 2, len(indices), dtype=np.int32) if preset.mirror else \
                 np.zeros(len(indices), np.int32)
             inputs += [anchors, shapes, mirror] + self.extra_draws(epoch, index, device, len(indices))

@@ -15,12 +15,12 @@ or directly, with global values:
 
 `python train.py --help` lists every flag, grouped as Run, Model, Training, Data, DALI data backend, MXNet data
 backend, Augmentation, Inference, Review, MLPerf. Only this module knows every other one: rn50/config/resolve.py
-(the flags, resolved once), rn50/world/workers.py (who runs where, on which devices, with which seed), models.py
-(the network, built of rn50/nets/network.py's record), data.py / dali.py / rn50/data/synthetic.py (the loaders),
-fit.py (training), rn50/inference/ (validation, prediction, INT8, export), rn50/checkpoints/ and rn50/reports/
-(files). The library under rn50/ never sees the flags' namespace: this module and fit.py hand it records made once
-from the resolved flags (the `of(args)` adapters beside the code they feed: contract.Dataset, Network,
-evaluation.InferenceSetup, export.Export, ...). The modes:
+(the flags, resolved once), rn50/world/ (who runs where: workers.py; on which devices: devices.py; with which
+seed), models.py (the network, built of rn50/nets/network.py's record), data.py / dali.py / rn50/data/synthetic.py
+(the loaders), fit.py (training), rn50/inference/ (validation, prediction, INT8, export), rn50/checkpoints/ and
+rn50/reports/ (files). The library under rn50/ never sees the flags' namespace: this module and fit.py hand it
+records made once from the resolved flags (the `of(args)` adapters beside the code they feed: contract.Dataset,
+Network, evaluation.InferenceSetup, export.Export, ...). The modes:
 
     train_val, train   fit.train              (validation every epoch in train_val)
     val                evaluation.evaluate
@@ -51,7 +51,7 @@ import fit  # noqa: E402
 import models  # noqa: E402
 from rn50 import files  # noqa: E402
 from rn50.checkpoints.workspace import Workspace  # noqa: E402
-from rn50.checkpoints import resume, weight_files  # noqa: E402
+from rn50.checkpoints import resume, weight_loading  # noqa: E402
 from rn50 import flags  # noqa: E402
 from rn50.config import resolve, run_flags  # noqa: E402
 from rn50.data import augment, contract, synthetic  # noqa: E402
@@ -61,7 +61,7 @@ from rn50.launch.stop import StopRequest  # noqa: E402
 from rn50.nets.network import Network  # noqa: E402
 from rn50.reports import logs, mlperf_log, tensorboard_log  # noqa: E402
 from rn50.review import compose, outcomes  # noqa: E402
-from rn50.world import memory, workers  # noqa: E402
+from rn50.world import devices, memory, workers  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def best_outcomes(net, world, seed, dataset, loaders, validation, workspace):
     if not os.path.exists(workspace.best_params):
         log.info('No %s: the review shows the curves alone', workspace.best_params)
         return None
-    weight_files.load_weights(net, workspace.best_params, dataset.images.mean, dataset.images.std)
+    weight_loading.load_weights(net, workspace.best_params, dataset.images.mean, dataset.images.std)
     _, val_loader = loaders(dataset, world.rank, world.size, train=False, val=True, contexts=world.devices.contexts,
                             seed=seed)
     table = outcomes.OutcomeTable(val_loader.num_examples)
@@ -245,7 +245,7 @@ def run(args, origin):
     if comm.rank == 0:
         workspace.clean()
     args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
-    world = workers.World.of(comm, workers.resolve_devices(comm, workers.DeviceRequest.of(args)), start_time)
+    world = workers.World(comm, devices.resolve_devices(comm, devices.DeviceRequest.of(args)), start_time)
     if world.devices.kind == 'cpu':
         log.info('CPU: %s; %s', cpu.identity(), cpu.describe())
     data.check_backend(args, origin.given, on_gpu=world.devices.kind == 'gpu')

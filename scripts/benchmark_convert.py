@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time to read and convert a ResNet-50 checkpoint of every format weights.py knows into this recipe's
+"""Time to read and convert a ResNet-50 checkpoint of every format weight_origins.py knows into this recipe's
 float32 NCHW ResNet-50 (the target is 5 s each).
 
     python scripts/benchmark_convert.py [--rounds 3] [--dir DIR]
@@ -25,10 +25,10 @@ bootstrap.start(prepare_cpu=True, tests=True)   # the repository and tests/ impo
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rn50.checkpoints import weight_files  # noqa: E402
+from rn50.checkpoints import weight_loading  # noqa: E402
 import checkpoint_formats as formats  # noqa: E402
 import models  # noqa: E402
-from rn50.checkpoints import weights  # noqa: E402
+from rn50.checkpoints import weight_conversion  # noqa: E402
 
 
 def save_params(arrays, path):
@@ -43,7 +43,7 @@ def write_checkpoints(directory):
     recipe = formats.recipe_arrays(net)
     gpu = models.get_model(num_layers=50, conv_layout='NHWC', batchnorm_layout='NHWC', pooling_layout='NHWC',
                            dtype='float16', device='gpu', image_shape=(4, 224, 224))
-    gpu_arrays, _ = weights.convert(recipe, gpu)
+    gpu_arrays, _ = weight_conversion.convert(recipe, gpu)
     paths = {}
 
     def write(label, arrays, suffix):
@@ -83,7 +83,7 @@ def main():
         for _ in range(args.rounds):
             for label, path in paths.items():
                 start = time.perf_counter()
-                params, descriptions[label] = weights.convert(weight_files.read_arrays(path), target, source=label)
+                params, descriptions[label] = weight_conversion.convert(weight_loading.read_arrays(path), target, source=label)
                 times[label].append(time.perf_counter() - start)
                 assert len(params) == 267
         report = {label: {'seconds_median': round(statistics.median(t), 3), 'seconds_all': [round(x, 3) for x in t],

@@ -34,7 +34,7 @@ import dali  # noqa: E402
 import data  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
-from rn50.checkpoints import weight_files  # noqa: E402
+from rn50.checkpoints import weight_loading  # noqa: E402
 from rn50.checkpoints.workspace import Workspace  # noqa: E402
 from rn50.checkpoints import resume  # noqa: E402
 from rn50.config import resolve  # noqa: E402
@@ -44,7 +44,7 @@ from rn50.inference import evaluation# noqa: E402
 from rn50.inference.int8 import Calibration, int8_network  # noqa: E402
 from rn50.nets.network import Network  # noqa: E402
 from rn50.world import cpu  # noqa: E402
-from rn50.world import workers  # noqa: E402
+from rn50.world import devices, workers  # noqa: E402
 
 
 def parse_args():
@@ -112,7 +112,7 @@ def main():
     options, (args, origin) = parse_args()
     comm = workers.Communicator.start(args.kv_store)
     args, origin = resolve.for_run(args, origin, on_gpu=mx.context.num_gpus() > 0)
-    world = workers.World.of(comm, workers.resolve_devices(comm, workers.DeviceRequest.of(args)))
+    world = workers.World(comm, devices.resolve_devices(comm, devices.DeviceRequest.of(args)))
     data.check_backend(args, origin.given, on_gpu=mx.context.num_gpus() > 0)
     workers.resolve_seed(args.seed, world)
     network = Network.of(args)
@@ -129,7 +129,7 @@ def main():
                              functools.partial(models.build, device='cpu'),
                              functools.partial(dali.serialize_preprocessing, dataset.images,
                                                args.dali_validation_threads))
-    weight_files.load_weights(net, resume.find_weights(workspace, args.load), args.rgb_mean, args.rgb_std)
+    weight_loading.load_weights(net, resume.find_weights(workspace, args.load), args.rgb_mean, args.rgb_std)
     engines = {}
     try:
         import onnxruntime

@@ -186,14 +186,14 @@ def overflow_check_ms(args, order):
     import train
     from rn50.config import resolve
     from rn50.training.step import StepSettings, TrainingStep
-    from rn50.world import workers
+    from rn50.world import devices, workers
     flags, origin = train.parse_flags(['--num-classes', str(args.num_classes), '--batch-size', str(args.batch_size),
                                        '--overflow-check', order, '--label-smoothing', '0'])
     flags = resolve.for_run(flags, origin, on_gpu=True)[0]     # the GPU's float16 and its optimizer settings
     net = ParameterAverage()
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
-    world = workers.World.of(workers.Communicator.start('device'), workers.Devices((mx.cpu(),), 'cpu'))
+    world = workers.World(workers.Communicator.start('device'), devices.Devices((mx.cpu(),), 'cpu'))
     step = TrainingStep(net, world, StepSettings.of(flags), seed=1)
     queued = {'update': [], 'copies': []}
     for what, owner, name in (('update', step.gluon_trainer, 'update'), ('copies', step.undo, 'keep')):

@@ -322,7 +322,7 @@ RUNS = {'float16': check_float16, 'amp': check_amp, 'dali-gpu': check_dali, 'dal
 
 def library_versions():
     """MXNet, DALI, Horovod and the NCCL Horovod was built with: what a GPU result depends on. DALI is imported
-    before Horovod (the other order crashes DALI's pipelines: workers.py)."""
+    before Horovod (the other order crashes DALI's pipelines: rn50/world/workers.py)."""
     import mxnet as mx
     versions = {'MXNet': mx.__version__}
     for name, module in (('DALI', 'nvidia.dali'), ('Horovod', 'horovod')):

@@ -1,7 +1,7 @@
 """Parameter dictionaries in other origins' layouts (as NVIDIA's DeepLearningExamples MXNet resnet.py, GluonCV's
 model_zoo/resnetv1b.py and torchvision's models/resnet.py name and shape them), written from a float32 NCHW
-network of this recipe, independently of weights.py's mapping: the renaming tables here are written from those
-sources' naming, not from weights.py. Used by tests/test_weights.py and scripts/benchmark_convert.py."""
+network of this recipe, independently of weight_origins.py's mapping: the renaming tables here are written from those
+sources' naming, not from weight_origins.py. Used by tests/test_weights.py and scripts/benchmark_convert.py."""
 import importlib.util
 import os
 import re

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from rn50.training import losses  # noqa: E402
-from rn50.world import workers  # noqa: E402
+from rn50.world import devices, workers  # noqa: E402
 from conftest import resolved  # noqa: E402
 from rn50.training.step import StepSettings, TrainingStep  # noqa: E402
 
@@ -51,7 +51,7 @@ def step_for(net, dtype='float32', contexts=(mx.cpu(),), batch=8, kv_store='devi
     net.initialize(ctx=list(contexts))
     if dtype == 'float16':
         net.cast('float16')
-    world = workers.World.of(workers.Communicator.start(kv_store), workers.Devices(tuple(contexts), kind))
+    world = workers.World(workers.Communicator.start(kv_store), devices.Devices(tuple(contexts), kind))
     return TrainingStep(net, world, StepSettings.of(args), seed=1, average=average and average(net))
 
 

@@ -15,7 +15,7 @@ from mxnet import gluon
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
 from rn50.checkpoints import resume
-from rn50.checkpoints import weight_files
+from rn50.checkpoints import weight_loading
 from rn50.checkpoints.workspace import Workspace
 from rn50 import files
 import fit
@@ -266,10 +266,10 @@ def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
     small_resnet(layers=34).save_parameters(path)
     args = CPU_ARGS
     with pytest.raises(RecipeError, match='the network is a ResNet-18: pass --num-layers 34'):
-        weight_files.load_weights(small_resnet(), path, args.rgb_mean, args.rgb_std)
+        weight_loading.load_weights(small_resnet(), path, args.rgb_mean, args.rgb_std)
     small_resnet(classes=2).save_parameters(path)
     with pytest.raises(RecipeError, match='2-class classifier, the network 10 classes'):
-        weight_files.load_weights(small_resnet(), path, args.rgb_mean, args.rgb_std)
+        weight_loading.load_weights(small_resnet(), path, args.rgb_mean, args.rgb_std)
 
 
 def test_finetuning_loads_everything_but_a_classifier_of_another_width(tmp_path):
@@ -279,7 +279,7 @@ def test_finetuning_loads_everything_but_a_classifier_of_another_width(tmp_path)
     target = small_resnet(classes=2)
     fresh = {n: p.data().asnumpy() for n, p in target._collect_params_with_prefix().items()}
     args = CPU_ARGS
-    weight_files.load_weights(target, path, args.rgb_mean, args.rgb_std, finetune=True)
+    weight_loading.load_weights(target, path, args.rgb_mean, args.rgb_std, finetune=True)
     loaded = {n: p.data().asnumpy() for n, p in target._collect_params_with_prefix().items()}
     original = {n: p.data().asnumpy() for n, p in source._collect_params_with_prefix().items()}
     for name, value in loaded.items():

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-import dali
 import data
+from rn50.data import crop_windows
 from rn50.data import records
 from train import get_loaders
 from rn50.errors import RecipeError
@@ -191,15 +191,15 @@ def test_multipart_record_is_joined(tmp_path):
 def test_random_crops_follow_the_area_and_aspect_rule():
     rng = np.random.default_rng(0)
     sizes = np.array([[375, 500]] * 4000 + [[10, 1000]] * 10, dtype=np.float64)
-    anchors, shapes = dali.random_crops(sizes, rng, (0.08, 1.0), (3 / 4, 4 / 3))
+    anchors, shapes = crop_windows.random_crops(sizes, rng, (0.08, 1.0), (3 / 4, 4 / 3))
     assert (anchors >= 0).all() and (anchors + shapes <= 1 + 1e-6).all()
     area = shapes[:4000].prod(axis=1)
     aspect = shapes[:4000, 0] * 500 / (shapes[:4000, 1] * 375)
     assert area.min() > 0.07 and area.max() <= 1 and 0.74 < aspect.min() and aspect.max() < 1.35
     # a 1:100 image fits no draw: the whole height, the widest allowed crop, centered
     np.testing.assert_allclose(shapes[-1], [13 / 1000, 1], atol=1e-6)
-    assert dali.image_size(b'\xff\xd8\xff\xe0\x00\x04ab\xff\xc0\x00\x11\x08\x01\x77\x01\xf4rest') == (375, 500)
-    assert dali.image_size(b'not an image at all') is None
+    assert crop_windows.image_size(b'\xff\xd8\xff\xe0\x00\x04ab\xff\xc0\x00\x11\x08\x01\x77\x01\xf4rest') == (375, 500)
+    assert crop_windows.image_size(b'not an image at all') is None
 
 
 def test_the_fallback_window_is_placed_at_random_as_dalis():
@@ -207,16 +207,16 @@ def test_the_fallback_window_is_placed_at_random_as_dalis():
     widest allowed width (133), lands at many positions inside the image, as DALI's RandomCropGenerator
     places it (186 distinct positions in 256 draws there), the same ones for the same seed."""
     sizes = np.array([[100, 1000]] * 256, dtype=np.float64)
-    anchors, shapes = dali.random_crops(sizes, np.random.default_rng(3), (0.08, 1.0), (3 / 4, 4 / 3))
+    anchors, shapes = crop_windows.random_crops(sizes, np.random.default_rng(3), (0.08, 1.0), (3 / 4, 4 / 3))
     fallback = np.all(np.isclose(shapes, [133 / 1000, 1]), axis=1)
     assert fallback.sum() > 150
     x = np.round(anchors[fallback, 0] * 1000).astype(int)
     assert len(set(x.tolist())) > 120 and x.min() >= 0 and x.max() <= 1000 - 133
     assert (anchors[fallback, 1] == 0).all() and (anchors + shapes <= 1 + 1e-6).all()
-    again, _ = dali.random_crops(sizes, np.random.default_rng(3), (0.08, 1.0), (3 / 4, 4 / 3))
+    again, _ = crop_windows.random_crops(sizes, np.random.default_rng(3), (0.08, 1.0), (3 / 4, 4 / 3))
     np.testing.assert_array_equal(again, anchors)
     # with --max-random-area below 1 the fallback shrinks to that area, as DALI's does
-    _, small = dali.random_crops(np.array([[100, 1000]] * 64, np.float64), np.random.default_rng(3), (0.08, 0.1),
+    _, small = crop_windows.random_crops(np.array([[100, 1000]] * 64, np.float64), np.random.default_rng(3), (0.08, 0.1),
                                  (3 / 4, 4 / 3))
     assert small.prod(axis=1).max() < 0.105          # rounding of drawn windows aside; 0.133 unshrunk
 

@@ -199,7 +199,7 @@ def test_the_checker_finds_what_the_old_dockerfile_missed():
     assert {module.split('.')[0] for module in gaps} == {'tqdm', 'safetensors', 'tensorboardX', 'mlperf_logging',
                                                          'tritonclient', 'imagehash'}
     assert gaps['mlperf_logging.mllog'] == ['rn50/reports/mlperf_log.py']
-    assert 'rn50/reports/logs.py' in gaps['tqdm'] and 'rn50/checkpoints/weight_files.py' in gaps['safetensors.numpy']
+    assert 'rn50/reports/logs.py' in gaps['tqdm'] and 'rn50/checkpoints/weight_loading.py' in gaps['safetensors.numpy']
 
 
 def test_the_container_pins_are_exact_and_the_dockerfile_installs_them():

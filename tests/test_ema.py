@@ -87,7 +87,7 @@ def test_every_worker_resumes_its_own_averaged_batchnorm_statistics():
     step = step_for(Float16Net())
     average = ema.WeightAverage(step.net, 0.5, mx.cpu())
     average.average['bn.running_mean'][:] = 0.25
-    arrays = ema.average_state(average, step.net, workers.World(rank=1, size=2, comm=TwoWorkers(rank=1, size=2)))
+    arrays = ema.average_state(average, step.net, workers.World(TwoWorkers(rank=1, size=2)))
     assert arrays['ema:rank0:bn.running_mean'].asnumpy() == pytest.approx([1.25] * 4)
     resumed = ema.WeightAverage(step.net, 0.5, mx.cpu())
     assert resumed.restore(arrays, rank=1)

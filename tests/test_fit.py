@@ -18,7 +18,7 @@ from rn50.training import losses
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import optimizer_state
 from rn50.checkpoints.saver import Progress
-from rn50.world import workers
+from rn50.world import devices, workers
 from conftest import digits_flags, gloo_workers, resolved, scalars
 from float16_twin import Float16Net, batch_of, step_for
 from test_train import epoch_records, kill_once_logged, metrics_without_speed, refused, run
@@ -281,7 +281,7 @@ def test_the_host_reads_each_loss_at_once_on_the_cpu_and_one_step_late_on_a_gpu(
     rng = np.random.default_rng(3)
     batches = [batch_of(rng.normal(size=(8, 4, 2, 2)), rng.integers(0, 3, 8)) for _ in range(3)]
     step = step_for(Float16Net(), 'float32')
-    step.world = dataclasses.replace(step.world, devices=workers.Devices(step.world.devices.contexts, kind))
+    step.world = dataclasses.replace(step.world, devices=devices.Devices(step.world.devices.contexts, kind))
     events, run = [], step.run
 
     def recorded_run(batch, epoch, iteration, lr, before_sync=None):
@@ -328,7 +328,7 @@ def test_dali_slices_reach_the_step_on_their_devices_without_a_join(digits):
         mx.random.seed(5)
         net = Float16Net(classes=10, channels=3, batchnorm=False)
         net.initialize(ctx=contexts)
-        step = TrainingStep(net, workers.World(devices=workers.Devices(tuple(contexts))), StepSettings.of(args), seed=1)
+        step = TrainingStep(net, workers.World(devices=devices.Devices(tuple(contexts))), StepSettings.of(args), seed=1)
         seen = []
         step.net = lambda x, net=net, seen=seen: seen.append(x) or net(x)
         initial = net.weight.data(contexts[0]).asnumpy().copy()

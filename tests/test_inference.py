@@ -7,7 +7,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from rn50.checkpoints import weight_files
+from rn50.checkpoints import weight_loading
 from rn50.world import cpu
 import checkpoint_formats as formats
 from rn50.inference import export
@@ -15,7 +15,7 @@ from rn50.inference import evaluation
 from rn50.reports import logs
 import models
 import train
-from rn50.world import workers
+from rn50.world import devices, workers
 from conftest import TRAINED_NET, copy_workspace, digits_flags, exported, resolved, run_mode, train_main
 from rn50.errors import RecipeError
 from rn50.checkpoints.workspace import Workspace
@@ -161,7 +161,7 @@ def test_bfloat16_inference_is_one_fused_bfloat16_graph(digits, model, tmp_path)
     net = models.build(Network.of(args))
     net.initialize()
     net.hybridize(static_alloc=True, static_shape=True)
-    world = workers.World(devices=workers.Devices(amp_dtype='bfloat16'))
+    world = workers.World(devices=devices.Devices(amp_dtype='bfloat16'))
     fused = evaluation.inference_network(net, world, evaluation.InferenceSetup.of(args), Workspace.of(args),
                                         contract.Dataset.of(args), train.Loaders.of(args))
     fused.export(str(tmp_path / 'bf16'))
@@ -268,8 +268,8 @@ def test_int8_on_a_gpu_node_runs_on_its_cpu(monkeypatch, digits, tmp_path):
                                                '--quantize', 'int8', '--workspace', str(workspace)]),
                            on_gpu=True)[0]
     assert args.dtype == 'float32'   # the CPU's default, not a GPU node's float16
-    devices = workers.resolve_devices(workers.Communicator(), workers.DeviceRequest.of(args))
-    assert devices.kind == 'cpu' and devices.contexts == (mx.cpu(),)
+    found = devices.resolve_devices(workers.Communicator(), devices.DeviceRequest.of(args))
+    assert found.kind == 'cpu' and found.contexts == (mx.cpu(),)
     refused = train_main('--data-train', digits / 'rec' / 'train.rec', '--mode', 'val', '--quantize', 'int8',
                          '--gpus', '0', '--workspace', workspace)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
@@ -306,7 +306,7 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
     cpu = models.get_model(num_layers=10, num_classes=10, image_shape=(3, 32, 32))
     cpu.initialize()
     args = resolved([])
-    weight_files.load_weights(cpu, str(tmp_path / 'model_best.params'), args.rgb_mean, args.rgb_std)
+    weight_loading.load_weights(cpu, str(tmp_path / 'model_best.params'), args.rgb_mean, args.rgb_std)
     x = np.random.default_rng(0).normal(size=(2, 3, 32, 32)).astype(np.float32)
     np.testing.assert_allclose(session.run(None, {'data': x})[0], cpu(mx.nd.array(x)).asnumpy(), atol=1e-4)
     assert sorted(os.listdir(tmp_path / 'export')) == ['model-0000.params', 'model-symbol.json', 'model.onnx',

@@ -13,7 +13,7 @@ import pytest
 
 from rn50.config import resolve
 from rn50.data import contract
-from rn50.world import memory, workers
+from rn50.world import devices, memory, workers
 import models
 from conftest import ROOT, resolved
 from rn50.errors import RecipeError
@@ -97,9 +97,9 @@ def test_several_workers_of_a_node_share_its_memory(monkeypatch):
     args, net = small_run(['--batch-size', '64'])
     need, _ = need_of(args, net, 32)
     monkeypatch.setattr(memory, 'host_available', lambda: 1.5 * need)
-    alone = workers.World(size=2, local_size=1)
+    alone = workers.World(workers.Communicator(size=2, local_size=1))
     fits(args, net, alone)           # one worker of two on this node: 32 images fit
-    together = workers.World(size=2, local_size=2)
+    together = workers.World(workers.Communicator(size=2, local_size=2))
     with pytest.raises(RecipeError, match=r'of memory x 2 workers on this node'):
         fits(args, net, together)
 
@@ -108,7 +108,7 @@ def test_several_workers_of_a_node_share_its_memory(monkeypatch):
 def test_gpu_path_on_cpu_contexts(monkeypatch):
     """Two CPU contexts stand for two GPUs: each device's batch against its own free memory."""
     args, net = small_run(['--batch-size', '64'])
-    world = workers.World(devices=workers.Devices((mx.cpu(0), mx.cpu(1)), 'gpu'))
+    world = workers.World(devices=devices.Devices((mx.cpu(0), mx.cpu(1)), 'gpu'))
     need, _ = need_of(args, net, 32)       # 64 images over 2 devices
     free = {0: 2 * need, 1: need / 2}
     monkeypatch.setattr(mx.context, 'gpu_memory_info', lambda device_id: (free[device_id], 16 * GB))

@@ -122,7 +122,7 @@ def run_of(args):
 
 
 def one_worker(rank=0, size=1):
-    return workers.World(rank, size, rank, comm=EveryWorkerAlike(rank=rank, size=size, local_rank=rank))
+    return workers.World(EveryWorkerAlike(rank=rank, size=size, local_rank=rank))
 
 
 def simulated_run(args, accuracy, interrupt=None, world=None):

@@ -1,4 +1,4 @@
-"""Export's weights for PyTorch (rn50/inference/torchvision_weights.py, weights.to_torchvision), checked by their
+"""Export's weights for PyTorch (rn50/inference/torchvision_weights.py, weight_conversion.to_torchvision), checked by their
 real consumers in a process of their own (tests/torch_consumers.py): torchvision's builder and timm's model of
 the same name load model.torchvision.safetensors with strict=True and give MXNet's logits on the same images,
 whatever layout, precision and stem the run trained with and with the run's batchnorm epsilon and momentum;
@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 
 import models
 from conftest import ROOT, digits_flags, exported, randomise_batchnorm, resolved, train_main
-from rn50.checkpoints import weight_files, weights
+from rn50.checkpoints import weight_conversion, weight_loading
 from rn50.data import contract, validation_resize
 from rn50.nets import catalogue
 
@@ -77,7 +77,7 @@ def mxnet_logits(source, images, flags, arch, depth, groups=32):
     net = models.get_model(arch, depth, num_groups=groups, num_classes=10, image_shape=(3, 32, 32),
                            batchnorm_eps=args.batchnorm_eps)
     net.initialize()
-    weight_files.load_weights(net, str(source), args.rgb_mean, args.rgb_std)
+    weight_loading.load_weights(net, str(source), args.rgb_mean, args.rgb_std)
     return net(mx.nd.array(images)).asnumpy(), args
 
 
@@ -126,7 +126,7 @@ def test_torchvision_and_timm_load_the_export_strictly_give_mxnet_s_logits_and_g
         net = models.get_model(arch, depth, num_groups=groups or 32, num_classes=7)
         params = {name: np.zeros(param.shape, np.float32) for name, param in net._collect_params_with_prefix().items()}
         ours[builder] = [[key, list(value.shape), value.dtype.name] for key, value in
-                         weights.to_torchvision(params).items()]
+                         weight_conversion.to_torchvision(params).items()]
         cases.append({'keys': builder, 'num_classes': 7, 'outputs': str(tmp_path / f'twin-{builder}')})
     consumers(cases, tmp_path)
     for builder, keys in ours.items():

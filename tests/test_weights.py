@@ -1,8 +1,9 @@
-"""weights.py: reading .params/.safetensors/.npz, recognising every supported origin, converting it to this
-recipe's network with the same logits, and the errors a user can get.
+"""weight_loading.py, weight_origins.py, weight_conversion.py: reading .params/.safetensors/.npz, recognising
+every supported origin, converting it to this recipe's network with the same logits, and the errors a user can
+get.
 
 The foreign dictionaries are written from a float32 NCHW network's weights by tests/checkpoint_formats.py,
-which renames and transposes as foreign-weights.md documents, independently of weights.py; GluonCV's own
+which renames and transposes as foreign-weights.md documents, independently of weight_origins.py; GluonCV's own
 resnet*_v1b networks are built and run. Networks are small (ResNet-18/50 on 32x32 images, batch 2)."""
 import argparse
 import json
@@ -13,11 +14,11 @@ import numpy as np
 import pytest
 
 import checkpoint_formats as formats
-from rn50.checkpoints import weight_files
+from rn50.checkpoints import weight_loading
 import data
 from rn50 import errors
 import models
-from rn50.checkpoints import weights
+from rn50.checkpoints import weight_conversion, weight_origins
 from conftest import randomise_batchnorm
 from rn50.errors import RecipeError
 
@@ -117,14 +118,14 @@ def test_nvidia_checkpoints_give_the_same_logits(depth, variant, reference, tmp_
         assert arrays['_net.features.0.1.weight'].shape == (64, 7, 7, 4)
         assert arrays['_net.output.weight'].dtype == np.float16
     path = save_params(arrays, tmp_path / 'model_best.params')
-    arrays = weight_files.read_arrays(path)
-    origin = weights.recognise(arrays)
+    arrays = weight_loading.read_arrays(path)
+    origin = weight_origins.recognise(arrays)
     assert (origin.kind, origin.depth, origin.fused, origin.num_classes) == ('nvidia', depth,
                                                                              options.get('fused', False), 1000)
     assert (origin.layout, origin.stem_channels, origin.dtype) == (
         ('OHWI', 4, 'float16') if float16 else ('OIHW', 3, 'float32'))
     target = models.get_model(num_layers=depth)
-    params, description = weights.convert(arrays, target, source=str(path))
+    params, description = weight_conversion.convert(arrays, target, source=str(path))
     assert description.startswith(f"{path}: NVIDIA's original recipe ResNet-{depth}") and '\n' not in description
     if float16:
         assert "dropped the stem's 4th input channel" in description and 'OHWI->OIHW' in description
@@ -142,7 +143,7 @@ def test_every_depth_is_recognised(depth):
                          (formats.torch_style_arrays(recipe, torchvision=True), 'torchvision'),
                          ({'module.' + n: v for n, v in formats.torch_style_arrays(recipe, torchvision=True).items()},
                           'torchvision')]:                          # DataParallel's prefix
-        origin = weights.recognise(arrays)
+        origin = weight_origins.recognise(arrays)
         assert (origin.kind, origin.depth, origin.arch) == (kind, depth, f'ResNet-{depth}')
         assert {t for t in origin.names.values() if t} == set(recipe)      # every weight has its place
 
@@ -165,12 +166,12 @@ def test_gluoncv_v1b_gives_the_same_logits(name, depth, gluoncv, tmp_path):
     net = gluoncv_net(gluoncv, name)
     logits = net(images()).asnumpy()
     net.save_parameters(str(tmp_path / f'{name}.params'))
-    arrays = weight_files.read_arrays(tmp_path / f'{name}.params')
+    arrays = weight_loading.read_arrays(tmp_path / f'{name}.params')
     assert 'layer1.0.conv1.weight' in arrays and 'bn1.gamma' in arrays        # GluonCV's own names
-    origin = weights.recognise(arrays)
+    origin = weight_origins.recognise(arrays)
     assert (origin.kind, origin.depth) == ('gluoncv', depth)
     target = models.get_model(num_layers=depth)
-    params, description = weights.convert(arrays, target)
+    params, description = weight_conversion.convert(arrays, target)
     assert 'GluonCV ResNet-' in description
     assert_close(load(target, params)(images()), logits)
 
@@ -184,12 +185,12 @@ def test_torchvision_names_in_safetensors_and_npz_give_the_same_logits(suffix, g
     assert state['bn1.weight'].shape == (64,) and state['layer1.0.bn3.num_batches_tracked'].dtype == np.int64
     path = tmp_path / f'model{suffix}'
     save_file(state, str(path)) if suffix == '.safetensors' else np.savez(path, **state)
-    arrays = weight_files.read_arrays(path)
+    arrays = weight_loading.read_arrays(path)
     assert set(arrays) == set(state)
-    origin = weights.recognise(arrays)
+    origin = weight_origins.recognise(arrays)
     assert (origin.kind, origin.depth, origin.num_classes) == ('torchvision', 50, 1000)
     target = models.get_model(num_layers=50)
-    params, _ = weights.convert(arrays, target)
+    params, _ = weight_conversion.convert(arrays, target)
     assert_close(load(target, params)(images()), logits)
 
 
@@ -206,7 +207,7 @@ def test_own_gpu_checkpoint_converts_to_cpu_float32_and_back(reference, tmp_path
     recipe = formats.recipe_arrays(net)
     # float32 NCHW 3-channel -> the GPU network (NHWC, 4-channel stem, float16), built by shape inference only
     gpu = models.get_model(num_layers=50, **GPU_LAYOUT)
-    params, description = weights.convert(recipe, gpu)
+    params, description = weight_conversion.convert(recipe, gpu)
     for name, param in gpu._collect_params_with_prefix().items():
         assert params[name].shape == param.shape and params[name].dtype == np.dtype(param.dtype), name
     stem = params['features.conv0.weight']
@@ -222,16 +223,16 @@ def test_own_gpu_checkpoint_converts_to_cpu_float32_and_back(reference, tmp_path
     gpu.save_parameters(str(tmp_path / 'model_best.params'))
 
     # the GPU checkpoint -> float32 NCHW, 3 channels: the same logits
-    arrays = weight_files.read_arrays(tmp_path / 'model_best.params')
-    origin = weights.recognise(arrays)
+    arrays = weight_loading.read_arrays(tmp_path / 'model_best.params')
+    origin = weight_origins.recognise(arrays)
     assert (origin.kind, origin.layout, origin.stem_channels, origin.dtype) == ('recipe', 'OHWI', 4, 'float16')
     cpu = models.get_model(num_layers=50)
-    params, description = weights.convert(arrays, cpu)
+    params, description = weight_conversion.convert(arrays, cpu)
     assert "dropped the stem's 4th input channel" in description
     assert_close(load(cpu, params)(images()), logits)
     # ... and into a float32 NCHW network with a 4-channel stem fed a zero 4th channel
     four = models.get_model(num_layers=50, image_shape=(4, 32, 32))
-    params, _ = weights.convert(arrays, four)
+    params, _ = weight_conversion.convert(arrays, four)
     x = mx.nd.concat(images(), mx.nd.zeros((2, 1, 32, 32)), dim=1)
     assert_close(load(four, params)(x), logits)
 
@@ -243,7 +244,7 @@ def test_nhwc_input_network_runs_converted_weights(reference):
     in it, as the reference network has."""
     net, logits = reference(18)
     mixed = models.get_model(num_layers=18, input_layout='NHWC', pooling_layout='NHWC')
-    params, _ = weights.convert(formats.nvidia_arrays(formats.recipe_arrays(net), float16=True), mixed)
+    params, _ = weight_conversion.convert(formats.nvidia_arrays(formats.recipe_arrays(net), float16=True), mixed)
     assert_close(load(mixed, params)(images().transpose((0, 2, 3, 1))), logits)
 
 
@@ -257,8 +258,8 @@ def test_new_classifier_converts_everything_else(reference):
     ten = models.get_model(num_layers=18, num_classes=10)
     with pytest.raises(RecipeError, match='1000-class classifier, the network 10 classes: pass --num-classes 1000'
                                           '.*new classifier'):
-        weights.convert(arrays, ten)
-    params, description = weights.convert(arrays, ten, new_classifier=True)
+        weight_conversion.convert(arrays, ten)
+    params, description = weight_conversion.convert(arrays, ten, new_classifier=True)
     assert set(params) == set(ten._collect_params_with_prefix()) - {'output.weight', 'output.bias'}
     assert 'classifier left out for a new one (1000 -> 10 classes)' in description
     load(ten, params)
@@ -308,20 +309,20 @@ def test_mismatches_are_clear_errors(case, message, gluoncv):
     else:
         arrays, target = shapes_only(target), models.resnetv15(50, in_channels=1)   # no --image-shape allows 1
     with pytest.raises(RecipeError, match=message):
-        weights.convert(arrays, target)
+        weight_conversion.convert(arrays, target)
 
 
 def test_own_checkpoints_of_other_architectures_convert_by_shape():
     """This recipe's names are the same for v1 and v1.5, ResNeXt and other layouts: shapes decide."""
     resnext = shapes_only(models.get_model('resnextv15', 50, num_groups=32, num_classes=10))
-    assert weights.recognise(resnext).arch == 'ResNeXt-50 32x4d'
-    params, _ = weights.convert(resnext, models.get_model('resnextv1', 50, num_groups=32, num_classes=10))
+    assert weight_origins.recognise(resnext).arch == 'ResNeXt-50 32x4d'
+    params, _ = weight_conversion.convert(resnext, models.get_model('resnextv1', 50, num_groups=32, num_classes=10))
     assert len(params) == len(resnext)
     with pytest.raises(RecipeError, match=r'unit1.body.conv1.weight has shape \(128, 64, 1, 1\), the network '
                                           r'expects \(32, 64, 1, 1\): check --arch, --num-layers, --num-groups'):
-        weights.convert(resnext, models.get_model('resnextv15', 50, num_groups=8, num_classes=10))
+        weight_conversion.convert(resnext, models.get_model('resnextv15', 50, num_groups=8, num_classes=10))
     xception = shapes_only(models.get_model('xception', num_classes=10))
-    assert weights.recognise(xception).arch == 'Xception'
+    assert weight_origins.recognise(xception).arch == 'Xception'
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -335,7 +336,7 @@ def test_unreadable_files_are_clear_errors(tmp_path):
     save_file(state, str(tmp_path / 'good.safetensors'))
     np.savez(tmp_path / 'good.npz', **state)
     for suffix in ('.params', '.safetensors', '.npz'):
-        assert set(weight_files.read_arrays(tmp_path / f'good{suffix}')) == set(state)
+        assert set(weight_loading.read_arrays(tmp_path / f'good{suffix}')) == set(state)
         content = (tmp_path / f'good{suffix}').read_bytes()
         (tmp_path / f'truncated{suffix}').write_bytes(content[:len(content) * 2 // 3])
         (tmp_path / f'text{suffix}').write_text('epoch 1: accuracy 0.5\n' * 20)
@@ -360,11 +361,11 @@ def test_unreadable_files_are_clear_errors(tmp_path):
     (tmp_path / 'model_last.state').write_bytes(b'')
     for name, message in cases.items():
         with pytest.raises(RecipeError, match=message) as error:
-            weight_files.read_arrays(tmp_path / name)
+            weight_loading.read_arrays(tmp_path / name)
         assert 'Traceback' not in str(error.value) and '\n' not in str(error.value), str(error.value)
     mx.nd.save(str(tmp_path / 'list.params'), [mx.nd.ones(3)])
     with pytest.raises(RecipeError, match='list of 1 arrays without names'):
-        weight_files.read_arrays(tmp_path / 'list.params')
+        weight_loading.read_arrays(tmp_path / 'list.params')
 
 
 def test_mxnet_message_keeps_the_meaningful_line():
@@ -388,7 +389,7 @@ def test_mxnet_message_keeps_the_meaningful_line():
     ('torchvision', (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)),
 ])
 def test_normalisation_and_matching_flags(kind, mean, std):
-    norm = weights.normalisation(kind)
+    norm = weight_origins.normalisation(kind)
     assert norm['mean'] == mean and norm['std'] == std
     parser = argparse.ArgumentParser()
     data.add_data_args(parser)
@@ -397,5 +398,5 @@ def test_normalisation_and_matching_flags(kind, mean, std):
     if kind == 'torchvision':
         assert args.data_val_resize == 232 and args.image_shape == (3, 224, 224)
         assert '288' in norm['evaluation']
-    origin = weights.recognise(shapes_only(models.get_model(num_layers=18)))
-    assert weights.normalisation(origin) == weights.normalisation('recipe')
+    origin = weight_origins.recognise(shapes_only(models.get_model(num_layers=18)))
+    assert weight_origins.normalisation(origin) == weight_origins.normalisation('recipe')

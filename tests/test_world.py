@@ -17,7 +17,7 @@ import fit
 from rn50.checkpoints import checkpoint
 from rn50.checkpoints import resume
 from rn50.checkpoints.workspace import Workspace
-from rn50.world import workers
+from rn50.world import devices, rendezvous, workers
 from conftest import ROOT, digits_flags, train_args
 from rn50.errors import RecipeError
 from test_workers import TwoWorkerHorovod
@@ -54,7 +54,7 @@ SRUN_TASK_1_OF_2 = {'SLURM_JOB_ID': '77', 'SLURM_STEP_ID': '0', 'SLURM_NTASKS': 
 @pytest.mark.unit
 def test_a_world_other_than_the_announced_one_is_refused(formed, environ, message):
     with pytest.raises(RecipeError) as error:
-        workers.check_world(formed, environ)
+        rendezvous.check_world(formed, environ)
     assert message in str(error.value) and 'srun --mpi=pmix' in str(error.value) and '-H host1:8' in str(error.value)
 
 
@@ -73,7 +73,7 @@ def test_a_world_other_than_the_announced_one_is_refused(formed, environ, messag
 ])
 @pytest.mark.unit
 def test_the_announced_world_is_accepted(formed, environ):
-    workers.check_world(formed, environ)
+    rendezvous.check_world(formed, environ)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -92,10 +92,10 @@ def gpu_choice(monkeypatch, gpus_on_node, local_rank, local_size, environ=None, 
     args = train_args(['--kv-store', 'horovod', '--batch-size', '64'] + list(flags))
     formed = world(local_rank, local_size, local_rank, local_size)
     host = socket.gethostname()
-    others = [workers.gpu_key(host, workers.physical_gpu(mx.gpu(0), other)) for other in (node or [])]
+    others = [devices.gpu_key(host, devices.physical_gpu(mx.gpu(0), other)) for other in (node or [])]
     formed.gather = lambda values: np.array([values] + others, dtype=np.float32)
-    devices = workers.resolve_devices(formed, workers.DeviceRequest.of(args))
-    return [(ctx.device_type, ctx.device_id) for ctx in devices.contexts]
+    found = devices.resolve_devices(formed, devices.DeviceRequest.of(args))
+    return [(ctx.device_type, ctx.device_id) for ctx in found.contexts]
 
 
 @pytest.mark.unit
@@ -121,9 +121,9 @@ def test_a_worker_bound_to_one_gpu_takes_device_0(monkeypatch, binding):
 def test_one_process_takes_every_gpu_and_says_so(monkeypatch, caplog):
     monkeypatch.setattr(mx.context, 'num_gpus', lambda: 8)
     args = train_args(['--batch-size', '32'])
-    with caplog.at_level('INFO', logger='rn50.world.workers'):
-        devices = workers.resolve_devices(world(horovod=False), workers.DeviceRequest.of(args))
-    assert [ctx.device_id for ctx in devices.contexts] == list(range(8))
+    with caplog.at_level('INFO', logger='rn50.world.devices'):
+        found = devices.resolve_devices(world(horovod=False), devices.DeviceRequest.of(args))
+    assert [ctx.device_id for ctx in found.contexts] == list(range(8))
     assert ('This process trains on GPUs 0,1,2,3,4,5,6,7: 4 images per GPU of the global batch 32 (batchnorm '
             'statistics over 4 images)') in caplog.messages
 
@@ -150,7 +150,7 @@ def test_workers_sharing_one_gpu_are_refused(monkeypatch, environ):
 
 def rank1_of_2(rank0_contributions):
     """Rank 1 of a two-worker World whose all-reduces add rank 0's `rank0_contributions` (in call order)."""
-    return workers.World.of(workers.Communicator(TwoWorkerHorovod(rank0_contributions), 1, 2, 1, 2))
+    return workers.World(workers.Communicator(TwoWorkerHorovod(rank0_contributions), 1, 2, 1, 2))
 
 
 def fresh_start(workspace):
@@ -293,22 +293,23 @@ def test_srun_variables_become_horovods_gloo_world(monkeypatch):
     """Task 5 of 8 on the second of two nodes of 4 tasks each, as horovodrun's gloo_run would set it up."""
     served = []
     monkeypatch.setattr(os, 'environ', {})
-    monkeypatch.setattr(workers, 'serve_rendezvous', lambda port, hosts, counts: served.append((port, hosts, counts)))
-    monkeypatch.setattr(workers, 'wait_for_rendezvous', lambda address, port: served.append((address, port)))
+    monkeypatch.setattr(rendezvous, 'serve_rendezvous',
+                        lambda port, hosts, counts: served.append((port, hosts, counts)))
+    monkeypatch.setattr(rendezvous, 'wait_for_rendezvous', lambda address, port: served.append((address, port)))
     step = {'SLURM_JOB_ID': '1000', 'SLURM_STEP_ID': '3', 'SLURM_NTASKS': '8', 'SLURM_PROCID': '5',
             'SLURM_LOCALID': '1', 'SLURM_NODEID': '1', 'SLURM_STEP_TASKS_PER_NODE': '4(x2)',
             'SLURM_STEP_NODELIST': 'gpu[07-08]'}
-    assert workers.srun_task_of_many(step)
-    workers.join_slurm_world_over_gloo(step)
+    assert rendezvous.srun_task_of_many(step)
+    rendezvous.join_slurm_world_over_gloo(step)
     assert os.environ == {
         'HOROVOD_HOSTNAME': 'slurm-node1', 'HOROVOD_RANK': '5', 'HOROVOD_SIZE': '8', 'HOROVOD_LOCAL_RANK': '1',
         'HOROVOD_LOCAL_SIZE': '4', 'HOROVOD_CROSS_RANK': '1', 'HOROVOD_CROSS_SIZE': '2',
         'HOROVOD_GLOO_RENDEZVOUS_ADDR': 'gpu07', 'HOROVOD_GLOO_RENDEZVOUS_PORT': str(20000 + (1000 * 16 + 3) % 20000),
         'HOROVOD_CONTROLLER': 'gloo', 'HOROVOD_CPU_OPERATIONS': 'gloo'}
     assert served == [('gpu07', 36003)]
-    workers.join_slurm_world_over_gloo(dict(step, SLURM_PROCID='0', SLURM_LOCALID='0', SLURM_NODEID='0'))
+    rendezvous.join_slurm_world_over_gloo(dict(step, SLURM_PROCID='0', SLURM_LOCALID='0', SLURM_NODEID='0'))
     assert served[-1] == (36003, ['slurm-node0', 'slurm-node1'], [4, 4])
-    assert not workers.srun_task_of_many(dict(step, HOROVOD_SIZE='8'))      # horovodrun inside the step
+    assert not rendezvous.srun_task_of_many(dict(step, HOROVOD_SIZE='8'))      # horovodrun inside the step
 
 
 @HOROVOD

@@ -1,7 +1,7 @@
 """Checkpoint files: the formats of the weights and training state this recipe writes and reads back. Where they
 are (the workspace's names): workspace.py; what a run's states hold and when they are written: saver.py; which
 one a run starts from or a mode uses: resume.py; any weights file, of any origin, read into a network:
-weight_files.py (weights.py recognises and converts them).
+weight_loading.py (weight_origins.py recognises them, weight_conversion.py converts them).
 
 Written atomically (files.atomic_path: a temporary name flushed to disk, then a rename, so a crash leaves the
 old file or the new one, never half of one):

@@ -24,8 +24,8 @@ import os
 import re
 
 from rn50.checkpoints import checkpoint
-from rn50.checkpoints import weight_files
-from rn50.checkpoints import weights
+from rn50.checkpoints import weight_conversion
+from rn50.checkpoints import weight_loading
 from rn50.data import contract
 from rn50.errors import RecipeError
 
@@ -294,7 +294,7 @@ def training_start(workspace, start, net, set_aside=True):
         state = checkpoint.read_state(path, fallback=workspace.previous_state)
         if resume:
             check_same_run(start, state.meta, path)
-        checkpoint.load_params_into(net, weights.convert(state.params, net, source=path)[0],
+        checkpoint.load_params_into(net, weight_conversion.convert(state.params, net, source=path)[0],
                                     checkpoint.network_contexts(net))
         log.info('Loaded %s: epoch %d, iteration %d', path, state.meta['epoch'], state.meta['iteration'])
         return state
@@ -302,7 +302,7 @@ def training_start(workspace, start, net, set_aside=True):
         return None
     if not os.path.exists(start.load):
         raise RecipeError(f'--load {start.load}: no such file')
-    weight_files.load_weights(net, start.load, start.mean, start.std, finetune=start.finetune)
+    weight_loading.load_weights(net, start.load, start.mean, start.std, finetune=start.finetune)
     return None
 
 

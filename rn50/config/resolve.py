@@ -17,9 +17,9 @@ for a short run: rn50/optim/schedule.py). Each derived value is logged where a u
 
 After for_run the namespace is a Resolved one: assigning to it raises. A part of the run that must read the
 data otherwise (validation's batch on a small set, INT8 calibration) gets a copy (`replaced`), never a change.
-What the process finds out (the world, devices, seed, start time) is not a flag: rn50/world/workers.py's
-records hold it. `origin` says which flags the command gave, which the recipe set, and where the class count
-came from; `val_interpolation`, the one resolved value no flag names, is the validation resize's
+What the process finds out (the world, devices, seed, start time) is not a flag: the records of rn50/world/
+hold it (workers.World, devices.Devices). `origin` says which flags the command gave, which the recipe set,
+and where the class count came from; `val_interpolation`, the one resolved value no flag names, is the validation resize's
 interpolation (the trained run's in val, pred and export; else the backend's).
 """
 import argparse
@@ -129,7 +129,7 @@ def for_run(args, origin, on_gpu):
 
 def int8_on_cpu(args):
     """Whether the run is INT8 inference (--quantize int8), which runs on the CPU (oneDNN's INT8 kernels), a GPU
-    node's too: its defaults are then the CPU's (float32, dali-cpu) and rn50/world/workers.py picks the CPU. An
+    node's too: its defaults are then the CPU's (float32, dali-cpu) and rn50/world/devices.py picks the CPU. An
     explicit --gpus is a RecipeError."""
     if not args.quantize:
         return False

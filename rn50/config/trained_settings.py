@@ -13,7 +13,7 @@ The training run records them in its state (`meta['settings']`, resume.run_setti
 `<prefix>_last.state` beside it. A value the command gives that contradicts the run's is an error (as a used
 workspace refuses another run's settings); foreign weights (GluonCV, torchvision, ...) and states written
 before the settings were recorded inherit nothing. Layouts and precision are this machine's choice:
-weight_files.load_weights converts the weights to any of them.
+weight_loading.load_weights converts the weights to any of them.
 """
 import logging
 import os

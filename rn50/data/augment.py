@@ -9,7 +9,7 @@ them: automatic augmentation (--auto-augment) and random erasing (--random-erase
 The operations are DALI's own (nvidia.dali.auto_aug: the TrivialAugment-wide and RandAugment suites and
 AutoAugment's ImageNet policy, applied by its `select`; fn.erase). What each image gets (operation, magnitude
 bin, sign; the erased box and its noise) is drawn here in numpy from (--seed, epoch, rank, batch, device), as
-dali.py draws the crop windows: DALI's own samplers draw from the pipeline's generator, which a resume at batch
+crop_windows.py draws the crop windows: DALI's own samplers draw from the pipeline's generator, which a resume at batch
 k cannot put back where it was, so with them a resumed epoch would see other augmentations.
 
 * ta_wide (torchvision's TrivialAugmentWide): one of 14 operations per image, uniformly, at a magnitude

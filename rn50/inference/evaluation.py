@@ -11,7 +11,7 @@ prediction.py's, `--mode export` export.py's.
 * `--quantize int8`: post-training quantization with MXNet's oneDNN INT8 kernels (CPU only; int8.py), calibrated
   once on training images and cached in the workspace.
 * float32 on the CPU: oneDNN's graph fusion (`fused_float32`), about 12% faster. `--amp` (bfloat16 on CPU,
-  float16 on GPU): workers.resolve_devices switched AMP on before the network was built; nothing to do here.
+  float16 on GPU): devices.resolve_devices switched AMP on before the network was built; nothing to do here.
 """
 import dataclasses
 import logging
@@ -20,7 +20,7 @@ import time
 import mxnet as mx
 import numpy as np
 
-from rn50.checkpoints import weight_files
+from rn50.checkpoints import weight_loading
 from rn50.checkpoints import resume
 from rn50 import flags
 from rn50.data.contract import batches, device_slices
@@ -107,7 +107,7 @@ def inference_network(net, world, setup, workspace, dataset, loaders):
         source = None
     else:
         source = resume.inference_weights(workspace, setup.load)
-        weight_files.load_weights(net, source, dataset.images.mean, dataset.images.std)
+        weight_loading.load_weights(net, source, dataset.images.mean, dataset.images.std)
     if setup.calibration:
         return int8_network(net, source, world, setup.calibration, workspace, dataset, loaders)
     if world.devices.amp_dtype == 'bfloat16':

@@ -22,7 +22,7 @@ import mxnet as mx
 import numpy as np
 
 from rn50.files import write_json
-from rn50.checkpoints import weight_files
+from rn50.checkpoints import weight_loading
 from rn50.checkpoints import resume
 from rn50.data import validation_resize
 from rn50.data.contract import joined
@@ -73,7 +73,7 @@ def export(settings, network, world, workspace, dataset, loaders, build_network,
     source = resume.inference_weights(workspace, settings.load)
     images = dataset.images
     net, shape = portable_network(network, images, build_network)
-    weight_files.load_weights(net, source, images.mean, images.std)
+    weight_loading.load_weights(net, source, images.mean, images.std)
     if world.rank != 0:
         return {}
     # Everything that can fail for want of a file is read before anything is written: the check's images.
@@ -191,7 +191,7 @@ def portable_network(network, images, build_network):
     """(network, input shape) of what export writes of the run's `network` (a nets.network.Network;
     `build_network`: the composer's models.build for the CPU): its architecture in float32 with NCHW layers,
     3 input channels and no fused kernels, on the CPU: what ONNX and every runtime take, whatever layouts,
-    precision, stem width and kernels the weights were trained with (weight_files.load_weights converts them).
+    precision, stem width and kernels the weights were trained with (weight_loading.load_weights converts them).
     The input stays in --input-layout; a 4th input channel, zeros in this recipe's data, is dropped. `images`:
     the run's contract.Images."""
     portable = dataclasses.replace(network, dtype='float32', conv_layout='NCHW', batchnorm_layout='NCHW',

@@ -6,14 +6,14 @@ torchvision's network of the same shape, and timm's of the same name, load with 
     torchvision_weights.write(path, net, twin, network)       # network: the run's nets.network.Network
     loading = torchvision_weights.how_to_load(twin, network, path)
 
-The names come from rn50/checkpoints/weights.py, the reading's own mapping turned around, so a torchvision file
+The names come from rn50/checkpoints/weight_conversion.py, the reading's own mapping turned around, so a torchvision file
 that --load read comes out bit for bit. Batchnorm: torchvision's default epsilon (1e-5) is the recipe's; a run
 with another --batchnorm-eps needs the same epsilon in PyTorch, which `how_to_load` writes into the builder's
 call (`norm_layer=functools.partial(torch.nn.BatchNorm2d, eps=...)`, which torchvision's and timm's ResNets take),
 and the momentum likewise (MXNet's momentum m is PyTorch's 1 - m: the recipe's 0.9 is PyTorch's default 0.1; it
 only matters for fine-tuning).
 """
-from rn50.checkpoints import weights
+from rn50.checkpoints import weight_conversion
 
 TORCHVISION_EPS, TORCHVISION_MOMENTUM = 1e-5, 0.1
 
@@ -25,7 +25,7 @@ def write(path, net, twin, network):
     from safetensors.numpy import save_file
     params = {name: param.data().asnumpy() for name, param in net._collect_params_with_prefix().items()}
     builder = builder_call(twin, network)
-    save_file(weights.to_torchvision(params), path, metadata={'format': 'pt', 'torchvision': builder})
+    save_file(weight_conversion.to_torchvision(params), path, metadata={'format': 'pt', 'torchvision': builder})
 
 
 def builder_call(twin, network):

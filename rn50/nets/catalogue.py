@@ -1,5 +1,5 @@
 """Which networks the recipe builds (models.py builds them): the architectures --arch names and the ResNet
-depths --num-layers takes, which the readers of foreign weights (rn50/checkpoints/weights.py) and
+depths --num-layers takes, which the readers of foreign weights (rn50/checkpoints/weight_origins.py) and
 distillation's --teacher-arch use too; and which of them torchvision and timm build as well (their twins),
 the networks whose weights export writes under torchvision's names.
 

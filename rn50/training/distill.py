@@ -5,7 +5,7 @@ from the labels.
     python train.py --teacher resnet101.safetensors --teacher-num-layers 101 --kd-temperature 4 ...
 
 The teacher is any weights the recipe loads (its own runs, the original recipe's, GluonCV's, torchvision's or
-timm's; weight_files.load_weights converts them), built as --teacher-arch / --teacher-num-layers (default: the
+timm's; weight_loading.load_weights converts them), built as --teacher-arch / --teacher-num-layers (default: the
 student's) with the run's layouts and precision, and runs forward only, in inference mode (batchnorm's running
 statistics), on the same augmented images as the student (after mixup or CutMix). Per image the loss is
 
@@ -20,7 +20,7 @@ import logging
 import mxnet as mx
 from mxnet import autograd
 
-from rn50.checkpoints import weight_files
+from rn50.checkpoints import weight_loading
 from rn50 import flags
 from rn50.errors import RecipeError
 from rn50.nets.catalogue import ARCHITECTURES
@@ -78,7 +78,7 @@ class Teacher:
         self.net = build_network(teacher)
         self.net.initialize(ctx=list(contexts))
         try:
-            weight_files.load_weights(self.net, distillation.weights, distillation.mean, distillation.std)
+            weight_loading.load_weights(self.net, distillation.weights, distillation.mean, distillation.std)
         except (RecipeError, ValueError, KeyError) as e:
             raise RecipeError(f'--teacher {distillation.weights}: these weights are not a {teacher.arch} of '
                               f'{teacher.num_layers} layers with {distillation.num_classes} classes ({e}); give '

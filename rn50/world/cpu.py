@@ -170,7 +170,7 @@ def bfloat16_speed_warning(flags, environ=os.environ, inference=False):
     """Why --amp (bfloat16) on this CPU may be slower than float32, or None where it runs on AMX, or for
     `inference` (val, pred: the converted, fused bfloat16 network) on a CPU with avx512_bf16, where it ran
     twice as fast as float32 (docs/cpu.md). Raises nothing: whether bfloat16 runs at all is
-    workers.check_cpu_bfloat16's question."""
+    precision.check_cpu_bfloat16's question."""
     isa = effective_isa(flags, environ.get(ISA_VARIABLE))
     if isa == 'avx512_core_amx' or inference and 'avx512_bf16' in flags:
         return None

@@ -1,11 +1,12 @@
 """Weights files of any origin, read and loaded into a network: this recipe's own `.params` and `.state`
 (checkpoint.py writes them), the `.params` of NVIDIA's original recipe and GluonCV, and the foreign formats,
-torchvision's and timm's `.safetensors` (the safetensors package's NumPy API, no PyTorch) and `.npz`; weights.py
-recognises what a file holds and converts it to the network's layout, stem width and precision.
+torchvision's and timm's `.safetensors` (the safetensors package's NumPy API, no PyTorch) and `.npz`;
+weight_origins.py recognises what a file holds, weight_conversion.py converts it to the network's layout, stem
+width and precision.
 
-    arrays = weight_files.read_arrays(path)                            # name -> numpy array, of any weights file
-    weight_files.load_weights(net, path, args.rgb_mean, args.rgb_std)  # any format, logged: what was recognised
-    weight_files.load_weights(net, path, mean, std, finetune=True)     # a classifier of another width stays fresh
+    arrays = weight_loading.read_arrays(path)                            # name -> numpy array, of any weights file
+    weight_loading.load_weights(net, path, args.rgb_mean, args.rgb_std)  # any format, logged: what was recognised
+    weight_loading.load_weights(net, path, mean, std, finetune=True)     # a classifier of another width stays fresh
 
 --load, val, pred, INT8, export, fine-tuning and a --teacher read their weights here.
 """
@@ -17,7 +18,7 @@ import mxnet as mx
 import numpy as np
 
 from rn50.checkpoints import checkpoint
-from rn50.checkpoints import weights
+from rn50.checkpoints import weight_conversion, weight_origins
 from rn50.errors import RecipeError, mxnet_message
 
 log = logging.getLogger(__name__)
@@ -81,22 +82,20 @@ def read_npz(path):
                           f'{reason}') from None
 
 
-
-
 def load_weights(net, path, mean, std, finetune=False):
-    """Weights of any format read_arrays reads and weights.py recognises into `net`, converted to its
+    """Weights of any format read_arrays reads and weight_origins.py recognises into `net`, converted to its
     layout, stem width and precision; one log line says what was recognised and converted, another which
     input normalisation the weights expect when it is not this run's (`mean`, `std`: --rgb-mean, --rgb-std).
     With `finetune`, a classifier of another width than the network's is left out, so the network's keeps its
     fresh initialisation."""
     arrays = read_arrays(path)
-    origin = weights.recognise(arrays)
+    origin = weight_origins.recognise(arrays)
     classes = net._collect_params_with_prefix()['output.weight'].shape[0]
     new_classifier = finetune and origin.num_classes not in (None, classes)
-    params, description = weights.convert(arrays, net, new_classifier=new_classifier, source=path)
+    params, description = weight_conversion.convert(arrays, net, new_classifier=new_classifier, source=path)
     checkpoint.load_params_into(net, params, checkpoint.network_contexts(net))
     log.info('Loaded %s', description)
-    expected = weights.normalisation(origin)
+    expected = weight_origins.normalisation(origin)
     if not (np.allclose(expected['mean'], mean) and np.allclose(expected['std'], std)):
         log.warning('These weights were trained with input mean %s and std %s, this run normalises with %s and '
                     '%s: for the same preprocessing pass %s', expected['mean'], expected['std'],
