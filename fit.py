@@ -51,6 +51,7 @@ from rn50.review import examples
 from rn50.training import distill
 from rn50.training import losses
 from rn50.training import ema
+from rn50.training import history
 from rn50.training import step as training_step
 from rn50.training.epoch_loss import EpochLoss
 from rn50.training.step import StepSettings, TrainingStep
@@ -321,7 +322,7 @@ def train(args, run):
     mlperf.data(train_loader, val_loader)
     last_epoch = args.num_epochs if args.run_epochs < 0 else min(args.num_epochs,
                                                                  progress.epoch + args.run_epochs)
-    if target_reached(args.target_accuracy, progress.history):   # an earlier run stopped at --target-accuracy
+    if history.target_reached(args.target_accuracy, progress.history):   # an earlier run stopped at the target
         last_epoch = progress.epoch
     if state is not None and progress.epoch >= last_epoch:
         log.info('This run is finished (%d of %d epochs): its results are in %s (report.json, model_best.params); '
@@ -331,7 +332,7 @@ def train(args, run):
     iterations = args.benchmark_iters or train_loader.num_batches
     dllogger = tensorboard_log.teed(events, world, run.dllogger, iterations,
                                     progress.epoch * iterations + progress.iteration)
-    clock = WallClock(progress, world.start_time)
+    clock = history.WallClock(progress, world.start_time)
     validation = evaluation.Validation.of(args)
     show_first = examples.TrainingBatchPicture(workspace.training_batch, dataset.images, names,
                                                args.data_backend) if world.rank == 0 else None
@@ -387,7 +388,7 @@ def train(args, run):
                               duration=progress.wall_seconds, seed=seed)
             log_epoch(dllogger, epoch, metrics, time.time() - trained - (validated - validating),
                       validated - validating)
-            if target_reached(args.target_accuracy, progress.history):
+            if history.target_reached(args.target_accuracy, progress.history):
                 break
             if stop_agreed(stop, world, 0, 1, writer):
                 log.info('Stopped after epoch %d%s', epoch, saver.resume_note())
@@ -395,7 +396,7 @@ def train(args, run):
         writer.wait_agreed(world.comm)   # the last files, before the collectives that may follow the run
     clock.record(progress)   # report.json's total_duration: the training's wall time over all its resumes
     mlperf.run_stop()
-    note_inherited_epochs(progress.history)   # which epochs the summary leaves out
+    history.note_inherited_epochs(progress.history)   # which epochs the summary leaves out
     return progress
 
 
@@ -447,80 +448,3 @@ def write_state(saver, net, step, progress, world, writer=None):
     statistics = checkpoint.worker_statistics(net, world)
     average = ema.average_state(step.average, net, world)   # a collective too
     saver.write_state(net, step, progress, statistics, average, writer)
-
-
-def training_summary(history, target_accuracy=None):
-    """Summary record: lowest loss, mean throughput, best accuracies over the epochs trained in this workspace,
-    each with its epoch (`<metric>.epoch`; a run continued from another workspace's state counts the epochs it
-    inherited, marked `inherited_from`, in `inherited_epochs` alone), and where --target-accuracy was reached."""
-    summary = target_summary(history, target_accuracy)
-    inherited = sum('inherited_from' in m for m in history)   # their best weights are in that workspace
-    summary.update({'inherited_epochs': inherited} if inherited else {})
-    history = [m for m in history if 'inherited_from' not in m]
-    evaluated_epochs = [m['epoch'] for m in history if 'val.accuracy' in m]
-    if evaluated_epochs and len(evaluated_epochs) < len(history):   # --eval-period: say which epochs count
-        summary['val.epochs'] = ','.join(map(str, evaluated_epochs))
-    for key in sorted({k for m in history for k in m if k not in ('epoch', 'wall_seconds')}):
-        epochs = [(m[key], m.get('epoch')) for m in history if key in m]
-        if key in ('train.loss', 'val.loss', 'val.ema.loss'):
-            summary[key], summary[f'{key}.epoch'] = min(epochs, key=lambda pair: pair[0])
-        elif key in ('val.accuracy', 'val.top_k_accuracy_5', 'val.ema.accuracy', 'val.ema.top_k_accuracy_5'):
-            summary[key], summary[f'{key}.epoch'] = max(epochs, key=lambda pair: pair[0])
-        else:
-            summary[key] = float(np.mean([value for value, _ in epochs]))
-    return summary
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Wall time and the target accuracy
-
-
-class WallClock:
-    """Training wall time over every run of a workspace: the time the resumed state had, plus this process's
-    since it started (`start`, time.time()); what a kill -9 interrupts after the last state is not counted."""
-
-    def __init__(self, progress, start):
-        self.before = progress.wall_seconds or 0.0
-        self.start = start
-
-    def record(self, progress):
-        """Store the time so far in `progress` (a saver.Progress, and so in the state) and in the newest history
-        entry."""
-        progress.wall_seconds = self.before + time.time() - self.start
-        if progress.history:
-            progress.history[-1].setdefault('wall_seconds', progress.wall_seconds)
-
-
-def target_epoch(history, target):
-    """The first history entry whose top-1 reaches `target`, or None."""
-    if target is None:
-        return None
-    return next((m for m in history if m.get('val.accuracy') is not None and m['val.accuracy'] >= target), None)
-
-
-def target_reached(target, history):
-    """Whether the run stops here (`target`, --target-accuracy, reached by this epoch or an earlier one of the
-    run's `history`); logs it once."""
-    reached = target_epoch(history, target)
-    if reached is not None and reached is history[-1]:
-        log.info('Target accuracy %.4f reached at epoch %d (top-1 %.4f) after %.1f s: stopping', target,
-                 reached['epoch'], reached['val.accuracy'], reached.get('wall_seconds', float('nan')))
-    return reached is not None
-
-
-def target_summary(history, target):
-    """The summary's target fields: the epoch and wall time at which `target` was reached (None: never)."""
-    if target is None:
-        return {}
-    reached = target_epoch(history, target) or {}
-    return {'target_accuracy': target, 'target_accuracy.epoch': reached.get('epoch'),
-            'target_accuracy.wall_seconds': reached.get('wall_seconds')}
-
-
-def note_inherited_epochs(history):
-    """At the end of a run continued from another workspace's state (Saver.resume marks the epochs it inherited
-    `inherited_from`): a log line that its summary (fit.training_summary) is of this workspace's epochs."""
-    inherited = [m for m in history if 'inherited_from' in m]
-    if inherited:
-        log.info('The summary is of the epochs trained in this workspace, as its model_best.params: epochs %d-%d '
-                 'were trained in %s', inherited[0]['epoch'], inherited[-1]['epoch'], inherited[-1]['inherited_from'])

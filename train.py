@@ -61,6 +61,7 @@ from rn50.launch.stop import StopRequest  # noqa: E402
 from rn50.nets.network import Network  # noqa: E402
 from rn50.reports import logs, mlperf_log, tensorboard_log  # noqa: E402
 from rn50.review import compose, outcomes  # noqa: E402
+from rn50.training.history import training_summary  # noqa: E402
 from rn50.world import devices, memory, workers  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ def run_mode(args, network, net, world, seed, dllogger, stop, workspace, dataset
         progress = fit.train(args, fit.TrainingRun(net, world, seed, dataset, loaders, network, build_network,
                                                    dllogger, stop, workspace))
         history, duration, seed = progress.history, progress.wall_seconds, progress.seed
-        summary = fit.training_summary(history, args.target_accuracy)
+        summary = training_summary(history, args.target_accuracy)
         # the MLPerf result log's status and time to train
         summary.update(mlperf_log.summary(mlperf_log.log_path(args.mlperf_log, workspace)))
         review = None

@@ -10,7 +10,7 @@ import pytest
 
 from rn50.checkpoints import checkpoint
 from rn50.training import ema
-import fit
+from rn50.training.history import training_summary
 from rn50.reports import logs
 from float16_twin import Float16Net, step_for
 from conftest import built_once, copy_workspace
@@ -163,10 +163,10 @@ def test_a_continued_run_summarises_the_epochs_of_its_own_workspace(continued):
 def test_the_summary_leaves_inherited_epochs_out():
     history = [{'epoch': 0, 'train.loss': 1.0, 'val.accuracy': 0.9, 'inherited_from': '/old'},
                {'epoch': 1, 'train.loss': 2.0, 'val.accuracy': 0.5}]
-    summary = fit.training_summary(history)
+    summary = training_summary(history)
     assert summary == {'inherited_epochs': 1, 'train.loss': 2.0, 'train.loss.epoch': 1, 'val.accuracy': 0.5,
                        'val.accuracy.epoch': 1}
-    assert 'inherited_epochs' not in fit.training_summary(history[1:])
+    assert 'inherited_epochs' not in training_summary(history[1:])
 
 
 # ---- --mode val on a small set ----------------------------------------------------------------------------

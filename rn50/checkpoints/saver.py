@@ -131,7 +131,7 @@ class Saver:
                      'trained here (the earlier best, top-1 %s, stays in %s)', start.load, meta.get('best_accuracy'),
                      os.path.dirname(os.path.abspath(start.load)))
             progress.best_accuracy = progress.ema_best_accuracy = None
-            for entry in progress.history:   # the summary leaves them out (fit.training_summary)
+            for entry in progress.history:   # the summary leaves them out (training/history.py)
                 entry.setdefault('inherited_from', os.path.dirname(os.path.abspath(start.load)))
         optimizer_state.restore_trainer_state(step.gluon_trainer, state.trainer)
         optimizer_state.take_flags(step.gluon_trainer._optimizer, wd=self.policy.weight_decay,
