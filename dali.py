@@ -33,6 +33,7 @@ import ctypes
 import dataclasses
 import logging
 import re
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import mxnet as mx
@@ -110,10 +111,15 @@ class Feed:
     DALI calls it (from pipe.run(), in the consumer's thread) up to --dali-prefetch-queue batches ahead of
     the batch being consumed; it serves the plan in order and raises StopIteration at its end, which ends
     the pipeline's epoch. `in_flight` holds what each batch handed to DALI but not yet consumed needs on the
-    way out (labels, pad, record indices)."""
+    way out (labels, pad, record indices).
+
+    It holds its loader weakly. The loader owns the pipelines and each pipeline holds its feed: a strong
+    reference back would close a cycle that only Python's cyclic collector frees, at an arbitrary later moment
+    and in whatever state, DALI's threads prefetching and (dali-gpu) its decode buffers held until then. Held
+    weakly, a dropped loader shuts its pipelines down at once (DALI's Pipeline.__del__)."""
 
     def __init__(self, loader, device, devices):
-        self.loader, self.device, self.devices = loader, device, devices
+        self.loader, self.device, self.devices = weakref.proxy(loader), device, devices
         self.pool = ThreadPoolExecutor(1, thread_name_prefix='dali-feed')
         self.plan, self.reading, self.in_flight = collections.deque(), collections.deque(), collections.deque()
 

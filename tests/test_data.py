@@ -1,6 +1,8 @@
 """data.py and dali.py: the loader contract on both real backends and the synthetic one."""
+import gc
 import io
 import os
+import weakref
 
 import mxnet as mx
 import numpy as np
@@ -72,6 +74,24 @@ def test_sharding_covers_every_record_once(tmp_path, backend, workers):
     assert len(steps) == 1                      # every worker makes the same number of steps
     assert sorted(train_seen) == list(range(29))
     assert sorted(val_seen) == list(range(29))
+
+
+@pytest.mark.parametrize('backend', REAL)
+def test_a_loader_let_go_in_the_middle_of_an_epoch_is_freed_at_once(tmp_path, backend):
+    """A loader dropped mid-epoch (--test-io's --benchmark-iters, a stop request, a train.main run in process) is
+    freed then, with DALI's pipelines shut down, their threads and buffers, not by Python's cyclic collector at an
+    arbitrary later moment (a pipeline held its feed, which held the loader, which held the pipeline)."""
+    args = unique_label_args(tmp_path, backend, count=29, batch=6)
+    gc.disable()            # only reference counting frees them
+    try:
+        train, val = get_loaders(args, 0, 1)
+        epochs = [loader.epoch(0) for loader in (train, val)]
+        assert [next(epoch).data[0].shape[0] for epoch in epochs] == [6, 6]
+        alive = [weakref.ref(train), weakref.ref(val)] + [weakref.ref(pipe) for pipe in getattr(train, 'pipes', [])]
+        del train, val, epochs
+        assert [ref() for ref in alive] == [None] * len(alive)
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize('backend', REAL)
