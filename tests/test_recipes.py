@@ -218,7 +218,7 @@ def test_rsb_a3_scales_its_learning_rate_by_the_square_root_of_the_batch_as_timm
 def test_train_py_logs_the_rule_a_recipes_learning_rate_took(digits, tmp_path, caplog):
     """train.py resolving --lr from the recipe says so in its log (reading one validation batch is enough, in
     this process: one epoch of it, not the recipe's 100, each abandoning a DALI epoch after its first batch; a
-    native thread crashed the test process twice after those, under pytest-xdist)."""
+    native thread crashed the test process after those once, under pytest-xdist)."""
     result = train_main(*digits_flags(digits, 32), '--recipe', 'rsb-a3', '--test-io', '--test-io-mode', 'val',
                         '--benchmark-iters', '1', '--num-epochs', '1', '--num-layers', '10', '--val-image-shape',
                         '3,32,32', '--workspace', tmp_path)
