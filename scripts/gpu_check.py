@@ -72,6 +72,7 @@ bootstrap.start()   # the repository importable, .venv: before any third-party i
 import gpu_check_default  # noqa: E402
 import gpu_check_export  # noqa: E402
 import gpu_check_training  # noqa: E402
+from rn50.launch.supervisor import started  # noqa: E402
 from gpu_check_training import (SMALL, digits_dataset, epoch_metrics, last_error, replicas_agree, run,  # noqa: E402
                                 runner, trained)
 
@@ -101,8 +102,8 @@ def parse_args(argv=None):
 def check_float16(options, workdir):
     if options.device == 'cpu':
         output_file = os.path.join(workdir, 'float16_twin.json')
-        status, output = run(['horovodrun', '-np', '2', '--gloo', sys.executable,
-                              os.path.join(ROOT, 'tests', 'float16_twin.py'), output_file])
+        status, output = run(started(['horovodrun', '-np', '2', '--gloo', sys.executable,
+                                      os.path.join(ROOT, 'tests', 'float16_twin.py'), output_file]))
         if status:
             return False, last_error(output)
         with open(output_file) as f:

@@ -20,7 +20,7 @@ import pytest
 from rn50.errors import RecipeError
 from rn50.reports import logs
 import train
-from conftest import ROOT, runner_main
+from conftest import ROOT, runner_main, two_gloo_workers
 
 TINY = ['--data-backend', 'synthetic', '--num-examples', '64', '--batch-size', '32', '--num-layers', '10',
         '--image-shape', '3,32,32', '--num-classes', '10', '--seed', '1', '--num-epochs', '1', '--disp-batches', '1',
@@ -205,7 +205,7 @@ def test_a_failed_background_write_stops_every_worker_with_its_error(tmp_path):
              '--image-shape', '3,32,32', '--num-classes', '10', '--seed', '1', '--num-epochs', '5',
              '--disp-batches', '1', '--mode', 'train', '--save-frequency', '0', '--warmup-epochs', '0',
              '--kv-store', 'horovod', '--workspace', str(workspace)]
-    argv = ['horovodrun', '-np', '2', '--gloo', sys.executable, os.path.join(ROOT, 'train.py')] + flags
+    argv = two_gloo_workers(sys.executable, os.path.join(ROOT, 'train.py'), *flags)
     script = (f'mount -t tmpfs -o size=60m tmpfs {workspace} && {shlex.join(argv)}; status=$?; '
               f'cp -r {workspace} {kept}; exit $status')     # the tmpfs is gone with the namespace
     env = dict(os.environ, OMP_NUM_THREADS='1', PATH=os.path.dirname(sys.executable) + ':' + os.environ['PATH'])
@@ -216,7 +216,9 @@ def test_a_failed_background_write_stops_every_worker_with_its_error(tmp_path):
     assert errors['0'] == errors['1'] and errors['0'].startswith(f'could not write {workspace / "model_last.state"}')
     records = logs.read_dllogger(str(kept / 'dllogger_log.log'))
     assert {tuple(r['step']) for r in records if len(r['step']) == 1} == {(0,), (1,)}
-    assert 0 < sum(r['step'][0] == 2 for r in records if len(r['step']) == 2) < 16   # found within epoch 2
+    # found within epoch 2, at its first --disp-batches boundary or later: whether that boundary's record came
+    # first is a race the test does not decide (the lower bound "0 <" failed once when the write failed at once)
+    assert sum(r['step'][0] == 2 for r in records if len(r['step']) == 2) < 16
     from rn50.checkpoints import checkpoint
     assert checkpoint.read_state(str(kept / 'model_last.state')).meta['epoch'] == 1
 

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, TRAINED_NET, copy_workspace, digits_flags, run_mode
+from conftest import ROOT, TRAINED_NET, copy_workspace, digits_flags, run_mode, two_gloo_workers
 
 from rn50.errors import RecipeError
 from rn50.review import outcomes, page, pictures
@@ -330,9 +330,9 @@ def test_two_workers_count_what_one_worker_counts(digits, trained_digits, tmp_pa
     for backend in ('mxnet',):
         one, two = tmp_path / f'one-{backend}', tmp_path / f'two-{backend}'
         run_mode(*common, '--data-backend', backend, '--workspace', one)
-        result = subprocess.run(['horovodrun', '-np', '2', '--gloo', sys.executable, os.path.join(ROOT, 'train.py'),
-                                 *map(str, common), '--data-backend', backend, '--workspace', str(two),
-                                 '--kv-store', 'horovod'], capture_output=True, text=True,
+        result = subprocess.run(two_gloo_workers(sys.executable, os.path.join(ROOT, 'train.py'), *common,
+                                                 '--data-backend', backend, '--workspace', two, '--kv-store',
+                                                 'horovod'), capture_output=True, text=True,
                                 env=dict(os.environ, OMP_NUM_THREADS='1'), timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         alone, both = (json.loads((folder / 'report_val.json').read_text()) for folder in (one, two))

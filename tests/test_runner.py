@@ -590,6 +590,28 @@ def test_a_crashed_worker_is_one_error_line_instead_of_horovodruns_traceback():
     assert sum(line.startswith('error:') for line in lines) == 1
 
 
+@HOROVOD
+@pytest.mark.integration
+def test_the_runners_horovodrun_starts_the_workers_without_loading_mxnet(tmp_path):
+    """horovodrun checks Horovod's build by importing horovod.mxnet, MXNet with it, before any worker starts
+    (2.5 s of a core each launch); the runner's (rn50/launch/horovodrun.py) reads the same answers from the
+    extension's library. With an MXNet that cannot load, horovodrun itself stops; the runner's starts the
+    workers, and its answers are Horovod's own."""
+    import horovod.mxnet as hvd
+    from rn50.launch import horovodrun, supervisor
+    assert horovodrun.build_answers() == {'gloo_built': hvd.gloo_built(), 'mpi_built': hvd.mpi_built()}
+    (tmp_path / 'mxnet').mkdir()
+    (tmp_path / 'mxnet' / '__init__.py').write_text('raise ImportError("MXNet was loaded")\n')
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    command = ['horovodrun', '-np', '2', '--gloo', sys.executable, '-c', 'print("a worker")']
+    launched = subprocess.run(supervisor.started(command), capture_output=True, text=True, env=env,
+                              timeout=120)
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    assert launched.stdout.count('a worker') == 2
+    plain = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert plain.returncode != 0 and 'Gloo support has not been built' in plain.stderr
+
+
 @pytest.mark.unit
 def test_missing_validation_data_points_to_mode_train(monkeypatch, capsys, tmp_path):
     (tmp_path / 'train.rec').write_bytes(b'')

@@ -13,7 +13,7 @@ import pytest
 from rn50.checkpoints import checkpoint
 from rn50.world import cpu
 from rn50.reports import logs
-from conftest import ROOT, built_once, copy_workspace, digits_flags, run_mode, train_main
+from conftest import ROOT, built_once, copy_workspace, digits_flags, run_mode, train_main, two_gloo_workers
 
 SMALL = ['--num-layers', '10', '--num-examples', '256', '--lr', '0.1', '--warmup-epochs', '1', '--seed', '3',
          '--disp-batches', '2']
@@ -236,7 +236,7 @@ def test_two_workers_follow_one_worker_and_resume_exactly(digits, tmp_path):
              '--label-smoothing', '0']
     env = dict(os.environ, OMP_NUM_THREADS='1')
     run(digits, tmp_path / 'one', *flags, '--kv-store', 'device')      # one worker: in this process
-    whole = subprocess.run(['horovodrun', '-np', '2', '--gloo'] + train_cmd(digits, tmp_path / 'whole', *flags),
+    whole = subprocess.run(two_gloo_workers(*train_cmd(digits, tmp_path / 'whole', *flags)),
                            capture_output=True, text=True, env=env)
     assert whole.returncode == 0, whole.stderr[-3000:]
     one = [r['data']['train.loss'] for r in epoch_records(tmp_path / 'one')]
@@ -245,7 +245,7 @@ def test_two_workers_follow_one_worker_and_resume_exactly(digits, tmp_path):
     assert two == pytest.approx(one, rel=0.1)       # same trajectory within 10%
     assert one[-1] < one[0] and two[-1] < two[0]
     ws = tmp_path / 'parts'
-    launcher = subprocess.Popen(['horovodrun', '-np', '2', '--gloo'] + train_cmd(digits, ws, *flags),
+    launcher = subprocess.Popen(two_gloo_workers(*train_cmd(digits, ws, *flags)),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     log_file = ws / 'dllogger_log.log'
     while not (log_file.exists() and '"step": [0, 2]' in log_file.read_text()):
@@ -257,7 +257,7 @@ def test_two_workers_follow_one_worker_and_resume_exactly(digits, tmp_path):
     assert launcher.returncode == 0, stderr[-3000:]
     meta = checkpoint.read_state(str(ws / 'model_last.state')).meta
     assert meta['epoch'] == 0 and 0 < meta['iteration'] < 4 and meta['workers'] == 2
-    resumed = subprocess.run(['horovodrun', '-np', '2', '--gloo'] + train_cmd(digits, ws, *flags),
+    resumed = subprocess.run(two_gloo_workers(*train_cmd(digits, ws, *flags)),
                              capture_output=True, text=True, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert metrics_without_speed(epoch_records(ws)) == metrics_without_speed(epoch_records(tmp_path / 'whole'))

@@ -18,7 +18,7 @@ from rn50.checkpoints import checkpoint
 from rn50.checkpoints import resume
 from rn50.checkpoints.workspace import Workspace
 from rn50.world import devices, rendezvous, workers
-from conftest import ROOT, digits_flags, train_args
+from conftest import ROOT, digits_flags, train_args, two_gloo_workers
 from rn50.errors import RecipeError
 from test_workers import TwoWorkerHorovod
 
@@ -317,11 +317,10 @@ def test_srun_variables_become_horovods_gloo_world(monkeypatch):
 def test_node_local_workspaces_stop_a_resume_instead_of_training_on(digits, tmp_path):
     """Two workers whose --workspace differs by rank, as node-local ones do: the first run trains (rank 0
     writes the state in its own), the second must not train rank 0 from epoch 1 and rank 1 from scratch."""
-    command = ['horovodrun', '-np', '2', '--gloo', 'sh', '-c',
-               'exec "$@" --workspace "$WORKSPACES/ws$HOROVOD_RANK"', 'sh',
-               sys.executable, os.path.join(ROOT, 'train.py'), *digits_flags(digits, 32), '--kv-store', 'horovod',
-               '--data-backend', 'synthetic', '--num-layers', '10', '--num-examples', '64', '--seed', '3',
-               '--mode', 'train']
+    command = two_gloo_workers('sh', '-c', 'exec "$@" --workspace "$WORKSPACES/ws$HOROVOD_RANK"', 'sh',
+                               sys.executable, os.path.join(ROOT, 'train.py'), *digits_flags(digits, 32),
+                               '--kv-store', 'horovod', '--data-backend', 'synthetic', '--num-layers', '10',
+                               '--num-examples', '64', '--seed', '3', '--mode', 'train')
     environ = dict(RUN_ENV, WORKSPACES=str(tmp_path))
     first = subprocess.run(command + ['--num-epochs', '2', '--run-epochs', '1'], capture_output=True, text=True,
                            env=environ)

@@ -4,7 +4,8 @@
                             worker_script='/path/to/train.py')
     sys.exit(supervisor.report(supervisor.run()))
 
-`run` starts the command in its own session (so a Ctrl-C in the terminal reaches only the runner), makes the
+`run` starts the command in its own session (so a Ctrl-C in the terminal reaches only the runner; `horovodrun`
+through horovodrun.py beside this file, the same launcher without its build check's MXNet import), makes the
 runner the subreaper of everything below it, relays horovodrun's output line by line and returns its exit
 status. Signals: SIGTERM or SIGUSR1 to the runner (or a first Ctrl-C, as SIGTERM) goes to the local worker
 processes only (those running `worker_script`), never to horovodrun, which would kill them 5 s later: they
@@ -25,6 +26,8 @@ import sys
 import threading
 import time
 
+# horovodrun as the Supervisor starts it (horovodrun.py says why).
+HOROVODRUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'horovodrun.py')
 # After a hand-over to horovodrun's own shutdown: its 5 s grace before SIGKILL, plus a margin.
 HOROVOD_GRACE_S = 10
 # A worker's line as horovodrun relays it ("[1]<stderr>:text"), and a user error inside it.
@@ -165,7 +168,7 @@ class Supervisor:
     def run(self):
         """horovodrun's exit status (128 + N if signal N ended it)."""
         _prctl(36, 1)   # PR_SET_CHILD_SUBREAPER: processes orphaned below us become our children
-        self.proc = subprocess.Popen(self.command, env=self.env, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(started(self.command), env=self.env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                      preexec_fn=_die_with_the_runner)
         relays = [threading.Thread(target=self._relay, args=(self.proc.stdout, self.out), daemon=True),
@@ -247,6 +250,11 @@ class Supervisor:
         self.out.flush()
         self.err.flush()
         return code
+
+
+def started(command):
+    """`command` as the Supervisor starts it: `horovodrun ...` becomes horovodrun.py with this interpreter."""
+    return [sys.executable, HOROVODRUN] + command[1:] if command[:1] == ['horovodrun'] else command
 
 
 def worker_failure(rank, status):
