@@ -29,7 +29,6 @@ import resource
 import sys
 import time
 
-import mxnet as mx
 import tqdm
 
 from rn50 import files
@@ -236,6 +235,7 @@ def library_versions(all_known=False):
 
 def hardware():
     """CPU model and count, memory and GPU names: what a throughput number needs next to it."""
+    import mxnet as mx      # here, not above: benchmark.py and the scripts read logs without loading MXNet
     info = {'cpu': cpu.identity() if cpu.cpuinfo_field('model name') else platform.processor() or platform.machine(),
             'cpu_count': os.cpu_count(), 'gpus': mx.context.num_gpus()}
     try:
