@@ -59,6 +59,7 @@ def test_int8_is_within_two_points_of_float32_and_calibrates_once(digits, model,
     record = json.loads((model / 'model_int8.json').read_text())
     assert record['calib_batches'] == 4 and record['weights'].endswith('model_best.params')
     assert record['calib_images'] == 256
+    assert (record['arch'], record['num_layers'], record['num_classes']) == ('resnetv15', 10, 10)   # the Network's
     int8 = summary(model)['val.accuracy']
     assert int8 == json.loads((model / 'report_val.json').read_text())['summary']['val.accuracy']   # INT8's own
     assert abs(int8 - float32) <= 0.02

@@ -18,6 +18,7 @@ import mxnet as mx
 from rn50 import files
 from rn50.data.contract import batches, joined
 from rn50.errors import RecipeError, mxnet_message
+from rn50.nets.network import Network
 
 log = logging.getLogger(__name__)
 
@@ -29,22 +30,18 @@ CALIBRATION_BATCH = 64
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-    """--quantize int8's calibration, as values (`of`): --calib-mode (`mode`),
-    --calib-batches (`batches`), and what the cached model records of the network (`arch`, `num_layers`,
-    `num_classes`) and of its data (`data`: the training .rec, or 'synthetic')."""
+    """--quantize int8's calibration, as values (`of`): --calib-mode (`mode`), --calib-batches (`batches`), the
+    network it quantizes (`network`, a nets.network.Network: the cached model records its architecture, depth and
+    classes) and its data (`data`: the training .rec, or 'synthetic')."""
     mode: str = 'naive'
     batches: int = 10
-    arch: str = 'resnetv15'
-    num_layers: int = 50
-    num_classes: int = 1000
+    network: Network = Network()
     data: str = 'synthetic'
 
     @classmethod
     def of(cls, args):
-        return cls(mode=args.calib_mode, batches=args.calib_batches, arch=args.arch, num_layers=args.num_layers,
-                   num_classes=args.num_classes,
+        return cls(mode=args.calib_mode, batches=args.calib_batches, network=Network.of(args),
                    data=args.data_train if args.data_backend != 'synthetic' else 'synthetic')
-
 
 
 def int8_network(net, source, world, calibration, workspace, dataset, loaders):
@@ -84,7 +81,8 @@ def calibration_record(calibration, net, source, images):
     return {'weights': os.path.abspath(source) if source else None,
             'weights_sha256': files.file_sha256(source) if source else None,
             'graph_sha256': hashlib.sha256(graph).hexdigest(),
-            'arch': calibration.arch, 'num_layers': calibration.num_layers, 'num_classes': calibration.num_classes,
+            'arch': calibration.network.arch, 'num_layers': calibration.network.num_layers,
+            'num_classes': calibration.network.num_classes,
             'image_shape': list(images.shape_of(training=False)), 'input_layout': images.layout,
             'calib_mode': calibration.mode, 'calib_batches': calibration.batches, 'calib_batch_size': CALIBRATION_BATCH,
             'data': calibration.data}
