@@ -99,6 +99,19 @@ def gpu_choice(monkeypatch, gpus_on_node, local_rank, local_size, environ=None, 
 
 
 @pytest.mark.unit
+def test_slurms_task_lists_are_read_in_one_place():
+    """SLURM's compressed task lists, as the runner plans with them and the workers check their world against
+    them: one parser (launch/nodes.py) for both."""
+    from rn50.launch import nodes
+    from rn50.world import rendezvous
+    assert nodes.slurm_task_counts('2(x3),1') == [2, 2, 2, 1] and nodes.slurm_task_counts(None) == []
+    environ = {'SLURM_STEP_TASKS_PER_NODE': '4(x2),3', 'SLURM_TASKS_PER_NODE': '8'}
+    assert rendezvous.tasks_per_node(environ) == [4, 4, 3] and rendezvous.uniform_tasks_per_node(environ) is None
+    assert nodes.slurm_tasks_per_node({'SLURM_TASKS_PER_NODE': '4(x2),3'}) == 4
+    assert rendezvous.uniform_tasks_per_node({'SLURM_TASKS_PER_NODE': '8(x2)'}) == 8
+
+
+@pytest.mark.unit
 def test_a_horovod_worker_without_gpus_flag_takes_the_gpu_of_its_local_rank(monkeypatch):
     assert gpu_choice(monkeypatch, 8, 5, 8) == [('gpu', 5)]
     assert gpu_choice(monkeypatch, 8, 0, 1) == [('gpu', 0)]

@@ -84,13 +84,18 @@ def host_slots(nodes):
     return None
 
 
+def slurm_task_counts(text):
+    """The tasks of each node, from SLURM's compressed list ("2(x3),1" is [2, 2, 2, 1]); [] for none."""
+    counts = []
+    for match in re.finditer(r'([0-9]+)(?:\(x([0-9]+)\))?', text or ''):
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
 def slurm_tasks_per_node(environ):
     """The largest number of tasks SLURM runs on one node of this step, or None if SLURM does not say.
     SLURM_NTASKS_PER_NODE is "8" (given with --ntasks-per-node); SLURM_TASKS_PER_NODE is "8(x2)" or "8,4"."""
-    text = environ.get('SLURM_NTASKS_PER_NODE') or environ.get('SLURM_TASKS_PER_NODE')
-    if not text:
-        return None
-    counts = [int(m.group(1)) for m in re.finditer(r'([0-9]+)(?:\(x[0-9]+\))?', text)]
+    counts = slurm_task_counts(environ.get('SLURM_NTASKS_PER_NODE') or environ.get('SLURM_TASKS_PER_NODE'))
     return max(counts) if counts else None
 
 

@@ -15,6 +15,7 @@ import os
 import re
 
 from rn50.errors import RecipeError
+from rn50.launch.nodes import slurm_task_counts
 
 # Set by the runner: how many worker processes it asked for (-n with --kv-store horovod, 1 with --kv-store
 # device), so that each worker can check the world it finds itself in.
@@ -77,11 +78,7 @@ def join_slurm_world_over_gloo(environ):
 def tasks_per_node(environ):
     """The tasks of each node of the step, from SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE ("2(x3),1"
     is [2, 2, 2, 1]); [] where SLURM does not say."""
-    text = environ.get('SLURM_STEP_TASKS_PER_NODE') or environ.get('SLURM_TASKS_PER_NODE') or ''
-    counts = []
-    for match in re.finditer(r'([0-9]+)(?:\(x([0-9]+)\))?', text):
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts
+    return slurm_task_counts(environ.get('SLURM_STEP_TASKS_PER_NODE') or environ.get('SLURM_TASKS_PER_NODE'))
 
 
 def first_host(nodelist):
@@ -152,7 +149,7 @@ def uniform_tasks_per_node(environ):
     """The number of tasks SLURM runs on each node when it is the same on every node of the step, else None.
     SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE read "8(x2)" or "8,4"; SLURM_NTASKS_PER_NODE "8"."""
     for name in ('SLURM_STEP_TASKS_PER_NODE', 'SLURM_TASKS_PER_NODE', 'SLURM_NTASKS_PER_NODE'):
-        counts = {int(m.group(1)) for m in re.finditer(r'([0-9]+)(?:\(x[0-9]+\))?', environ.get(name, ''))}
+        counts = set(slurm_task_counts(environ.get(name)))
         if counts:
             return counts.pop() if len(counts) == 1 else None
     return None
