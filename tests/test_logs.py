@@ -56,7 +56,7 @@ def test_duration_text_reads_at_a_glance():
 def test_the_peak_memory_is_the_programs_own_not_its_parents():
     """A program started by a large process (a benchmark, a test worker) reports its own peak: getrusage kept
     the parent's from before the exec (a 3.8 GB training run reported 7.2 GB under benchmark_training.py)."""
-    own = 'from rn50.reports import logs; print(logs.peak_memory_mb())'
+    own = 'import mxnet; from rn50.reports import logs; print(logs.peak_memory_mb())'   # as train.py's workers
     parent = ('import subprocess, sys\n'
               'held = b"x" * (800 << 20)\n'      # 800 MB, written, so resident
               f'print(subprocess.run([sys.executable, "-c", {own!r}], capture_output=True, text=True).stdout)')
