@@ -610,6 +610,12 @@ def test_the_runners_horovodrun_starts_the_workers_without_loading_mxnet(tmp_pat
     assert launched.stdout.count('a worker') == 2
     plain = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert plain.returncode != 0 and 'Gloo support has not been built' in plain.stderr
+    (tmp_path / 'bare' / 'horovod').mkdir(parents=True)       # a Horovod without its launcher: one error line
+    (tmp_path / 'bare' / 'horovod' / '__init__.py').write_text('')
+    missing = subprocess.run(supervisor.started(command), capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, PYTHONPATH=str(tmp_path / 'bare')))
+    assert missing.returncode == 2 and missing.stderr.startswith('error: Horovod is not installed for ')
+    assert missing.stderr.count('\n') == 1 and 'make setup' in missing.stderr
 
 
 @pytest.mark.unit
