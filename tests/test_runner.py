@@ -610,6 +610,12 @@ def test_the_runners_horovodrun_starts_the_workers_without_loading_mxnet(tmp_pat
     assert launched.stdout.count('a worker') == 2
     plain = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert plain.returncode != 0 and 'Gloo support has not been built' in plain.stderr
+    # A GPU launch's command (no --gloo): horovodrun asks for MPI, then Gloo; here, without MPI, Gloo starts them
+    gpu_command = [part for part in command if part != '--gloo']
+    launched = subprocess.run(supervisor.started(gpu_command), capture_output=True, text=True, env=env, timeout=120)
+    assert launched.returncode == 0 and launched.stdout.count('a worker') == 2, launched.stderr[-2000:]
+    plain = subprocess.run(gpu_command, capture_output=True, text=True, env=env, timeout=120)
+    assert plain.returncode != 0 and 'Neither MPI nor Gloo support has been built' in plain.stderr
     (tmp_path / 'bare' / 'horovod').mkdir(parents=True)       # a Horovod without its launcher: one error line
     (tmp_path / 'bare' / 'horovod' / '__init__.py').write_text('')
     missing = subprocess.run(supervisor.started(command), capture_output=True, text=True, timeout=120,

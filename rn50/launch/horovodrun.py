@@ -39,7 +39,7 @@ def build_answers():
         return {}
     result = subprocess.run([sys.executable, '-c', READ_BUILD, library], capture_output=True, text=True)
     answers = result.stdout.split()
-    if result.returncode != 0 or answers not in (['0', '0'], ['0', '1'], ['1', '0'], ['1', '1']):
+    if result.returncode != 0 or len(answers) != 2 or set(answers) - {'0', '1'}:
         return {}
     return {'gloo_built': answers[0] == '1', 'mpi_built': answers[1] == '1'}
 
