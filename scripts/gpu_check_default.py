@@ -245,8 +245,8 @@ def measured_ips(workers, batch, device, data, workdir, *extra):
 def check_default(options, workdir):
     """The default command shortened (the module docstring): passed when it trains, its workers agree after each
     epoch, val and pred run on its weights and --amp trains; the figures in the detail. On GPUs at the batch of
-    the original's figure for this GPU (192 where it has none); the CPU twin runs ResNet-10 at 32x32 on 2 Gloo
-    workers of 8 images, 3 steps an epoch."""
+    the original's figure for this GPU (192 where it has none); the CPU twin trains and measures ResNet-10 at 32x32
+    on 2 Gloo workers of 8 images, 3 steps an epoch, and runs val, pred, the reader and --amp in one."""
     on_gpu = options.device == 'gpu'
     workers = options.gpus if on_gpu else 2
     name, memory = gpu_model() if on_gpu else ('', 0)
@@ -254,8 +254,9 @@ def check_default(options, workdir):
     batch = (PUBLISHED[key]['batch'] if key else DEFAULT_BATCH) if on_gpu else 8
     data, image = photo_dataset(workdir, options.device)
     common = ['-n', str(workers), '-b', str(batch), '--data-root', data] + ([] if on_gpu else TWIN)
-    # val, pred and the reader on every GPU; the twin's in one process (its 2 workers train, for the replica check)
-    inference = common if on_gpu else ['-n', '1', '-b', str(batch), '--data-root', data] + TWIN
+    # the runs after the first (val, pred, the reader, --amp) on every GPU; the twin's in one process (its first run
+    # and the measurement have the 2 workers: the replica check, and benchmark.py's launch of several)
+    follow_up = common if on_gpu else ['-n', '1', '-b', str(batch), '--data-root', data] + TWIN
     size = ['--num-examples', str(workers * batch * STEPS[options.device]), '--seed', '1']
     workspace = os.path.join(workdir, 'default')
     status, output = run(runner(*common, '-e', '2', *size, '--workspace', workspace), timeout=3600)
@@ -277,7 +278,7 @@ def check_default(options, workdir):
         other = measured_ips(workers, batch, options.device, data, workdir, '--overflow-check', 'before-update')
         words.append(f'--overflow-check before-update {other:.1f} img/s, {other / ips:.3f} of after-update\'s '
                      '(the default)')
-    status, output = run(runner('--mode', 'val', *inference, '--workspace', workspace))
+    status, output = run(runner('--mode', 'val', *follow_up, '--workspace', workspace))
     validated = epoch_metrics(workspace)[-1] if status == 0 else {}
     if 'val.ips' not in validated:
         return False, f'val: {last_error(output)}'
@@ -286,9 +287,9 @@ def check_default(options, workdir):
     if status or 'class_' not in output:
         return False, f'pred: {last_error(output)}'
     words.append('pred ok')
-    words.append(reader_speeds(inference, data, workdir))
+    words.append(reader_speeds(follow_up, data, workdir))
     amp = os.path.join(workdir, 'default-amp')
-    status, output = run(runner(*common, '-e', '1', *size, '--amp', '--workspace', amp), timeout=3600)
+    status, output = run(runner(*follow_up, '-e', '1', *size, '--amp', '--workspace', amp), timeout=3600)
     if not on_gpu and status == 2 and 'needs an AVX-512 CPU' in output:
         words.append('--amp skipped (bfloat16 needs AVX-512)')
     else:

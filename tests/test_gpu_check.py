@@ -22,8 +22,9 @@ def test_without_a_gpu_it_asks_for_the_cpu_twins():
 @pytest.mark.multiworker
 def test_cpu_twins_pass_are_reported_and_leave_nothing_behind(tmp_path):
     """The default command's check and the float16 twin end to end, through the script's table, JSON report and
-    clean-up. default: photographs made and converted, 2 Gloo workers train two epochs and agree after each, val
-    and pred on their weights, the reader alone cold and warm, --amp (skipped, saying why, without AVX-512). float16:
+    clean-up. default: photographs made and converted, 2 Gloo workers train two epochs and agree after each and are
+    measured by benchmark.py, then one worker runs val and pred on their weights, the reader alone cold and warm and
+    --amp (skipped, saying why, without AVX-512). float16:
     the float16 step on 2 Gloo workers, an inf on one of them. Without --workdir, its temporary folder goes at the
     end. The other twins run code that tests of their own run: the 2-worker resume from a CPU-only state
     (tests/test_train.py, tests/test_checkpoint.py), DALI's augmentations (tests/test_augment.py, and the recipes
