@@ -217,6 +217,8 @@ class Job:
         return False
 
     def workers_now(self):
+        """The processes running train.py's main: the train.py programs the runner started, or, for one worker,
+        the runner itself (it runs train.py's main in its own process: the runner's run_here)."""
         try:
             root = psutil.Process(self.proc.pid)
             found = []
@@ -226,7 +228,7 @@ class Job:
                         found.append(p)
                 except psutil.Error:
                     pass
-            return found
+            return found or ([root] if self.workers == 1 and root.cmdline()[1:2] == [RUNNER] else [])
         except psutil.Error:
             return []
 

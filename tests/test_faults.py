@@ -252,6 +252,38 @@ def test_the_campaign_copies_a_workspace_with_a_tensorboard_folder(tmp_path):
     assert os.stat(copy / 'log.log').st_ino != os.stat(source / 'log.log').st_ino
 
 
+
+
+@pytest.mark.unit
+def test_the_campaign_finds_the_worker_a_one_worker_runner_is(tmp_path, monkeypatch):
+    """scripts/fault_tools.Job freezes, signals and kills train.py's workers. A one-worker runner runs train.py's
+    main in its own process (the runner's run_here), so the campaign found no worker at all: the kill1 rows froze
+    nothing, signalled nothing, and the state write's window was never caught (`kill1/writing model_last.state`
+    BAD, "the job ended first"). With two workers they are the train.py programs, told apart by HOROVOD_RANK.
+    Stand-ins of the runner and train.py that sleep."""
+    fault_tools = import_script('fault_tools')
+    runner, train_py = tmp_path / 'runner', tmp_path / 'train.py'
+    train_py.write_text('import time\ntime.sleep(60)\n')
+    runner.write_text('import os, subprocess, sys, time\n'
+                      'for rank in range(int(sys.argv[1]) if sys.argv[1] != "1" else 0):\n'
+                      '    subprocess.Popen([sys.executable, sys.argv[2]], env=dict(os.environ, HOROVOD_RANK=str(rank)))\n'
+                      'time.sleep(60)\n')
+    monkeypatch.setattr(fault_tools, 'RUNNER', str(runner))
+    monkeypatch.setattr(fault_tools, 'TRAIN', str(train_py))
+    for workers in (1, 2):
+        job = fault_tools.Job(tmp_path / f'ws{workers}', [sys.executable, runner, workers, train_py], workers)
+        try:
+            deadline = time.time() + 30
+            while len(job.workers_now()) < workers and time.time() < deadline:
+                time.sleep(0.05)
+            found = job.workers_now()
+            if workers == 1:
+                assert [p.pid for p in found] == [job.proc.pid] and job.rank(0).pid == job.proc.pid
+            else:
+                assert len(found) == 2 and job.proc.pid not in [p.pid for p in found]
+                assert job.rank(1).environ()['HOROVOD_RANK'] == '1'
+        finally:
+            job.kill()
 def programs_of_shell(script):
     """The command lines of a `sh -c` script (split at its operators: &&, ;, redirections)."""
     lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
