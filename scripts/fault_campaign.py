@@ -154,16 +154,20 @@ def in_write(name, label=''):
 
 
 def report_write(epoch):
-    """The report.json write after epoch `epoch`'s state is renamed into place, caught by running the writer in
-    short slices (the small file's window is too short to catch by watching), before the next epoch's first
-    iteration or, after the last epoch, the summary record."""
-    def too_late(job):
-        return '"step": []' in job.text('dllogger_log.log') if epoch == EPOCHS - 1 else job.reached(epoch + 1, 0)
-
+    """A report.json write, caught by running the writer in short slices (the small file's window is too short to
+    catch by watching). Of an epoch before the last: fit.py writes it once the epoch's validation is over and its
+    checkpoint files are queued, before the epoch's DLLogger record, so the writer is stepped from "Validating epoch
+    N" until that record. After the last epoch, train.py's final report: stepped from the last state write (caught
+    while it lasts) until the summary record."""
     def hit(job):
-        if not (job.wait_for(lambda: job.reached(epoch)) and job.freeze_in_write('.model_last.state.')):
-            return False, f'the state write of epoch {epoch} was not caught'
-        tmp = job.step_into_write('.report.json.', lambda: too_late(job))
+        if epoch < EPOCHS - 1:
+            if not job.wait_for(lambda: f'Validating epoch {epoch}' in job.text('log.log')):
+                return False, f'epoch {epoch} was not validated'
+            tmp = job.step_into_write('.report.json.', lambda: job.reached(epoch))
+        else:
+            if not (job.wait_for(lambda: job.reached(epoch)) and job.freeze_in_write('.model_last.state.')):
+                return False, f'the state write of epoch {epoch} was not caught'
+            tmp = job.step_into_write('.report.json.', lambda: '"step": []' in job.text('dllogger_log.log'))
         return tmp is not None, f'{tmp} present at the kill' if tmp else 'report window not hit'
     return hit
 
@@ -191,8 +195,11 @@ KILL1 = [('at start-up', lambda job: reached_note(job.wait_for(
              'after the PARAMETER record, before the first iteration')),
          at_record(0, 3), ('during validation', validation_hit), in_write('model_0000.params'),
          in_write('model_best.params'), in_write('model_ema_best.params'), in_write('model_last.state', ' (the first)'),
-         ('writing report.json', report_write(0)), at_log('while loading the state to resume', 'Resuming from'),
-         at_record(1, 3), in_write('model_0001.params'), stop_then_kill(signal.SIGTERM),
+         # epoch 0's report is written while its state is still being written in the background: the kill leaves
+         # no state, and the run killed in epoch 1 next leaves epoch 0's, which the one after resumes from
+         ('writing report.json', report_write(0)), at_record(1, 3),
+         at_log('while loading the state to resume', 'Resuming from'), in_write('model_0001.params'),
+         stop_then_kill(signal.SIGTERM),
          in_write('model_last.state', ' (model_prev.state kept)'), FINAL_REPORT]
 KILL2 = [at_record(0, 3), ('during validation', validation_hit), in_write('model_best.params'),
          in_write('model_ema_best.params'),
