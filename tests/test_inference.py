@@ -315,6 +315,35 @@ def test_gpu_configured_run_exports_float32_nchw_onnx(tmp_path):
 
 
 @pytest.mark.unit
+def test_the_onnx_file_is_what_mx2onnx_writes_given_the_weights(tmp_path):
+    """write_onnx gives mx2onnx the graph alone and makes the initializers from the arrays (9 s less of
+    ResNet-50's export): the nodes, inputs, outputs and initializers (names, order, values, types) are those of
+    mx2onnx given the weights, with the weights removed from the inputs."""
+    onnx = pytest.importorskip('onnx')
+    from onnx import numpy_helper
+    net = models.get_model(num_layers=10, num_classes=10, image_shape=(3, 32, 32))
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 32, 32)))
+    net.export(str(tmp_path / 'net'), 0)
+    files = str(tmp_path / 'net-symbol.json'), str(tmp_path / 'net-0000.params')
+    export.write_onnx(*files, (3, 32, 32), str(tmp_path / 'ours.onnx'))
+    mx.onnx.export_model(*files, [(1, 3, 32, 32)], [np.float32], str(tmp_path / 'mx2onnx.onnx'), dynamic=True,
+                         dynamic_input_shapes=[(None, 3, 32, 32)])
+    ours, theirs = onnx.load(str(tmp_path / 'ours.onnx')), onnx.load(str(tmp_path / 'mx2onnx.onnx'))
+    weights = [tensor.name for tensor in theirs.graph.initializer]
+    for part in ('node', 'output'):
+        assert [p.SerializeToString() for p in getattr(ours.graph, part)] == \
+            [p.SerializeToString() for p in getattr(theirs.graph, part)], part
+    assert [p.SerializeToString() for p in ours.graph.input] == \
+        [p.SerializeToString() for p in theirs.graph.input if p.name not in weights]
+    assert [tensor.name for tensor in ours.graph.initializer] == weights and len(weights) > 50
+    for mine, reference in zip(ours.graph.initializer, theirs.graph.initializer):
+        a, b = numpy_helper.to_array(mine), numpy_helper.to_array(reference)
+        assert a.dtype == b.dtype and np.array_equal(a, b), mine.name
+
+
+@pytest.mark.unit
 def test_failed_export_writes_nothing(tmp_path, monkeypatch):
     gpu_checkpoint(tmp_path / 'model_best.params')
 
