@@ -166,7 +166,7 @@ SMALL_SCALE = {'torchvision': ['--ra-magnitude-scale', '1', '--ra-magnitude', '0
 
 @pytest.mark.parametrize('flags', [['--auto-augment', 'ta_wide'],
                                    ['--auto-augment', 'ra', '--ra-num-ops', '1'] + SMALL_SCALE['torchvision'],
-                                   ['--auto-augment', 'ra', '--ra-num-ops', '1'] + TIMM_FLAGS,
+                                   ['--auto-augment', 'ra', '--ra-num-ops', '1'] + TIMM_FLAGS + SMALL_SCALE['timm'],
                                    ['--auto-augment', 'imagenet']], ids=['ta_wide', 'ra', 'ra-timm', 'imagenet'])
 @pytest.mark.unit
 def test_each_image_gets_the_operation_drawn_for_it(tmp_path, flags):
