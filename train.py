@@ -42,6 +42,7 @@ if __name__ == '__main__':   # the program, not an import by the runner or a tes
     from rn50.launch import interpreter
     interpreter.use_project_python()   # a fresh shell: the project's .venv
     cpu.prepare_process()           # oneDNN's ISA and OpenMP threads, before MXNet loads
+    cpu.load_mxnet()                # without scikit-learn
 
 import mxnet as mx  # noqa: E402  (after cpu.prepare_process: oneDNN and OpenMP read the environment once)
 

@@ -4,7 +4,7 @@ sys.path, so from any script here, before its first third-party import:
 
     import bootstrap
     bootstrap.start()                   # a script that uses the recipe's code (rn50/, the root's modules)
-    bootstrap.start(prepare_cpu=True)   # ... and runs MXNet: cpu.prepare_process() before `import mxnet`
+    bootstrap.start(prepare_cpu=True)   # ... and runs MXNet: cpu.prepare_process(), then cpu.load_mxnet()
     bootstrap.start(tests=True)         # ... and imports helpers of tests/ (checkpoint_formats.py)
     import mxnet as mx  # noqa: E402
 
@@ -12,7 +12,8 @@ sys.path, so from any script here, before its first third-party import:
 rn50/launch/interpreter.py's use_project_python: under an interpreter without MXNet (a fresh shell's python3,
 or `python -S`) the script runs again with .venv's Python, so this module imports the standard library only.
 With prepare_cpu it then calls rn50/world/cpu.py's prepare_process (oneDNN's instruction set, AMX where there
-is one, OpenMP threads), which oneDNN and OpenMP read once, as MXNet loads.
+is one, OpenMP threads), which oneDNN and OpenMP read once, as MXNet loads, and loads MXNet (cpu.load_mxnet:
+without scikit-learn).
 
 A helper module that only needs the repository importable, without starting anything (fault_tools.py,
 gpu_check_training.py), calls `bootstrap.on_path()`.
@@ -34,10 +35,11 @@ def on_path(tests=False):
 
 def start(prepare_cpu=False, tests=False):
     """A script's start-up (the module docstring): on_path, the project's Python, and with `prepare_cpu` this
-    CPU prepared for MXNet. Call it before any third-party import."""
+    CPU prepared for MXNet and MXNet loaded. Call it before any third-party import."""
     on_path(tests)
     from rn50.launch import interpreter
     interpreter.use_project_python()   # finds .venv in a fresh shell (runs the script again there)
     if prepare_cpu:
         from rn50.world import cpu
         cpu.prepare_process()   # before MXNet loads: oneDNN's ISA (AMX where there is one), OpenMP threads
+        cpu.load_mxnet()        # without scikit-learn

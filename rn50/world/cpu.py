@@ -4,8 +4,9 @@ Every program that runs MXNet on the CPU calls, before its first `import mxnet`:
 
     from rn50.world import cpu
     cpu.prepare_process()          # oneDNN's instruction set (AMX where the CPU has it), OpenMP threads
+    cpu.load_mxnet()               # MXNet, without the scikit-learn it does not need (load_mxnet)
 
-and logs `cpu.describe()` once. Three things happen there, each only where nobody decided otherwise:
+and logs `cpu.describe()` once. Three things happen in prepare_process, each only where nobody decided otherwise:
 
 * AMX. MXNet 1.9.1 ships oneDNN 2.4.4, whose AMX kernels (bfloat16 and INT8) are built in but off unless
   DNNL_MAX_CPU_ISA=AVX512_CORE_AMX. Linux (5.16 on) also hands a process the AMX tile registers only after
@@ -24,6 +25,7 @@ import ctypes
 import logging
 import os
 import platform
+import sys
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +158,24 @@ def prepare_process(environ=os.environ, flags=None, ask_permission=request_amx_p
         environ['OMP_NUM_THREADS'] = str(max(1, cores // local_workers(environ)))
     _decision['amx'] = decision
     return decision
+
+
+def load_mxnet():
+    """Import MXNet (after prepare_process) without scikit-learn; returns the mxnet module. mxnet/model.py imports
+    scikit-learn's BaseEstimator where it is installed, as the base class of FeedForward, MXNet's old model API,
+    which the recipe never uses: scikit-learn and SciPy's stats then take 0.4-0.65 s of CPU of every process that
+    loads MXNet, a seventh of MXNet's import (the demo's dataset script, the recipe's one user of scikit-learn, runs
+    in a process of its own). The import of `sklearn` is refused for MXNet's import alone (None in sys.modules:
+    ModuleNotFoundError, which mxnet/model.py catches), and imports as usual after it."""
+    refused = 'sklearn' not in sys.modules
+    if refused:
+        sys.modules['sklearn'] = None
+    try:
+        import mxnet
+    finally:
+        if refused and 'sklearn' in sys.modules and sys.modules['sklearn'] is None:
+            del sys.modules['sklearn']
+    return mxnet
 
 
 def describe(environ=os.environ, flags=None):
