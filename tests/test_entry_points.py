@@ -38,8 +38,8 @@ def bare_python(*argv, env=None):
                     reason='no .venv here (make setup creates it)')
 @pytest.mark.parametrize('entry_point', ENTRY_POINTS)
 def test_entry_point_finds_the_project_environment(entry_point):
-    """... and one that loads MXNet loads it without scikit-learn (rn50/world/cpu.py's load_mxnet: 0.4-0.65 s of
-    every start)."""
+    """... and one that loads MXNet loads it without scikit-learn (rn50/world/cpu.py's load_mxnet: 0.3 s of every
+    start)."""
     environ = dict(bare_environment(), PYTHONPROFILEIMPORTTIME='1')
     result = bare_python(entry_point, '--help', env=environ)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -163,10 +163,11 @@ def prepare_process(environ=os.environ, flags=None, ask_permission=request_amx_p
 def load_mxnet():
     """Import MXNet (after prepare_process) without scikit-learn; returns the mxnet module. mxnet/model.py imports
     scikit-learn's BaseEstimator where it is installed, as the base class of FeedForward, MXNet's old model API,
-    which the recipe never uses: scikit-learn and SciPy's stats then take 0.4-0.65 s of CPU of every process that
-    loads MXNet, a seventh of MXNet's import (the demo's dataset script, the recipe's one user of scikit-learn, runs
-    in a process of its own). The import of `sklearn` is refused for MXNet's import alone (None in sys.modules:
-    ModuleNotFoundError, which mxnet/model.py catches), and imports as usual after it."""
+    which the recipe never uses: about 0.3 s of CPU of every process that loads MXNet, a tenth of its import (SciPy's
+    statistics, which scikit-learn loads too, stay: MXNet's INT8 calibration imports them). The demo's dataset
+    script, the recipe's one user of scikit-learn, runs in a process of its own. The import of `sklearn` is refused
+    for MXNet's import alone (None in sys.modules: ModuleNotFoundError, which mxnet/model.py catches), and imports as
+    usual after it."""
     refused = 'sklearn' not in sys.modules
     if refused:
         sys.modules['sklearn'] = None
