@@ -29,6 +29,11 @@ def threads_per_process():
 if 'OMP_NUM_THREADS' not in os.environ or os.environ.get('RN50_TESTS_OMP') == os.environ['OMP_NUM_THREADS']:
     os.environ['OMP_NUM_THREADS'] = os.environ['RN50_TESTS_OMP'] = threads_per_process()
 
+# MXNet loaded as train.py and the runner load it (rn50/world/cpu.py's load_mxnet), before any test module imports
+# it: the runs in process (run_mode, runner_runs) meet the MXNet the programs meet.
+from rn50.world import cpu  # noqa: E402
+cpu.load_mxnet()
+
 
 def run_script(*argv, check=True, **kwargs):
     """Run a repository script with this interpreter; returns the CompletedProcess (text output)."""

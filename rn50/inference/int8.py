@@ -114,6 +114,9 @@ def calibrate(net, calibration, dataset, loaders):
     `dataset` (read through `loaders`), preprocessed as validation images are (no random crops: the ranges should
     be those the model meets at inference). Returns the quantized network and how many images calibrated it."""
     from mxnet.contrib import quantization
+    if calibration.mode == 'entropy' and quantization.stats is None:   # deferred by world/cpu.py's load_mxnet
+        from scipy import stats
+        quantization.stats = stats
     training_as_validation = dataclasses.replace(dataset, val=dataset.train, batch_size=CALIBRATION_BATCH)
     _, loader = loaders(training_as_validation, 0, 1, train=False, val=True)   # on the CPU: INT8's device
     count = min(calibration.batches, loader.num_batches)

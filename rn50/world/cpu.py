@@ -4,7 +4,7 @@ Every program that runs MXNet on the CPU calls, before its first `import mxnet`:
 
     from rn50.world import cpu
     cpu.prepare_process()          # oneDNN's instruction set (AMX where the CPU has it), OpenMP threads
-    cpu.load_mxnet()               # MXNet, without the scikit-learn it does not need (load_mxnet)
+    cpu.load_mxnet()               # MXNet, without what it loads and the recipe does not need (load_mxnet)
 
 and logs `cpu.describe()` once. Three things happen in prepare_process, each only where nobody decided otherwise:
 
@@ -160,22 +160,29 @@ def prepare_process(environ=os.environ, flags=None, ask_permission=request_amx_p
     return decision
 
 
+# What MXNet's import loads and the recipe does not need at that moment: refused while MXNet imports (None in
+# sys.modules: the ModuleNotFoundError MXNet catches), importable as usual after it.
+#   sklearn:     mxnet/model.py takes scikit-learn's BaseEstimator as the base class of FeedForward, MXNet's old model
+#                API, which the recipe never uses; the demo's dataset script, its one user here, runs in a process
+#                of its own.
+#   scipy.stats: mxnet/contrib/quantization.py binds it for --calib-mode entropy alone (int8.calibrate hands it over
+#                when that mode runs), mxnet/test_utils.py for statistical test helpers the recipe never calls.
+DEFERRED_BY_MXNET = ('sklearn', 'scipy.stats')
+
+
 def load_mxnet():
-    """Import MXNet (after prepare_process) without scikit-learn; returns the mxnet module. mxnet/model.py imports
-    scikit-learn's BaseEstimator where it is installed, as the base class of FeedForward, MXNet's old model API,
-    which the recipe never uses: about 0.3 s of CPU of every process that loads MXNet, a tenth of its import (SciPy's
-    statistics, which scikit-learn loads too, stay: MXNet's INT8 calibration imports them). The demo's dataset
-    script, the recipe's one user of scikit-learn, runs in a process of its own. The import of `sklearn` is refused
-    for MXNet's import alone (None in sys.modules: ModuleNotFoundError, which mxnet/model.py catches), and imports as
-    usual after it."""
-    refused = 'sklearn' not in sys.modules
-    if refused:
-        sys.modules['sklearn'] = None
+    """Import MXNet (after prepare_process) without the modules of DEFERRED_BY_MXNET; returns the mxnet module.
+    Together they were a sixth of MXNet's import, in every process that loads it: 1.38 s of CPU with them, 1.34 s
+    without scikit-learn, 1.16 s without both, on a Zen 4 (docs/performance.md). Refused for MXNet's import alone:
+    a module already loaded stays, and each imports as usual after it."""
+    refused = [name for name in DEFERRED_BY_MXNET if name not in sys.modules]
+    sys.modules.update(dict.fromkeys(refused))
     try:
         import mxnet
     finally:
-        if refused and 'sklearn' in sys.modules and sys.modules['sklearn'] is None:
-            del sys.modules['sklearn']
+        for name in refused:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
     return mxnet
 
 
