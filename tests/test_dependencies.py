@@ -193,8 +193,9 @@ def test_the_checker_finds_what_the_old_dockerfile_missed():
     """The Dockerfile's install before the pins (`pip install Pillow scikit-learn matplotlib psutil onnx
     onnxruntime`) lacked tqdm (logs.py, so every start) and safetensors (--load *.safetensors), and lacks what the
     recipe imported since: tensorboardX (--tensorboard), mlperf_logging (the MLPerf result log), tritonclient
-    (--triton) and imagehash (prepare_dataset.py's leakage check)."""
-    old = {normalise(name) for name in 'Pillow scikit-learn matplotlib psutil onnx onnxruntime'.split()}
+    (--triton) and imagehash (prepare_dataset.py's leakage check). SciPy (int8.py, --calib-mode entropy) came with
+    scikit-learn, which depends on it."""
+    old = {normalise(name) for name in 'Pillow scikit-learn matplotlib psutil onnx onnxruntime scipy'.split()}
     gaps = missing(third_party(runtime_files()), old, BASE_IMAGE_MODULES)
     assert {module.split('.')[0] for module in gaps} == {'tqdm', 'safetensors', 'tensorboardX', 'mlperf_logging',
                                                          'tritonclient', 'imagehash'}
