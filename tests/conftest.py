@@ -210,6 +210,29 @@ def report_gpus(monkeypatch, gpus, fused=True):
                                                                     'onednn_bn_relu': False})
 
 
+def allocated(net):
+    """`net` with every parameter allocated as zeros, nothing drawn: for a test that sets each array next, or reads
+    only their shapes. The recipe's He-normal draws cost a second of CPU for a ResNet-50's 25 million weights
+    (MXNet's normal sampler), a third of the unit tier's time when every test drew them."""
+    import mxnet as mx
+    for param in net.collect_params().values():
+        param.initialize(init=mx.init.Zero())     # the parameter's own initializer, He-normal, is not used
+    return net
+
+
+def random_weights(net, seed=0):
+    """`net` initialised for a test that compares two computations of the same weights: every weight uniform with
+    the variance of the recipe's He-normal (MXNet draws uniform numbers four times faster than normal ones: 0.2
+    against 0.8 s of CPU for a ResNet-50), every other parameter by its own initializer, then randomise_batchnorm."""
+    import mxnet as mx
+    mx.random.seed(seed)
+    he_uniform = mx.init.Xavier(rnd_type='uniform', factor_type='in', magnitude=6)   # variance 2 / fan-in
+    for param in net.collect_params().values():
+        param.initialize(init=he_uniform if param.name.endswith('weight') else None)
+    randomise_batchnorm(net, seed)
+    return net
+
+
 def randomise_batchnorm(net, seed=0):
     """Non-trivial batchnorm parameters and statistics (zero gammas would hide most of the network)."""
     import mxnet as mx

@@ -20,7 +20,7 @@ from rn50.checkpoints.workspace import Workspace
 from rn50 import files
 import fit
 import models
-from conftest import ROOT
+from conftest import ROOT, allocated
 from rn50.errors import RecipeError
 
 pytestmark = pytest.mark.unit
@@ -255,21 +255,24 @@ def test_workspace_that_is_a_file_is_refused(tmp_path):
 CPU_ARGS = argparse.Namespace(rgb_mean=(123.68, 116.779, 103.939), rgb_std=(58.393, 57.12, 57.375))
 
 
-def small_resnet(classes=10, layers=18):
+def small_resnet(classes=10, layers=18, drawn=True):
+    """A ResNet with the recipe's initial weights, or zeros (not `drawn`) where only the arrays' shapes matter."""
     net = models.get_model(num_layers=layers, num_classes=classes, image_shape=(3, 32, 32))
+    if not drawn:
+        return allocated(net)
     net.initialize()
     return net
 
 
 def test_mismatched_checkpoint_is_a_clear_error(tmp_path):
     path = str(tmp_path / 'w.params')
-    small_resnet(layers=34).save_parameters(path)
+    small_resnet(layers=34, drawn=False).save_parameters(path)
     args = CPU_ARGS
     with pytest.raises(RecipeError, match='the network is a ResNet-18: pass --num-layers 34'):
-        weight_loading.load_weights(small_resnet(), path, args.rgb_mean, args.rgb_std)
-    small_resnet(classes=2).save_parameters(path)
+        weight_loading.load_weights(small_resnet(drawn=False), path, args.rgb_mean, args.rgb_std)
+    small_resnet(classes=2, drawn=False).save_parameters(path)
     with pytest.raises(RecipeError, match='2-class classifier, the network 10 classes'):
-        weight_loading.load_weights(small_resnet(), path, args.rgb_mean, args.rgb_std)
+        weight_loading.load_weights(small_resnet(drawn=False), path, args.rgb_mean, args.rgb_std)
 
 
 def test_finetuning_loads_everything_but_a_classifier_of_another_width(tmp_path):

@@ -15,7 +15,7 @@ from mxnet import gluon
 from rn50.nets import layers
 from rn50.nets.network import Network
 import models
-from conftest import in_fresh_process, randomise_batchnorm, resolved, train_args
+from conftest import in_fresh_process, random_weights, resolved, train_args
 from rn50.errors import RecipeError
 
 pytestmark = pytest.mark.unit
@@ -78,13 +78,6 @@ def blocks_of(block, kind):
     for child in block._children.values():
         found += blocks_of(child, kind)
     return found
-
-
-def initialised(net, seed=0):
-    mx.random.seed(seed)
-    net.initialize()
-    randomise_batchnorm(net, seed)
-    return net
 
 
 def copy_weights(source, target, tmp_path):
@@ -184,8 +177,8 @@ def test_xception_parameter_count():
 def test_four_channel_stem_counts_and_computes_like_three_channels(tmp_path):
     assert trainable_count(models.get_model(image_shape=(4, 224, 224)), (1, 4, 32, 32)) == 25560168
     assert 25560168 - 25557032 == 64 * 7 * 7 == expected_resnet_count(50, in_channels=4) - expected_resnet_count(50)
-    three = initialised(models.get_model(num_layers=18, num_classes=10))
-    four = initialised(models.get_model(num_layers=18, num_classes=10, image_shape=(4, 32, 32)), seed=5)
+    three = random_weights(models.get_model(num_layers=18, num_classes=10))
+    four = random_weights(models.get_model(num_layers=18, num_classes=10, image_shape=(4, 32, 32)), seed=5)
     for name, param in three._collect_params_with_prefix().items():
         if name == 'features.conv0.weight':
             stem = four._collect_params_with_prefix()[name].data()
@@ -204,8 +197,7 @@ def test_four_channel_stem_counts_and_computes_like_three_channels(tmp_path):
 @pytest.mark.parametrize('arch,depth', [('resnetv1', 18), ('resnetv15', 34), ('resnextv1', 50), ('resnextv15', 50),
                                         ('xception', 50)])
 def test_output_shapes(arch, depth):
-    net = models.get_model(arch, depth, num_classes=7)
-    net.initialize()
+    net = random_weights(models.get_model(arch, depth, num_classes=7))
     for shape in [(3, 3, 32, 32), (1, 3, 40, 56)]:
         out = net(images(shape))
         assert out.shape == (shape[0], 7) and out.dtype == np.float32
@@ -271,7 +263,7 @@ def test_initialisation_zero_gamma_and_he_normal(arch, depth):
 
 
 def test_no_weight_decay_on_batchnorm_and_biases():
-    net = initialised(models.get_model(num_layers=18, num_classes=10))
+    net = random_weights(models.get_model(num_layers=18, num_classes=10))
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 1.0, 'wd': 0.1})
     params = {n: p for n, p in net._collect_params_with_prefix().items() if p.grad_req != 'null'}
     before = {n: p.data().asnumpy() for n, p in params.items()}
@@ -297,7 +289,7 @@ def test_no_weight_decay_on_batchnorm_and_biases():
 @pytest.mark.skipif(not layers.fused_ops_available()['onednn_bn_relu'], reason='no oneDNN BatchNormWithReLU')
 @pytest.mark.parametrize('arch,depth', [('resnetv15', 50), ('xception', 50)])
 def test_fused_and_unfused_compute_the_same(arch, depth, tmp_path):
-    plain = initialised(models.get_model(arch, depth, num_classes=10))
+    plain = random_weights(models.get_model(arch, depth, num_classes=10))
     fused = models.get_model(arch, depth, num_classes=10, fuse_bn_relu=True, fuse_bn_add_relu=True)
     assert {b.kernel for b in blocks_of(fused, layers.BatchNormReLU)} == {'onednn'}
     assert list(fused.collect_params()) == list(plain.collect_params())   # Gluon names as well as structural
@@ -407,7 +399,7 @@ def test_capability_probe_matches_the_installed_mxnet():
 
 
 def test_nhwc_input_with_nchw_layers_matches_nchw(tmp_path):
-    nchw = initialised(models.get_model(num_layers=50, num_classes=10))
+    nchw = random_weights(models.get_model(num_layers=50, num_classes=10))
     nhwc_input = models.get_model(num_layers=50, num_classes=10, input_layout='NHWC')
     transposes = blocks_of(nhwc_input, layers.Transpose)
     assert [(t.source, t.target) for t in transposes] == [('NHWC', 'NCHW')]
@@ -421,7 +413,7 @@ def test_nhwc_input_with_nchw_layers_matches_nchw(tmp_path):
 @in_fresh_process
 def test_mixed_layouts_on_cpu_match_nchw(arch, tmp_path):
     """NHWC batchnorm and pooling between NCHW convolutions: transposes in both branches of every block."""
-    nchw = initialised(models.get_model(arch, 18, num_classes=10))
+    nchw = random_weights(models.get_model(arch, 18, num_classes=10))
     mixed = models.get_model(arch, 18, num_classes=10, input_layout='NHWC', batchnorm_layout='NHWC',
                              pooling_layout='NHWC')
     assert all(bn._kwargs['axis'] == 3 for bn in blocks_of(mixed, gluon.nn.BatchNorm))
@@ -480,7 +472,7 @@ def test_float16_parameters_names_and_float32_logits():
                                               ('xception', 50, False)])
 def test_hybridize_export_import_round_trip(arch, depth, fused, tmp_path):
     fused = fused and layers.fused_ops_available()['onednn_bn_relu']
-    net = initialised(models.get_model(arch, depth, num_classes=10, fuse_bn_relu=fused, fuse_bn_add_relu=fused))
+    net = random_weights(models.get_model(arch, depth, num_classes=10, fuse_bn_relu=fused, fuse_bn_add_relu=fused))
     x = images()
     imperative = net(x).asnumpy()
     net.hybridize(static_alloc=True, static_shape=True)

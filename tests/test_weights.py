@@ -19,7 +19,7 @@ import data
 from rn50 import errors
 import models
 from rn50.checkpoints import weight_conversion, weight_origins
-from conftest import randomise_batchnorm
+from conftest import allocated, random_weights, randomise_batchnorm
 from rn50.errors import RecipeError
 
 pytestmark = pytest.mark.unit
@@ -37,18 +37,14 @@ def float16_exact(net):
 
 
 def reference_net(depth, classes=1000, seed=0, **options):
-    mx.random.seed(seed)
-    net = models.get_model(num_layers=depth, num_classes=classes, **options)
-    net.initialize()
-    randomise_batchnorm(net, seed)
-    return float16_exact(net)
+    return float16_exact(random_weights(models.get_model(num_layers=depth, num_classes=classes, **options), seed))
 
 
 def load(net, params):
     """`params` into `net` (initialised if needed; every parameter first set to NaN, so that one left out
     would show in the logits)."""
     if not net._collect_params_with_prefix()['output.weight']._data:
-        net.initialize()
+        allocated(net)
     for name, param in net._collect_params_with_prefix().items():
         param.set_data(mx.nd.full(param.shape, np.nan, dtype=param.dtype))
         if name in params:
@@ -217,7 +213,7 @@ def test_own_gpu_checkpoint_converts_to_cpu_float32_and_back(reference, tmp_path
                                   recipe['features.stage2.unit1.body.conv2.weight'].transpose(0, 2, 3, 1))
     assert params['features.bn0.gamma'].dtype == np.float32
     assert 'zero-padded the stem to 4 input channels' in description and 'OIHW->OHWI' in description
-    gpu.initialize()
+    allocated(gpu)
     for name, param in gpu._collect_params_with_prefix().items():
         param.set_data(mx.nd.array(params[name], dtype=param.dtype))     # the network accepts every array
     gpu.save_parameters(str(tmp_path / 'model_best.params'))
