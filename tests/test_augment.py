@@ -159,8 +159,9 @@ def test_auto_augment_runs_each_sub_policy_operation_with_its_probability_at_its
 TIMM_FLAGS = ['--ra-ops', 'timm-increasing', '--ra-magnitude', '6', '--ra-magnitude-scale', '10',
               '--ra-magnitude-std', '0.5', '--ra-prob', '0.5', '--auto-augment-fill', '124,116,104']
 # A RandAugment pipeline builds in seconds per 1,000 magnitude bins (DALI turns each bin's parameters into graph
-# nodes): where the test needs no particular scale, the same magnitudes as fractions of a scale of 1 (101 bins).
-SMALL_SCALE = {'torchvision': ['--ra-magnitude-scale', '1', '--ra-magnitude', '0.3'],            # 9 of 30
+# nodes): where the test needs no particular scale, the same magnitudes on a smaller scale: whole units of a scale
+# of 10 (11 bins), fractions of a scale of 1 where timm's spread needs them (101 bins).
+SMALL_SCALE = {'torchvision': ['--ra-magnitude-scale', '10', '--ra-magnitude', '3'],             # 9 of 30
                'timm': ['--ra-magnitude-scale', '1', '--ra-magnitude', '0.6', '--ra-magnitude-std', '0.05']}
 
 
