@@ -98,7 +98,7 @@ def test_the_training_step_mixes_per_mixup_mode_and_the_torchvision_and_timm_rec
 
 # ---- 11, 12. MLPerf's crop and initialisation; zero gamma -------------------------------------------------------
 
-def initialised(args, arch='resnetv15', depth=50, only=lambda name: True):
+def initialised(args, only, arch='resnetv15', depth=50):
     """name -> parameter of the network the flags build, each of those named `only` initialised as the recipe
     initialises it (its own initializer); the others are not drawn (a ResNet-50's He-normal weights cost a second)."""
     network = dataclasses.replace(Network.of(args), arch=arch, num_layers=depth, num_classes=1000,
@@ -122,14 +122,14 @@ def test_the_mlperf_recipe_starts_as_nvidias_mlperf_code():
     args = parsed('--recipe', 'mlperf')
     assert (args.min_random_area, args.init, args.zero_gamma) == (0.05, 'mlperf', 0)
     conv_name = 'features.stage3.unit2.body.conv2.weight'
-    params = initialised(args, only=lambda name: name.startswith('output.') or is_gamma(name) or name == conv_name)
+    params = initialised(args, lambda name: name.startswith('output.') or is_gamma(name) or name == conv_name)
     classifier = params['output.weight'].data().asnumpy()
     assert classifier.std() == pytest.approx(0.01, rel=0.02) and abs(classifier.mean()) < 2e-4
     assert (params['output.bias'].data().asnumpy() == 0).all()
     assert all((p.data().asnumpy() == 1).all() for n, p in params.items() if n.endswith('gamma'))
     conv = params[conv_name].data().asnumpy()
     assert conv.std() == pytest.approx(math.sqrt(2 / (256 * 9)), rel=0.02)       # He-normal, as before
-    nvidia = initialised(parsed(), only=lambda name: name == 'output.weight')
+    nvidia = initialised(parsed(), lambda name: name == 'output.weight')
     assert nvidia['output.weight'].data().asnumpy().std() == pytest.approx(math.sqrt(2 / 2048), rel=0.02)
     assert parsed('--recipe', 'mlperf', '--min-random-area', '0.08', '--init', 'nvidia').init == 'nvidia'
     assert set(layers.CLASSIFIER_INIT) == {'nvidia', 'mlperf'}
@@ -139,10 +139,10 @@ def test_the_mlperf_recipe_starts_as_nvidias_mlperf_code():
 def test_zero_gamma_is_a_flag_each_recipe_sets_as_its_source(arch, depth):
     """The last batchnorm of every residual unit starts at gamma 0 by default (the original recipe's, and timm's
     zero_init_last, rsb-a3); torchvision's v2 recipe (zero_init_residual False) and MLPerf start it at 1."""
-    zero = {n for n, p in initialised(parsed(), arch, depth, is_gamma).items()
+    zero = {n for n, p in initialised(parsed(), is_gamma, arch, depth).items()
             if n.endswith('gamma') and (p.data().asnumpy() == 0).all()}
     assert zero and all(n.endswith(('final_bn.gamma', 'bn2.gamma', 'bn3.gamma')) for n in zero)
-    ones = initialised(parsed('--zero-gamma', '0'), arch, depth, is_gamma)
+    ones = initialised(parsed('--zero-gamma', '0'), is_gamma, arch, depth)
     assert all((p.data().asnumpy() == 1).all() for n, p in ones.items() if n.endswith('gamma'))
     expected = {'nvidia': 1, 'mlperf': 0, 'torchvision-v2': 0, 'rsb-a3': 1}
     assert {name: parsed('--recipe', name).zero_gamma for name in recipes.RECIPES} == expected

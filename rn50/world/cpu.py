@@ -181,7 +181,7 @@ def load_mxnet():
         import mxnet
     finally:
         for name in refused:
-            if name in sys.modules and sys.modules[name] is None:
+            if sys.modules.get(name, False) is None:   # still refused: importable again
                 del sys.modules[name]
     return mxnet
 
