@@ -328,8 +328,8 @@ def test_the_onnx_file_is_what_mx2onnx_writes_given_the_weights(tmp_path):
     net.export(str(tmp_path / 'net'), 0)
     files = str(tmp_path / 'net-symbol.json'), str(tmp_path / 'net-0000.params')
     export.write_onnx(*files, (3, 32, 32), str(tmp_path / 'ours.onnx'))
-    export.onnx_exporter().export_model(*files, [(1, 3, 32, 32)], [np.float32], str(tmp_path / 'mx2onnx.onnx'),
-                                        dynamic=True, dynamic_input_shapes=[(None, 3, 32, 32)])
+    mx.onnx.export_model(*files, [(1, 3, 32, 32)], [np.float32], str(tmp_path / 'mx2onnx.onnx'), dynamic=True,
+                         dynamic_input_shapes=[(None, 3, 32, 32)])
     ours, theirs = onnx.load(str(tmp_path / 'ours.onnx')), onnx.load(str(tmp_path / 'mx2onnx.onnx'))
     weights = [tensor.name for tensor in theirs.graph.initializer]
     for part in ('node', 'output'):

@@ -487,8 +487,8 @@ def test_a_cpu_build_of_mxnet_on_a_machine_with_gpus_is_refused(monkeypatch, cap
 def test_one_worker_runs_in_the_runners_process_and_loads_mxnet_once(tmp_path):
     """-n 1: the runner runs train.py's main in its own process, MXNet loaded once (it loaded a second time in
     the train.py it exec'd, 3 s of every launch), after the worker's environment was set: OpenMP's threads as
-    cpu.prepare_process gives them, in the worker's log. Without scikit-learn, SciPy's statistics and sparse
-    matrices, or onnx (cpu.load_mxnet)."""
+    cpu.prepare_process gives them, in the worker's log. Without scikit-learn or SciPy's statistics and sparse
+    matrices (cpu.load_mxnet)."""
     result = subprocess.run([sys.executable, os.path.join(ROOT, 'runner'), '-n', '1', '-b', '4', '-e', '1',
                              '--data-backend', 'synthetic', '--num-layers', '10', '--image-shape', '3,32,32',
                              '--num-classes', '10', '--benchmark-iters', '2', '--mode', 'train', '--no-review',
@@ -497,7 +497,7 @@ def test_one_worker_runs_in_the_runners_process_and_loads_mxnet_once(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     loads = [line for line in result.stderr.splitlines() if re.fullmatch(r'import time:.*\|\s+mxnet\s*', line)]
     assert len(loads) == 1, loads
-    deferred = r'import time:.*\|\s+(sklearn|(scipy\.stats|scipy\.sparse|onnx)\.\S+)\s*'   # their modules loaded
+    deferred = r'import time:.*\|\s+(sklearn|(scipy\.stats|scipy\.sparse)\.\S+)\s*'   # their modules loaded
     assert not [line for line in result.stderr.splitlines() if re.fullmatch(deferred, line)]
     threads = os.cpu_count() if not hasattr(os, 'sched_getaffinity') else len(os.sched_getaffinity(0))
     assert f'OMP_NUM_THREADS={threads}' in (tmp_path / 'log.log').read_text()

@@ -233,8 +233,8 @@ def write_onnx(symbol_path, params_path, shape, onnx_path):
     level = root.level
     root.setLevel(logging.WARNING)   # mx.onnx logs each step at INFO on the root logger: not the user's news
     try:
-        onnx_exporter().export_model(graph, {}, shapes, types, onnx_path, dynamic=True,
-                                     dynamic_input_shapes=free_batch, verbose=False)
+        mx.onnx.export_model(graph, {}, shapes, types, onnx_path, dynamic=True, dynamic_input_shapes=free_batch,
+                             verbose=False)
     finally:
         root.setLevel(level)
     model = onnx.load(onnx_path)
@@ -244,18 +244,6 @@ def write_onnx(symbol_path, params_path, shape, onnx_path):
     model.graph.input.extend(inputs)
     onnx.checker.check_model(model)
     onnx.save(model, onnx_path)
-
-
-def onnx_exporter():
-    """MXNet's ONNX exporter (mx.onnx) with its operator translations registered. They register (and bind onnx)
-    as MXNet loads, and only where onnx imports: world/cpu.py's load_mxnet loads MXNet without onnx (the export
-    alone needs it), so here they load again, once, onnx importable."""
-    import importlib
-    from mxnet.onnx.mx2onnx._op_translations import _op_translations_opset12, _op_translations_opset13
-    for translations in (_op_translations_opset12, _op_translations_opset13):
-        if translations.onnx is None:
-            importlib.reload(translations)
-    return mx.onnx
 
 
 def validation_images(dataset, loaders):

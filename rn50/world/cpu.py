@@ -169,16 +169,16 @@ def prepare_process(environ=os.environ, flags=None, ask_permission=request_amx_p
 #                when that mode runs), mxnet/test_utils.py for statistical test helpers the recipe never calls.
 #   scipy.sparse: mxnet/ndarray/sparse.py and utils.py bind it to convert SciPy's sparse matrices, which the recipe
 #                never makes (without it, MXNet's own sparse arrays work as before).
-#   onnx:        mxnet/onnx's operator translations bind it for the export alone (export.onnx_exporter hands it
-#                over when --mode export runs).
-DEFERRED_BY_MXNET = ('sklearn', 'scipy.stats', 'scipy.sparse', 'onnx')
+# onnx (0.06 s) stays: imported after horovod.mxnet (in every Horovod worker), its import crashes the process (a
+# segmentation fault in onnx.checker), so it loads with MXNet, before Horovod.
+DEFERRED_BY_MXNET = ('sklearn', 'scipy.stats', 'scipy.sparse')
 
 
 def load_mxnet():
     """Import MXNet (after prepare_process) without the modules of DEFERRED_BY_MXNET; returns the mxnet module.
-    Together they were a quarter of MXNet's import, in every process that loads it: 1.38 s of CPU with them, 1.16 s
-    without scikit-learn and SciPy's statistics, 1.00 s without all four, on a Zen 4 (docs/performance.md). Refused
-    for MXNet's import alone: a module already loaded stays, and each imports as usual after it."""
+    Together they were a fifth of MXNet's import, in every process that loads it: 1.38 s of CPU with them, 1.16 s
+    without scikit-learn and SciPy's statistics, 1.02 to 1.08 s without all three, on a Zen 4 (docs/cpu.md).
+    Refused for MXNet's import alone: a module already loaded stays, and each imports as usual after it."""
     refused = [name for name in DEFERRED_BY_MXNET if name not in sys.modules]
     sys.modules.update(dict.fromkeys(refused))
     try:
