@@ -258,15 +258,22 @@ class Job:
             time.sleep(0.002)
         return None
 
-    def step_into_write(self, prefix, too_late, timeout=120, slice_s=0.0005):
-        """Run rank 0 in slices of `slice_s` (SIGCONT, sleep, SIGSTOP) until it is stopped while a temporary
-        `prefix*.tmp` of this job exists (for files written too fast to catch by watching); its name, or None
-        once `too_late()` or the job ended. The writer is left stopped."""
+    def step_into_write(self, prefix, too_late, timeout=120, slice_s=0):
+        """Run rank 0 in slices of `slice_s` (SIGCONT, sleep, SIGSTOP; 0: a yield of this process) until it is
+        stopped while a temporary `prefix*.tmp` of this job exists (for files written too fast to catch by
+        watching); its name, or None once `too_late()` or the job ended. The writer is left stopped. Each look
+        waits for the stop to take hold (looking while the writer still ran, a file made after the look was
+        gone by the next one). The final report, written in well under a millisecond, was missed in 4 of 7 runs
+        with 0.5 ms slices, 1 of 6 with 0.1 ms slices, 1 of 8 with 0.1 ms and the wait, 0 of 8 with a yield and
+        the wait (on a Zen 4)."""
         self.writer = self.writer or self.rank(0)
         end = time.time() + timeout
         while time.time() < end and self.writer is not None and self.proc.poll() is None:
             try:
                 self.writer.suspend()
+                stopped_by = time.time() + 0.05
+                while self.writer.status() != psutil.STATUS_STOPPED and time.time() < stopped_by:
+                    time.sleep(0)
             except psutil.Error:
                 return None
             names = [n for n in os.listdir(self.ws) if n.startswith(prefix) and n.endswith('.tmp')
