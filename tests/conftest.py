@@ -210,6 +210,18 @@ def report_gpus(monkeypatch, gpus, fused=True):
                                                                     'onednn_bn_relu': False})
 
 
+def modules_imported(stderr):
+    """The module names that a program's `-X importtime` output (its `stderr`) lists."""
+    return {line.split('|')[-1].strip() for line in stderr.splitlines() if line.startswith('import time:')}
+
+
+def deferred_by_mxnet(imported):
+    """The names among `imported` (modules_imported) that show a module cpu.load_mxnet defers as loaded. A refused
+    import is listed too, by the name it asked for (sklearn.base, scipy.stats): a package that loaded shows by its
+    own name (sklearn) or by a module inside it (scipy.stats.*, scipy.sparse.*)."""
+    return {name for name in imported if name == 'sklearn' or name.startswith(('scipy.stats.', 'scipy.sparse.'))}
+
+
 def allocated(net):
     """`net` with every parameter allocated as zeros, nothing drawn: for a test that sets each array next, or reads
     only their shapes. The recipe's He-normal draws cost a second of CPU for a ResNet-50's 25 million weights

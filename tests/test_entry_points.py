@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, deferred_by_mxnet, modules_imported
 
 pytestmark = pytest.mark.integration
 
@@ -44,9 +44,8 @@ def test_entry_point_finds_the_project_environment(entry_point):
     result = bare_python(entry_point, '--help', env=environ)
     assert result.returncode == 0, result.stderr[-2000:]
     assert 'usage:' in result.stdout
-    imported = {line.split('|')[-1].strip() for line in result.stderr.splitlines() if line.startswith('import time:')}
-    deferred = {name for name in imported      # a refused import is listed too, by the name it asked for
-                if name == 'sklearn' or name.startswith(('scipy.stats.', 'scipy.sparse.'))}
+    imported = modules_imported(result.stderr)
+    deferred = deferred_by_mxnet(imported)
     assert 'mxnet' not in imported or not deferred, (entry_point, deferred)
 
 

@@ -126,7 +126,7 @@ def test_the_mlperf_recipe_starts_as_nvidias_mlperf_code():
     classifier = params['output.weight'].data().asnumpy()
     assert classifier.std() == pytest.approx(0.01, rel=0.02) and abs(classifier.mean()) < 2e-4
     assert (params['output.bias'].data().asnumpy() == 0).all()
-    assert all((p.data().asnumpy() == 1).all() for n, p in params.items() if n.endswith('gamma'))
+    assert all((p.data().asnumpy() == 1).all() for n, p in params.items() if is_gamma(n))
     conv = params[conv_name].data().asnumpy()
     assert conv.std() == pytest.approx(math.sqrt(2 / (256 * 9)), rel=0.02)       # He-normal, as before
     nvidia = initialised(parsed(), lambda name: name == 'output.weight')
@@ -140,10 +140,10 @@ def test_zero_gamma_is_a_flag_each_recipe_sets_as_its_source(arch, depth):
     """The last batchnorm of every residual unit starts at gamma 0 by default (the original recipe's, and timm's
     zero_init_last, rsb-a3); torchvision's v2 recipe (zero_init_residual False) and MLPerf start it at 1."""
     zero = {n for n, p in initialised(parsed(), is_gamma, arch, depth).items()
-            if n.endswith('gamma') and (p.data().asnumpy() == 0).all()}
+            if is_gamma(n) and (p.data().asnumpy() == 0).all()}
     assert zero and all(n.endswith(('final_bn.gamma', 'bn2.gamma', 'bn3.gamma')) for n in zero)
     ones = initialised(parsed('--zero-gamma', '0'), is_gamma, arch, depth)
-    assert all((p.data().asnumpy() == 1).all() for n, p in ones.items() if n.endswith('gamma'))
+    assert all((p.data().asnumpy() == 1).all() for n, p in ones.items() if is_gamma(n))
     expected = {'nvidia': 1, 'mlperf': 0, 'torchvision-v2': 0, 'rsb-a3': 1}
     assert {name: parsed('--recipe', name).zero_gamma for name in recipes.RECIPES} == expected
     with pytest.raises(SystemExit):
