@@ -5,6 +5,7 @@ ResNet-10 trained on it), and train.py's and the runner's main in process for ev
 its own (run_mode, runner_runs)."""
 import contextlib
 import functools
+import json
 import io
 import os
 import shutil
@@ -208,6 +209,18 @@ def report_gpus(monkeypatch, gpus, fused=True):
         monkeypatch.setattr(layers, 'fused_ops_available', lambda: {'nvidia_bn_relu': True,
                                                                     'nvidia_bn_add_relu': True,
                                                                     'onednn_bn_relu': False})
+
+
+def horovod_says(expression, imports=''):
+    """The JSON value of `expression`, computed in a process of its own with `hvd` (horovod.mxnet) imported after
+    MXNet and `imports`: a test process must not import horovod.mxnet. Imported without hvd.init(), as only tests
+    do (the recipe imports it to start Horovod), it leaves the process's next DALI pipeline to abort ('free():
+    invalid size', DALI 1.34, Horovod 0.28.1): a later test of the same pytest-xdist worker crashed."""
+    script = (f'import json, sys\nsys.path.insert(0, {ROOT!r})\nfrom rn50.world import cpu\ncpu.load_mxnet()\n'
+              f'import horovod.mxnet as hvd\n{imports}\nprint(json.dumps({expression}))\n')
+    result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 def modules_imported(stderr):

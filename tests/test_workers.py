@@ -2,6 +2,9 @@
 0's values and never go through Horovod's broadcast ops (a use-after-free in Horovod 0.28.1 crashed about one
 start in 25; see World)."""
 import functools
+import glob
+import os
+import re
 
 import mxnet as mx
 import pytest
@@ -9,6 +12,7 @@ import numpy as np
 from mxnet import gluon
 
 from rn50.world import workers
+from conftest import ROOT, horovod_says
 
 pytestmark = pytest.mark.unit
 
@@ -82,11 +86,10 @@ def test_broadcasts_give_rank_0s_values_without_horovods_broadcast(horovod):
 
 def test_the_horovod_api_the_recipe_calls_is_checked_with_one_error():
     import types
-    import horovod.mxnet as hvd
     from rn50.errors import RecipeError
-    workers.check_horovod_api(hvd)         # the installed Horovod has all of it
-    lacking = types.SimpleNamespace(**{name: getattr(hvd, name) for name in workers.HOROVOD_API
-                                       if name != 'DistributedTrainer'})
+    # the installed Horovod has all of it
+    assert horovod_says('workers.check_horovod_api(hvd)', 'from rn50.world import workers') is None
+    lacking = types.SimpleNamespace(**{name: None for name in workers.HOROVOD_API if name != 'DistributedTrainer'})
     with pytest.raises(RecipeError, match='lacks DistributedTrainer, which this recipe calls'):
         workers.check_horovod_api(lacking)
 
@@ -111,15 +114,22 @@ def test_batchnorm_statistics_are_averaged_over_devices_and_workers():
 def test_gradient_groups_are_passed_where_horovod_takes_them(caplog):
     """The original runner's MXNET_HOROVOD_NUM_GROUPS=16, which upstream Horovod reads from no variable: the step
     passes it to DistributedTrainer as num_groups (Horovod 0.21 and newer), and says so where it cannot."""
-    import horovod.mxnet as hvd
     from rn50.training import step
 
     class Horovod020Trainer:
         @staticmethod
         def DistributedTrainer(params, optimizer, optimizer_params=None):
             return None
-    assert step.grouping(hvd, {'MXNET_HOROVOD_NUM_GROUPS': '16'}) == {'num_groups': 16}
-    assert step.grouping(hvd, {}) == step.grouping(hvd, {'MXNET_HOROVOD_NUM_GROUPS': '0'}) == {}
+    assert horovod_says("[step.grouping(hvd, {'MXNET_HOROVOD_NUM_GROUPS': n}) for n in ('16', '0')] + "
+                        "[step.grouping(hvd, {})]", 'from rn50.training import step') == [{'num_groups': 16}, {}, {}]
     with caplog.at_level('WARNING'):
         assert step.grouping(Horovod020Trainer, {'MXNET_HOROVOD_NUM_GROUPS': '16'}) == {}
     assert 'has no num_groups' in caplog.text
+
+
+def test_no_test_imports_horovod_in_the_test_process():
+    """conftest.horovod_says runs what needs horovod.mxnet in a process of its own: imported in a pytest-xdist
+    worker without hvd.init(), it made a later test's DALI pipeline in that worker abort."""
+    found = [f'{os.path.basename(path)}:{n}' for path in sorted(glob.glob(os.path.join(ROOT, 'tests', 'test_*.py')))
+             for n, line in enumerate(open(path), 1) if re.match(r'\s*(import|from)\s+horovod\b', line)]
+    assert found == []
