@@ -19,6 +19,7 @@ COPY . .
 # Everything the recipe imports loads: the packages above, the DALI with automatic augmentation
 # (nvidia.dali.auto_aug, conditional pipelines) that --auto-augment needs, and the Horovod API the workers call
 # (workers.HOROVOD_API). A docker build has no CUDA driver, which NVIDIA's MXNet links: the check loads MXNet
-# with CUDA's stub library (container_setup.py); the workers check Horovod's API again at start, on the GPUs.
+# with CUDA's stub library (container_setup.py); the workers check Horovod's API again at start, on the GPUs. It loads
+# MXNet as the workers do, leaving its operators compiled in ~/.cache/rn50 (rn50/world/operator_cache.py).
 RUN python scripts/container_setup.py check
 ENV MXNET_CUDNN_AUTOTUNE_DEFAULT=0

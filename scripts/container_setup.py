@@ -11,13 +11,14 @@ within 3.x (`protobuf>=3.20.2,<4`, which pip resolves to 3.20.3): onnx 1.14.1 an
 3.20.2, and a 3.x runtime runs the code every 3.x protoc generated, so nothing the image ships stops working.
 The pins of requirements-container.txt install on any protobuf 3.x or 4.x the image may have.
 
-`check`: a docker build runs without NVIDIA's runtime, so without the CUDA driver library (libcuda.so.1), which
-NVIDIA's libmxnet.so links (for its run-time compilation of CUDA kernels): there, importing MXNet, and Horovod's
-MXNet module with it, fails with "libcuda.so.1: cannot open shared object file" (apache/mxnet#18960). When the
-driver library does not load, `check` runs itself again with CUDA's stub library (the toolkit's
-stubs/libcuda.so, linked as libcuda.so.1 in a folder of its own first on LD_LIBRARY_PATH), as Horovod's own
-images build against MXNet: enough to load the libraries and read their APIs, never to run on a GPU. Every
-worker checks Horovod's API again when it starts, with the real driver (rn50/world/workers.py). Without a
+`check` loads MXNet as every worker does (cpu.load_mxnet), so the image keeps MXNet's operators compiled in root's
+~/.cache/rn50 (rn50/world/operator_cache.py). A docker build runs without NVIDIA's runtime, so without the CUDA
+driver library (libcuda.so.1), which NVIDIA's libmxnet.so links (for its run-time compilation of CUDA kernels):
+there, importing MXNet, and Horovod's MXNet module with it, fails with "libcuda.so.1: cannot open shared object
+file" (apache/mxnet#18960). When the driver library does not load, `check` runs itself again with CUDA's stub
+library (the toolkit's stubs/libcuda.so, linked as libcuda.so.1 in a folder of its own first on LD_LIBRARY_PATH), as
+Horovod's own images build against MXNet: enough to load the libraries and read their APIs, never to run on a GPU.
+Every worker checks Horovod's API again when it starts, with the real driver (rn50/world/workers.py). Without a
 driver and without a stub (CUDA_STUBS_DIR names another folder) an MXNet that needs one is one `error:` line.
 
 Standard library only until `check` imports the recipe; Python 3.8 (the container's).
@@ -113,9 +114,12 @@ def rerun_with_stub(stub, environ):
 
 
 def import_mxnet():
+    """MXNet loaded as the workers load it (cpu.load_mxnet), which also leaves its operators compiled in the image
+    (rn50/world/operator_cache.py): a container's first workers read them instead of compiling them again."""
     from rn50.errors import RecipeError
+    from rn50.world import cpu
     try:
-        import mxnet   # noqa: F401
+        cpu.load_mxnet()
     except OSError as e:
         if DRIVER not in str(e):
             raise

@@ -317,7 +317,7 @@ def test_the_build_check_loads_an_mxnet_that_needs_the_driver_through_cudas_stub
     empty.mkdir()
     import _ctypes   # any shared object stands in for CUDA's stubs/libcuda.so
     os.symlink(_ctypes.__file__, stubs / 'libcuda.so')
-    env = dict(os.environ, PYTHONPATH=str(fake))
+    env = dict(os.environ, PYTHONPATH=str(fake), XDG_CACHE_HOME=str(tmp_path / 'cache'))
     env.pop('LD_LIBRARY_PATH', None)
 
     plain = subprocess.run([sys.executable, '-c', 'import horovod.mxnet'], env=env, capture_output=True, text=True)
@@ -334,6 +334,8 @@ def test_the_build_check_loads_an_mxnet_that_needs_the_driver_through_cudas_stub
     assert with_stub.returncode == 0, with_stub.stderr[-2000:]
     assert f"CUDA's stub {stubs / 'libcuda.so'}" in with_stub.stdout
     assert 'with the API the recipe calls' in with_stub.stdout
+    from rn50.world import operator_cache      # the image keeps MXNet's operators compiled, loaded as a worker would
+    assert len(operator_cache.read(str(tmp_path / 'cache' / 'rn50' / operator_cache.CACHE_NAME))) > 2000
     assert not list(tmp_path.glob('rn50-cuda-stubs-*')) and not [
         entry for entry in os.listdir('/tmp') if entry.startswith('rn50-cuda-stubs-') and
         os.path.islink(os.path.join('/tmp', entry, 'libcuda.so.1')) and

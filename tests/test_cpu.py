@@ -154,3 +154,98 @@ def test_the_cpu_is_named_by_family_model_and_the_flags_that_decide_its_speed():
         .endswith('; avx2, avx512f, avx512_vnni, avx512_bf16, amx_bf16, amx_int8)')
     from rn50.reports import logs
     assert logs.hardware()['cpu'] == cpu.identity()
+
+
+def mxnet_generated_sources(op_name='Convolution'):
+    """The sources MXNet's import writes for `op_name`'s functions in this process (mx.nd's and mx.sym's), with the
+    address of the operator's handle they call it by."""
+    import ctypes
+    from mxnet import base
+    from mxnet.ndarray import register as ndarray_register
+    from mxnet.symbol import register as symbol_register
+    handle = base.OpHandle()
+    base.check_call(base._LIB.NNGetOpHandle(base.c_str(op_name), ctypes.byref(handle)))
+    return handle.value, [ndarray_register._generate_ndarray_function_code(handle, op_name, op_name)[0],
+                          symbol_register._generate_symbol_function_code(handle, op_name, op_name)[0]]
+
+
+@pytest.mark.unit
+def test_an_operator_compiled_in_another_process_is_the_code_mxnet_writes_in_this_one():
+    """The cache's code for a source with this process's handle equals compile(source), though it was compiled
+    from another process's source (another address), and compiles nothing."""
+    from rn50.world import operator_cache
+    handle, sources = mxnet_generated_sources()
+    for source in sources:
+        assert source.count(str(handle)) == 1 and str(operator_cache.stand_in(len(str(handle)))) not in source
+        elsewhere = source.replace(str(handle), str(handle + 40960))   # the same operator in another process
+        first = operator_cache.Compiler({})
+        assert first.code(elsewhere) == compile(elsewhere, '<string>', 'exec') and first.compiled == 1
+        later = operator_cache.Compiler(first.used)
+        assert later.code(source) == compile(source, '<string>', 'exec') and later.compiled == 0
+        assert later.code(source) != first.code(elsewhere)     # the handle is a constant of the code
+    no_handle = 'def f():\n    return 1\n'
+    assert operator_cache.Compiler({}).code(no_handle) == compile(no_handle, '<string>', 'exec')
+
+
+@pytest.mark.unit
+def test_an_unreadable_cache_is_compiled_over_and_an_unwritable_one_left_out(tmp_path):
+    import marshal
+    from rn50.world import operator_cache
+    codes = {b'k' * 16: compile('x = 1', '<string>', 'exec')}
+    damaged = tmp_path / 'damaged.marshal'
+    for content in (b'', b'\x00garbage', marshal.dumps(codes)[:-9], marshal.dumps([1, 2]),
+                    marshal.dumps({b'k' * 16: 1})):
+        damaged.write_bytes(content)
+        assert operator_cache.read(str(damaged)) == {}
+    assert operator_cache.read(str(tmp_path / 'missing.marshal')) == {}
+    assert operator_cache.write(str(tmp_path / 'a' / 'cache.marshal'), codes)
+    assert operator_cache.read(str(tmp_path / 'a' / 'cache.marshal')) == codes
+    (tmp_path / 'file').write_text('')
+    assert not operator_cache.write(str(tmp_path / 'file' / 'cache.marshal'), codes)   # its folder is a file
+    assert set(os.listdir(tmp_path)) == {'damaged.marshal', 'a', 'file'}
+    assert os.listdir(tmp_path / 'a') == ['cache.marshal']     # no temporary file left
+
+
+LOADS_MXNET = '''
+import json, sys
+from rn50.world import cpu, operator_cache
+cpu.prepare_process()
+compilers, differ = set(), []
+code = operator_cache.Compiler.code
+def checked(compiler, source):
+    compilers.add(compiler)
+    made = code(compiler, source)
+    differ.extend([] if made == compile(source, '<string>', 'exec') else [source[:200]])
+    return made
+operator_cache.Compiler.code = checked
+mx = cpu.load_mxnet()
+print(json.dumps({
+    'compiled': sum(c.compiled for c in compilers), 'used': sum(len(c.used) for c in compilers), 'differ': differ,
+    'relu': mx.nd.Activation(mx.nd.array([-1, 2]), act_type='relu').asnumpy().tolist(),
+    'symbol': mx.sym.FullyConnected(mx.sym.var('x'), num_hidden=3, name='fc').list_arguments(),
+    'left': [name for name in operator_cache.GENERATORS if 'exec' in vars(sys.modules[name])
+             or isinstance(sys.modules[name].__loader__, operator_cache.GeneratorLoader)]}))
+'''
+
+
+@pytest.mark.integration
+def test_mxnet_loads_the_operators_an_earlier_process_compiled(tmp_path):
+    """cpu.load_mxnet's first process compiles MXNet's operators and keeps them; the next compiles none, and
+    every function it makes is the code MXNet wrote in that process (handles included), and works."""
+    from rn50.world import operator_cache
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+
+    def load():
+        result = subprocess.run([sys.executable, '-c', LOADS_MXNET], cwd=ROOT, env=env, capture_output=True,
+                                text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return __import__('json').loads(result.stdout.splitlines()[-1])
+    first = load()
+    assert first['compiled'] > 2000 and first['differ'] == [] and first['left'] == []
+    cache = tmp_path / 'rn50' / operator_cache.CACHE_NAME
+    assert len(operator_cache.read(str(cache))) == first['used']
+    written = cache.stat().st_mtime_ns
+    later = load()
+    assert later['compiled'] == 0 and later['used'] == first['used'] and later['differ'] == []
+    assert later['relu'] == [0.0, 2.0] and later['symbol'] == ['x', 'fc_weight', 'fc_bias'] and later['left'] == []
+    assert cache.stat().st_mtime_ns == written     # nothing to write again
