@@ -3,7 +3,6 @@ the weights, batchnorm statistics included, and swaps in and out; every N steps 
 torchvision's adjusted decay; each worker's averaged batchnorm statistics in the state. Unit tests on small
 networks, then end to end through train.py on the digits set: validated, saved and loadable."""
 import json
-import subprocess
 
 import mxnet as mx
 import numpy as np
@@ -14,7 +13,7 @@ from rn50.training import ema
 import train
 from rn50.world import workers
 from float16_twin import Float16Net, batch_of, step_for
-from test_train import epoch_records, run, train_cmd
+from test_train import epoch_records, run
 
 
 @pytest.mark.unit
@@ -111,8 +110,5 @@ def test_weight_average_is_validated_saved_and_loadable(digits, tmp_path):
     assert set(state.extra) == {'ema:' + name for name in state.params} | {ema.UPDATES_NAME}
     assert state.meta['ema_best_accuracy'] == report['summary']['val.ema.accuracy']
     best_epoch = max(epochs, key=lambda e: e['data']['val.ema.accuracy'])['data']
-    cmd = train_cmd(digits, tmp_path / 'eval', '--mode', 'val', '--data-backend', 'mxnet', '--load',
-                    ws / 'model_ema_best.params')
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
+    run(digits, tmp_path / 'eval', '--mode', 'val', '--data-backend', 'mxnet', '--load', ws / 'model_ema_best.params')
     assert epoch_records(tmp_path / 'eval')[0]['data']['val.accuracy'] == pytest.approx(best_epoch['val.ema.accuracy'])
