@@ -58,23 +58,23 @@ class Compiler:
     def code(self, source):
         """The code object of `source`, as compile(source, '<string>', 'exec') makes it."""
         handles = HANDLE.findall(source)
-        if len(handles) != 1:
+        replacement = stand_in(len(handles[0][1])) if len(handles) == 1 else None
+        if replacement is None or str(replacement) in source:    # kept, it could not be told from the handle
             self.compiled += 1
             return compile(source, '<string>', 'exec')
-        handle = handles[0][1]
-        template = HANDLE.sub(lambda call: f'return {call[1]}({stand_in(len(handle))}, ', source)
+        template = HANDLE.sub(lambda call: f'return {call[1]}({replacement}, ', source)
         key = hashlib.blake2b(template.encode(), digest_size=16).digest()
         code = self.known.get(key)
         if code is None:
             code = compile(template, '<string>', 'exec')
             self.compiled += 1
         self.used[key] = code
-        return with_constant(code, stand_in(len(handle)), int(handle))
+        return with_constant(code, replacement, int(handles[0][1]))
 
 
 def stand_in(digits):
-    """The number that stands for a handle of `digits` digits in the kept code: one no generated source holds
-    (tested), of the same width, so that every expression keeps its columns."""
+    """The number that stands for a handle of `digits` digits in the kept code, of the same width, so that every
+    expression keeps its columns; a source that holds it otherwise is compiled as it is."""
     return int(('13579' * 8)[:digits])
 
 
