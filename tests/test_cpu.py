@@ -208,6 +208,20 @@ def test_an_unreadable_cache_is_compiled_over_and_an_unwritable_one_left_out(tmp
     assert os.listdir(tmp_path / 'a') == ['cache.marshal']     # no temporary file left
 
 
+@pytest.mark.unit
+def test_the_cache_is_in_the_users_cache_folder_or_nowhere(monkeypatch):
+    from rn50.world import operator_cache
+    monkeypatch.setenv('HOME', '/home/someone')
+    name = operator_cache.CACHE_NAME
+    assert operator_cache.cache_path({'XDG_CACHE_HOME': '/cache'}) == f'/cache/rn50/{name}'
+    for xdg in ({}, {'XDG_CACHE_HOME': ''}, {'XDG_CACHE_HOME': 'relative'}):     # relative: ignored (XDG)
+        assert operator_cache.cache_path(xdg) == f'/home/someone/.cache/rn50/{name}'
+    monkeypatch.setattr(os.path, 'expanduser', lambda path: path)      # no HOME, no passwd entry: '~' stays
+    assert operator_cache.cache_path({}) is None
+    with operator_cache.compiled_once() as compiler:    # MXNet is loaded here: nothing to read, nothing written
+        assert compiler.known == {}
+
+
 LOADS_MXNET = '''
 import json, sys
 from rn50.world import cpu, operator_cache

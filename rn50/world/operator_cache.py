@@ -36,9 +36,12 @@ HANDLE = re.compile(r'return (_imperative_invoke|_symbol_creator)\((\d+), ')
 
 
 def cache_path(environ=os.environ):
-    """The file of the compiled operators: rn50/CACHE_NAME in $XDG_CACHE_HOME, else in ~/.cache."""
-    folder = environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-    return os.path.join(folder, 'rn50', CACHE_NAME)
+    """The file of the compiled operators: rn50/CACHE_NAME in $XDG_CACHE_HOME, else in ~/.cache (a relative
+    XDG_CACHE_HOME is ignored, as the XDG specification says); None without a home folder (a user id with no
+    passwd entry and no HOME), where MXNet then compiles them as it always did."""
+    xdg = environ.get('XDG_CACHE_HOME', '')
+    folder = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser('~'), '.cache')
+    return os.path.join(folder, 'rn50', CACHE_NAME) if os.path.isabs(folder) else None
 
 
 class Compiler:
@@ -52,7 +55,7 @@ class Compiler:
         """exec(source, globals=None, locals=None) as called in the module of `module_globals`."""
         def cached_exec(source, globals_=None, locals_=None):
             code = self.code(source) if isinstance(source, str) else source
-            exec(code, module_globals if globals_ is None else globals_, locals_)  # noqa: S102 (MXNet's own source)
+            exec(code, module_globals if globals_ is None else globals_, locals_)
         return cached_exec
 
     def code(self, source):
@@ -156,7 +159,7 @@ def compiled_once(path=None):
     lacks; the file is written again after an import that compiled any, or left entries unused. Yields the Compiler
     (`compiled`: how many sources were compiled). Does nothing where MXNet is already imported."""
     path = cache_path() if path is None else path
-    compiler = Compiler(read(path) if 'mxnet' not in sys.modules else {})
+    compiler = Compiler(read(path) if path and 'mxnet' not in sys.modules else {})
     finder = GeneratorFinder(compiler)
     sys.meta_path.insert(0, finder)
     try:
@@ -168,5 +171,5 @@ def compiled_once(path=None):
             if module is not None and isinstance(module.__spec__.loader, GeneratorLoader):
                 module.__dict__.pop('exec', None)
                 module.__spec__.loader = module.__loader__ = module.__spec__.loader.loader
-    if compiler.used and compiler.used.keys() != compiler.known.keys():
+    if path and compiler.used and compiler.used.keys() != compiler.known.keys():
         write(path, compiler.used)
