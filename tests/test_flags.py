@@ -128,3 +128,13 @@ def test_new_flags_are_range_checked(flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
         train.parse_flags(flag)[0]
     assert exit_info.value.code == 2 and 'out of range' in capsys.readouterr().err
+
+
+def test_the_flags_a_command_names_are_those_it_gives_itself():
+    """resolve.given_flags: `--flag value` and `--flag=value` name a flag; a longer flag that begins like another
+    (--data-train-idx, --data-train) names only itself, and a value never names one."""
+    from rn50.config import resolve
+    given = resolve.given_flags(train.build_parser(), ['--data-train-idx', 'a.idx', '--lr=0.1', '--batch-size', '8',
+                                                       '--workspace', 'lr', '--data-val=v.rec'])
+    assert given == {'data_train_idx', 'lr', 'batch_size', 'workspace', 'data_val'}
+    assert resolve.given_flags(train.build_parser(), ['--batch-size8', '--lr0.1', 'lr', '--']) == frozenset()

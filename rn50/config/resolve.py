@@ -59,8 +59,9 @@ class Resolved(argparse.Namespace):
 
 def given_flags(parser, argv):
     """The destinations of the flags `argv` names explicitly (as `--flag value` or `--flag=value`)."""
-    return frozenset(action.dest for action in parser._actions for option in action.option_strings
-                     if any(word == option or word.startswith(option + '=') for word in argv))
+    destinations = {option: action.dest for action in parser._actions for option in action.option_strings}
+    named = (word.split('=', 1)[0] for word in argv)
+    return frozenset(destinations[option] for option in named if option in destinations)
 
 
 def from_command(parser, argv=None):

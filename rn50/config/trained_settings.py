@@ -28,12 +28,6 @@ log = logging.getLogger(__name__)
 INFERENCE_MODES = ('val', 'pred', 'export')
 
 
-def given_flags(parser, argv):
-    """The destinations of the flags `argv` names explicitly (as `--flag value` or `--flag=value`), sorted."""
-    return sorted({action.dest for action in parser._actions for option in action.option_strings
-                   if any(word == option or word.startswith(option + '=') for word in argv)})
-
-
 def source_state(weights):
     """The .state of the run that wrote `weights`, or None (foreign weights, or a file alone)."""
     if weights.endswith('.state'):
