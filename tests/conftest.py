@@ -229,10 +229,11 @@ def modules_imported(stderr):
 
 
 def deferred_by_mxnet(imported):
-    """The names among `imported` (modules_imported) that show a module cpu.load_mxnet defers as loaded. A refused
-    import is listed too, by the name it asked for (sklearn.base, scipy.stats): a package that loaded shows by its
-    own name (sklearn) or by a module inside it (scipy.stats.*, scipy.sparse.*)."""
-    return {name for name in imported if name == 'sklearn' or name.startswith(('scipy.stats.', 'scipy.sparse.'))}
+    """The names among `imported` (modules_imported) that show a module of cpu.DEFERRED_BY_MXNET as loaded. A
+    refused import is listed too, by the name it asked for (sklearn.base, scipy.stats): a package that loaded shows
+    by its own name (sklearn), a module of a package by a module inside it (scipy.stats.*, scipy.sparse.*)."""
+    return {name for name in imported for deferred in cpu.DEFERRED_BY_MXNET
+            if (name.startswith(deferred + '.') if '.' in deferred else name == deferred)}
 
 
 def allocated(net):
