@@ -693,12 +693,9 @@ def test_the_torchvision_and_timm_recipes_set_their_published_values(gpus):
 def test_the_torchvision_and_timm_recipes_train_on_two_cpu_workers(digits, tmp_path, recipe):
     """Each recipe, at the digits' sizes, for one epoch on 2 workers: every piece it sets runs (automatic
     augmentation, erasing, repeats, the weight average, BCE, LAMB) and validation tests at its own size."""
-    # rsb-a3's RandAugment (6 of 10, noise 0.5) in 101 magnitude bins instead of 1,001: DALI builds its pipeline in
-    # a second instead of ten
-    small_scale = ['--ra-magnitude-scale', '1', '--ra-magnitude', '0.6', '--ra-magnitude-std', '0.05']
     result = run_runner(demo_argv(digits, tmp_path, examples=64, extra=[
         '--recipe', recipe, '-b', '8', '-e', '1', '--warmup-epochs', '0', '--image-shape', '3,32,32',
-        '--val-image-shape', '3,40,40', '--data-val-resize', '46'] + (small_scale if recipe == 'rsb-a3' else [])))
+        '--val-image-shape', '3,40,40', '--data-val-resize', '46']))
     assert result.returncode == 0, result.stderr[-3000:]
     log = (tmp_path / 'log.log').read_text()
     assert f'Recipe {recipe}: ' in log and 'Validation' in log

@@ -21,8 +21,9 @@ k cannot put back where it was, so with them a resumed epoch would see other aug
   clipped to [0, scale]; random sign. Defaults are torchvision's RandAugment (scale 30 = its 31 bins, no
   noise, always applied). With noise (or a fractional magnitude) the drawn magnitude is kept to 1/100 of a
   unit (RA_STEPS_PER_UNIT), fine enough that timm's noise (0.5) is not rounded away; without it the bins are
-  whole units (torchvision's 31), the same magnitudes, for a pipeline built in a tenth of the time (DALI
-  computes every bin's parameters of every operation as it builds: 3,001 bins took about 20 s per pipeline). --ra-ops torchvision: DALI's RandAugment suite, torchvision's
+  whole units (torchvision's 31). DALI computes the parameters of every bin of every operation as it builds a
+  pipeline; with the operations outside AutoGraph (apply) 3,001 bins take 0.5 s, not 32 s.
+  --ra-ops torchvision: DALI's RandAugment suite, torchvision's
   14 operations (translations up to 100/224 of the image, torchvision: 150/331); timm-increasing: timm's
   increasing set (its `inc1`: no identity; invert, solarize-add, posterize from 4 to 0 bits, translations up
   to 45%), from DALI's operations.
@@ -270,10 +271,18 @@ class AutoAugmentPolicy:
         """The DALI graph: `images` (uint8 HWC of `size`, (height, width) or a DataNode of them) through the
         drawn operations of each stage. Needs a pipeline built with enable_conditionals (select splits the
         batch by operation)."""
+        from nvidia.dali._autograph import do_not_convert
         from nvidia.dali.auto_aug.core import select, signed_bin
         fill = 0 if isinstance(self.fill, tuple) else self.fill     # colour_filled warps fill by themselves
+        # The operations run as plain Python in select's branches. AutoGraph, which the pipeline's conditionals
+        # need for select's own `if` on the drawn index, would otherwise convert every call they make, above all
+        # the parameters of each magnitude bin and sign: 13 s of CPU to build an rsb-a3 pipeline (1,001 bins, 15
+        # operations, 2 stages), 0.24 s so, the same batches (tests/test_augment.py). DALI's operators split their
+        # inputs by the branch themselves, and no operation branches on a DataNode. do_not_convert is AutoGraph's
+        # own (tf.autograph.experimental's), in every DALI with conditionals.
+        suite = [do_not_convert(aug) for aug in self.suite]
         for stage in range(self.stages):
-            images = select(self.suite, ops[stage], images, magnitude_bin=signed_bin(bins[stage], signs[stage]),
+            images = select(suite, ops[stage], images, magnitude_bin=signed_bin(bins[stage], signs[stage]),
                             num_magnitude_bins=self.num_bins, fill_value=fill, shape=size)
         return images
 
