@@ -183,7 +183,7 @@ def test_each_image_gets_the_operation_drawn_for_it(tmp_path, flags):
 
 
 # rsb-a3's RandAugment (timm's, 2 operations) on a scale of 1, 101 magnitude bins: AutoGraph converts its operations
-# in 1.3 s, and the 1,001 of the recipe's scale of 10 in 13 s.
+# in about 1 s, and the 1,001 of the recipe's scale of 10 in 11 to 12.5 s.
 @pytest.mark.parametrize('flags', [['--auto-augment', 'ta_wide'],
                                    ['--auto-augment', 'ra', '--ra-magnitude-scale', '1', '--ra-magnitude', '0.6',
                                     '--ra-magnitude-std', '0.05'] + TIMM_FLAGS[:2] + TIMM_FLAGS[-4:],
@@ -191,7 +191,7 @@ def test_each_image_gets_the_operation_drawn_for_it(tmp_path, flags):
 @pytest.mark.unit
 def test_the_operations_run_outside_autograph_and_give_its_batches(tmp_path, monkeypatch, flags):
     """AutoAugmentPolicy.apply hands DALI's select its operations wrapped in AutoGraph's do_not_convert (an rsb-a3
-    pipeline built in 13 s of CPU before, 0.24 s after, docs/performance.md): AutoGraph converts none of them, nor
+    pipeline built in 11 to 12.5 s of CPU before, 0.22 s after, docs/performance.md): AutoGraph converts none of them, nor
     the parameters of their magnitude bins, and an epoch's batches are those of the operations converted, as
     select runs DALI's augmentations by default."""
     from nvidia.dali import _autograph

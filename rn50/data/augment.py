@@ -22,7 +22,7 @@ k cannot put back where it was, so with them a resumed epoch would see other aug
   noise, always applied). With noise (or a fractional magnitude) the drawn magnitude is kept to 1/100 of a
   unit (RA_STEPS_PER_UNIT), fine enough that timm's noise (0.5) is not rounded away; without it the bins are
   whole units (torchvision's 31). DALI computes the parameters of every bin of every operation as it builds a
-  pipeline; with the operations outside AutoGraph (apply) 3,001 bins take 0.5 s, not 32 s.
+  pipeline; with the operations outside AutoGraph (apply) 3,001 bins take 0.5 s of CPU, not 32 to 35 s.
   --ra-ops torchvision: DALI's RandAugment suite, torchvision's
   14 operations (translations up to 100/224 of the image, torchvision: 150/331); timm-increasing: timm's
   increasing set (its `inc1`: no identity; invert, solarize-add, posterize from 4 to 0 bits, translations up
@@ -276,8 +276,8 @@ class AutoAugmentPolicy:
         fill = 0 if isinstance(self.fill, tuple) else self.fill     # colour_filled warps fill by themselves
         # The operations run as plain Python in select's branches. AutoGraph, which the pipeline's conditionals
         # need for select's own `if` on the drawn index, would otherwise convert every call they make, above all
-        # the parameters of each magnitude bin and sign: 13 s of CPU to build an rsb-a3 pipeline (1,001 bins, 15
-        # operations, 2 stages), 0.24 s so, the same batches (tests/test_augment.py). DALI's operators split their
+        # the parameters of each magnitude bin and sign: 11 to 12.5 s of CPU to build an rsb-a3 pipeline (1,001 bins,
+        # 15 operations, 2 stages), 0.22 s so, the same batches (tests/test_augment.py). DALI's operators split their
         # inputs by the branch themselves, and no operation branches on a DataNode. do_not_convert is AutoGraph's
         # own (tf.autograph.experimental's), in every DALI with conditionals.
         suite = [do_not_convert(aug) for aug in self.suite]
