@@ -191,9 +191,9 @@ def test_each_image_gets_the_operation_drawn_for_it(tmp_path, flags):
 @pytest.mark.unit
 def test_the_operations_run_outside_autograph_and_give_its_batches(tmp_path, monkeypatch, flags):
     """AutoAugmentPolicy.apply hands DALI's select its operations wrapped in AutoGraph's do_not_convert (an rsb-a3
-    pipeline built in 11 to 12.5 s of CPU before, 0.22 s after, docs/performance.md): AutoGraph converts none of them, nor
-    the parameters of their magnitude bins, and an epoch's batches are those of the operations converted, as
-    select runs DALI's augmentations by default."""
+    pipeline built in 11 to 12.5 s of CPU before, 0.22 s after, docs/performance.md): AutoGraph converts none of
+    them, nor the parameters of their magnitude bins, and an epoch's batches are those of the operations
+    converted, as select runs DALI's augmentations by default."""
     from nvidia.dali import _autograph
     from nvidia.dali._autograph.impl import api
     args = unique_label_args(tmp_path, 'dali-cpu', count=24, batch=12, extra=flags)
