@@ -182,11 +182,12 @@ def test_each_image_gets_the_operation_drawn_for_it(tmp_path, flags):
         assert not np.array_equal(after[i], before[i]), (i, [loader.policy.suite[k].name for k in ops[i]])
 
 
-# rsb-a3's RandAugment (timm's, 2 operations) on a scale of 1, 101 magnitude bins: AutoGraph converts its operations
-# in about 1 s, and the 1,001 of the recipe's scale of 10 in 11 to 12.5 s.
+# rsb-a3's RandAugment (timm's, 2 operations) on a scale of 1 (the later flags win), 101 magnitude bins: AutoGraph
+# converts its operations in about 1 s, and the 1,001 of the recipe's scale of 10 in 11 to 12.5 s.
 @pytest.mark.parametrize('flags', [['--auto-augment', 'ta_wide'],
-                                   ['--auto-augment', 'ra', '--ra-magnitude-scale', '1', '--ra-magnitude', '0.6',
-                                    '--ra-magnitude-std', '0.05'] + TIMM_FLAGS[:2] + TIMM_FLAGS[-4:],
+                                   ['--auto-augment', 'ra'] + TIMM_FLAGS + ['--ra-magnitude-scale', '1',
+                                                                            '--ra-magnitude', '0.6',
+                                                                            '--ra-magnitude-std', '0.05'],
                                    ['--auto-augment', 'imagenet']], ids=['ta_wide', 'ra-timm', 'imagenet'])
 @pytest.mark.unit
 def test_the_operations_run_outside_autograph_and_give_its_batches(tmp_path, monkeypatch, flags):
